@@ -1,0 +1,88 @@
+# make run  : serve everything at http://127.0.0.1:$(PORT)/ (embedded mode: SQLite, no services)
+# make test : lint, then the whole suite on SQLite and again on the machine's PostgreSQL
+# make demo : demo traffic for the dashboard (or `DEMO=1 make run` runs it beside the server)
+# make faults: the long fault-injection run (about 30 minutes; make test runs a short one)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+# One test database per `make test`, so that two runs on one machine never share one.
+RUN_ID := $(shell echo $$PPID)
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/mqsite_$(RUN_ID)
+
+.PHONY: run test lint test-sqlite test-postgres bench clean demo
+# The browser test drives Debian's Chromium (never a browser download); we run as root.
+CHROMIUM := /usr/bin/chromium
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall whenever requirements.txt changes.
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py bootstrap
+	PORT=$(PORT) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) $(BIN)/supervisord -c mqsite/supervisord.conf
+
+demo: install
+	$(BIN)/python manage.py demo
+
+$(CHROMIUM):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test-sqlite: install $(CHROMIUM)
+	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 $(BIN)/pytest -q --create-db
+
+test-postgres: install $(CHROMIUM)
+	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db
+
+test: lint test-sqlite test-postgres
+
+# The benchmark's own clients (RabbitMQ, NATS, py-spy) go into the same venv; reinstalled
+# whenever bench/requirements.txt changes.
+$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	touch $@
+
+# Not part of `make test`. The comparison with RabbitMQ, NATS JetStream, Redis Streams and the
+# PostgreSQL ceiling at full sizes (it puts its table into bench/README.md), then the profiles.
+# Both run even if the first fails; the target fails if either does. The older single-purpose
+# benchmarks stay runnable on their own: bench/publish_rate.py and bench/ws_latency.py.
+bench: install $(VENV)/.bench-installed
+	bash bench/start_services.sh
+	status=0; \
+	$(BIN)/python bench/compare.py --update-readme || status=1; \
+	$(BIN)/python bench/profile_server.py || status=1; \
+	exit $$status
+
+# The same comparison at a tenth of the sizes, without the profiles (a few minutes).
+.PHONY: bench-quick
+bench-quick: install $(VENV)/.bench-installed
+	bash bench/start_services.sh
+	$(BIN)/python bench/compare.py --scale 0.1 --limit 30
+
+# Not part of `make test`, which runs a short form (tests/test_faults.py). The long fault run
+# stops by itself: 100,000 messages in the services mode (a private PostgreSQL cluster, which
+# it also crashes, and a private Redis; neither is the machine's), then 10,000 in the embedded
+# mode. Both run even if the first fails; the target fails if either does. The figures go to
+# var/faults/.
+.PHONY: faults
+faults: install
+	status=0; \
+	$(BIN)/python -m tests.faults --mode services --messages 100000 --minutes 25 || status=1; \
+	$(BIN)/python -m tests.faults --mode embedded --messages 10000 --minutes 4 || status=1; \
+	exit $$status
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,106 @@
+"""The analytics' results in the admin: read-only, since only `analyze` writes them."""
+
+from django.contrib import admin
+
+from .models import EventRate, EventStats, SubscriberStats
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(EventStats)
+class EventStatsAdmin(ReadOnlyAdmin):
+    list_display = (
+        "queue",
+        "event",
+        "messages",
+        "deliveries",
+        "pending",
+        "inflight",
+        "acked",
+        "dead",
+        "fanout_",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
+        "attempts",
+        "dead_rate",
+        "per_minute",
+        "per_hour",
+        "computed_at",
+    )
+    list_filter = ("queue",)
+    search_fields = ("queue", "event")
+
+    @admin.display(description="fan-out", ordering="fanout")
+    def fanout_(self, obj):
+        return _num(obj.fanout, 2)
+
+    @admin.display(description="p50 ms", ordering="latency_p50_ms")
+    def latency_p50(self, obj):
+        return _num(obj.latency_p50_ms, 1)
+
+    @admin.display(description="p95 ms", ordering="latency_p95_ms")
+    def latency_p95(self, obj):
+        return _num(obj.latency_p95_ms, 1)
+
+    @admin.display(description="p99 ms", ordering="latency_p99_ms")
+    def latency_p99(self, obj):
+        return _num(obj.latency_p99_ms, 1)
+
+    @admin.display(description="attempts (mean)", ordering="attempts_mean")
+    def attempts(self, obj):
+        return _num(obj.attempts_mean, 2)
+
+    @admin.display(description="dead-letter rate", ordering="dead_letter_rate")
+    def dead_rate(self, obj):
+        return "-" if obj.dead_letter_rate is None else f"{obj.dead_letter_rate:.2%}"
+
+    @admin.display(description="msgs/min (mean, peak)", ordering="messages_per_minute")
+    def per_minute(self, obj):
+        return f"{_num(obj.messages_per_minute, 2)}, {obj.peak_per_minute}"
+
+    @admin.display(description="msgs/hour (mean, peak)", ordering="messages_per_hour")
+    def per_hour(self, obj):
+        return f"{_num(obj.messages_per_hour, 1)}, {obj.peak_per_hour}"
+
+
+@admin.register(EventRate)
+class EventRateAdmin(ReadOnlyAdmin):
+    list_display = ("queue", "event", "hour", "messages", "computed_at")
+    list_filter = ("queue",)
+    search_fields = ("queue", "event")
+    date_hierarchy = "hour"
+
+
+@admin.register(SubscriberStats)
+class SubscriberStatsAdmin(ReadOnlyAdmin):
+    list_display = (
+        "subscriber",
+        "pending",
+        "inflight",
+        "oldest_pending",
+        "acked",
+        "dead",
+        "deliveries",
+        "computed_at",
+    )
+    search_fields = ("subscriber",)
+
+    @admin.display(description="oldest pending", ordering="oldest_pending_age_s")
+    def oldest_pending(self, obj):
+        if obj.oldest_pending_age_s is None:
+            return "-"
+        return f"{obj.oldest_pending_age_s:,.0f} s"
+
+
+def _num(value, digits):
+    return "-" if value is None else f"{value:,.{digits}f}"

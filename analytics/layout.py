@@ -1,0 +1,177 @@
+"""The Parquet layout shared by the archive and the recent-rows snapshot (../shared/API.md).
+
+    <root>/messages/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
+    <root>/deliveries/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
+
+Hive partitioning, so Spark, DuckDB and pandas read it as it is. A delivery lives in its
+message's day (they are made in the same instant by the fan-out), and both files of a batch
+are named after the first and last message id in them: writing the same batch again
+overwrites its files instead of adding copies beside them.
+
+Written with pyarrow, not Spark: the archive runs inside a Celery task and a manage.py command
+and must not need a JVM. A local root gets each file written under a temporary name, fsynced,
+then renamed into place (and the folder fsynced), so a reader or a crash never sees half a
+file; another filesystem pyarrow knows (s3://, gs://, hdfs://) gets the file written whole
+under a temporary name and then moved.
+"""
+
+import os
+import uuid
+from collections import defaultdict
+from datetime import UTC
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+MESSAGE_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("event", pa.string()),
+        ("seq", pa.int64()),
+        ("created_at", TIMESTAMP),
+        ("payload", pa.string()),  # the JSON text as published
+        ("key", pa.string()),
+        ("publisher", pa.string()),  # subscriber name; null when an operator published it
+    ]
+)
+
+DELIVERY_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("message_id", pa.int64()),
+        ("event", pa.string()),
+        ("subscriber", pa.string()),
+        ("seq", pa.int64()),
+        ("status", pa.string()),
+        ("attempts", pa.int64()),
+        ("created_at", TIMESTAMP),  # the publish time: the fan-out makes it with the message
+        ("delivered_at", TIMESTAMP),
+        ("acked_at", TIMESTAMP),
+        ("last_error", pa.string()),
+    ]
+)
+
+MESSAGES = "messages"
+DELIVERIES = "deliveries"
+
+
+def filesystem(root):
+    """(pyarrow filesystem, path within it) for a local path or a URI.
+
+    Spark's s3a:// is pyarrow's s3://; a plain path is made absolute.
+    """
+    root = str(root)
+    if "://" not in root:
+        return pafs.LocalFileSystem(), os.path.abspath(root)
+    if root.startswith("s3a://"):
+        root = "s3://" + root[len("s3a://") :]
+    return pafs.FileSystem.from_uri(root)
+
+
+def day_of(ts):
+    return ts.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def write_history(root, queue, messages, deliveries, *, durable=True):
+    """Write one batch of a queue's history; returns the paths written.
+
+    `messages` are tuples in MESSAGE_SCHEMA's order, `deliveries` tuples in DELIVERY_SCHEMA's
+    order whose message is among `messages`. One file of each kind per day. With `durable`,
+    every file is on disk before this returns (what the archive needs before it deletes).
+    """
+    fs, base = filesystem(root)
+    day_by_message = {}
+    messages_by_day = defaultdict(list)
+    for row in messages:
+        day = day_of(row[3])
+        day_by_message[row[0]] = day
+        messages_by_day[day].append(row)
+    deliveries_by_day = defaultdict(list)
+    for row in deliveries:
+        deliveries_by_day[day_by_message[row[1]]].append(row)
+
+    written = []
+    for day, rows in sorted(messages_by_day.items()):
+        ids = [r[0] for r in rows]
+        name = f"part-{min(ids):012d}-{max(ids):012d}.parquet"
+        for kind, schema, kind_rows in (
+            (MESSAGES, MESSAGE_SCHEMA, rows),
+            (DELIVERIES, DELIVERY_SCHEMA, deliveries_by_day.get(day, [])),
+        ):
+            if not kind_rows:
+                continue
+            folder = f"{base}/{kind}/queue={queue}/day={day}"
+            _write_file(fs, folder, name, _table(schema, kind_rows), durable)
+            written.append(f"{folder}/{name}")
+    return written
+
+
+def _table(schema, rows):
+    columns = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+def _write_file(fs, folder, name, table, durable):
+    # A temporary name that no reader takes for data: dot-files are hidden from Spark, and it
+    # does not end in .parquet for DuckDB's and pandas' globs.
+    tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+    final = f"{folder}/{name}"
+    if isinstance(fs, pafs.LocalFileSystem):
+        _make_dirs_durable(folder)
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(table, f)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+        if durable:
+            _fsync_dir(folder)
+        return
+    fs.create_dir(folder, recursive=True)
+    with fs.open_output_stream(tmp) as out:
+        pq.write_table(table, out)
+    fs.move(tmp, final)
+
+
+def _make_dirs_durable(folder):
+    """makedirs, fsyncing the parent of each folder it makes: a new file's name is durable
+    only when every folder above it is."""
+    missing = []
+    path = folder
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(missing):
+        os.makedirs(path, exist_ok=True)
+        _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_tree(root):
+    """Delete a folder (local or URI) and everything in it, if it exists."""
+    fs, base = filesystem(root)
+    if fs.get_file_info(base).type != pafs.FileType.NotFound:
+        fs.delete_dir(base)

@@ -1,0 +1,88 @@
+"""What the analytics job computed at its last run (analytics.load replaces it whole).
+
+Rows name their queue, event and subscriber instead of pointing at them: the figures cover
+the archive too, whose queues and subscribers may since have been deleted.
+"""
+
+from django.db import models
+
+
+class EventStats(models.Model):
+    """One queue and event, over the archive and the hot tables together."""
+
+    queue = models.CharField(max_length=64)
+    event = models.CharField(max_length=64)
+    messages = models.BigIntegerField()
+    deliveries = models.BigIntegerField()
+    pending = models.BigIntegerField()
+    inflight = models.BigIntegerField("in flight")
+    acked = models.BigIntegerField()
+    dead = models.BigIntegerField()
+    fanout = models.FloatField("fan-out", null=True, help_text="Deliveries per message.")
+    latency_p50_ms = models.FloatField("latency p50 (ms)", null=True, help_text="Publish to ack.")
+    latency_p95_ms = models.FloatField("latency p95 (ms)", null=True)
+    latency_p99_ms = models.FloatField("latency p99 (ms)", null=True)
+    attempts_mean = models.FloatField(null=True, help_text="Mean attempts of acked and dead deliveries.")
+    dead_letter_rate = models.FloatField(null=True, help_text="Dead / deliveries.")
+    messages_per_minute = models.FloatField(
+        null=True, help_text="Mean over the minutes from the first message to the last."
+    )
+    messages_per_hour = models.FloatField(
+        null=True, help_text="Mean over the hours from the first to the last."
+    )
+    peak_per_minute = models.BigIntegerField(default=0)
+    peak_per_hour = models.BigIntegerField(default=0)
+    first_published_at = models.DateTimeField(null=True)
+    last_published_at = models.DateTimeField(null=True)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "event statistics"
+        verbose_name_plural = "event statistics"
+        ordering = ["queue", "event"]
+        constraints = [models.UniqueConstraint(fields=["queue", "event"], name="eventstats_once")]
+
+    def __str__(self):
+        return f"{self.queue}/{self.event}"
+
+
+class EventRate(models.Model):
+    """Messages published to one queue and event in one hour (the per-minute rates stay in
+    Parquet: they are many)."""
+
+    queue = models.CharField(max_length=64)
+    event = models.CharField(max_length=64)
+    hour = models.DateTimeField()
+    messages = models.BigIntegerField()
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "hourly rate"
+        ordering = ["queue", "event", "-hour"]
+        constraints = [models.UniqueConstraint(fields=["queue", "event", "hour"], name="eventrate_once")]
+
+    def __str__(self):
+        return f"{self.queue}/{self.event} {self.hour:%Y-%m-%d %H:00}"
+
+
+class SubscriberStats(models.Model):
+    """One subscriber's backlog and lag, and what it got."""
+
+    subscriber = models.CharField(max_length=100, unique=True)
+    deliveries = models.BigIntegerField()
+    pending = models.BigIntegerField()
+    inflight = models.BigIntegerField("in flight")
+    acked = models.BigIntegerField()
+    dead = models.BigIntegerField()
+    oldest_pending_age_s = models.FloatField(
+        "oldest pending age (s)", null=True, help_text="At computed_at's run; empty when nothing is pending."
+    )
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "subscriber statistics"
+        verbose_name_plural = "subscriber statistics"
+        ordering = ["subscriber"]
+
+    def __str__(self):
+        return self.subscriber

@@ -1,0 +1,168 @@
+"""What the benchmarks share: a fresh database, the manage.py setup, Daphne as a subprocess,
+a keep-alive REST client, the payload, and the machine description for the results file."""
+
+import contextlib
+import http.client
+import json
+import os
+import platform
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DAPHNE = Path(sys.executable).parent / "daphne"
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+COMMAND_WAIT = 180.0  # how long to wait for createqueue/createsubscriber to appear in the tree
+PAYLOAD_BYTES = 200
+
+# Used only while the management commands do not exist yet.
+FALLBACK_SETUP = """
+from queues.models import Queue
+from subscribers.provisioning import create_subscriber
+Queue.objects.get_or_create(name="bench")
+print(create_subscriber("bencher", publish=["*"], subscribe=["*"])[1])
+"""
+FALLBACK_COUNT = """
+import json
+from delivery.models import Delivery
+from queues.models import Message
+print(json.dumps({"messages": Message.objects.count(), "deliveries": Delivery.objects.count()}))
+"""
+
+
+def message(i, **fields):
+    """One message whose payload is PAYLOAD_BYTES of compact JSON (`fields` included)."""
+    payload = {"i": i, **fields, "host": "bench-01.example.net", "path": f"/srv/bench/{i:08d}.dat", "pad": ""}
+    payload["pad"] = "x" * (PAYLOAD_BYTES - len(json.dumps(payload, separators=(",", ":"))))
+    return {"event": "create", "payload": payload}
+
+
+def manage(env, *args):
+    cmd = [sys.executable, "manage.py", *args]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stderr.strip()}")
+    return done.stdout
+
+
+def provision(env):
+    """Make the queue and the subscriber; return its token."""
+    deadline = time.monotonic() + COMMAND_WAIT
+    while True:
+        commands = manage(env, "help", "--commands").split()
+        if {"createqueue", "createsubscriber"} <= set(commands):
+            manage(env, "createqueue", "bench")
+            out = manage(env, "createsubscriber", "bencher", "--publish", "*", "--subscribe", "*")
+            return out.strip().splitlines()[-1]
+        if time.monotonic() > deadline:
+            print("  createqueue/createsubscriber missing: falling back to manage.py shell")
+            return manage(env, "shell", "-c", FALLBACK_SETUP).strip().splitlines()[-1]
+        print("  waiting for createqueue/createsubscriber to exist...")
+        time.sleep(10)
+
+
+def count_in_db(env):
+    """(messages, deliveries) in the database, from `queuestats --json` when it exists."""
+    if "queuestats" in manage(env, "help", "--commands").split():
+        rows = json.loads(manage(env, "queuestats", "--json"))["queues"]
+        rows = [r for r in rows if r["queue"] == "bench"]
+        deliveries = sum(r[s] for r in rows for s in ("pending", "inflight", "acked", "dead"))
+        return sum(r["published"] for r in rows), deliveries
+    counts = json.loads(manage(env, "shell", "-c", FALLBACK_COUNT).strip().splitlines()[-1])
+    return counts["messages"], counts["deliveries"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection, authenticated as the subscriber."""
+
+    def __init__(self, port, token):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def request(self, method, path, body=None):
+        try:
+            self.conn.request(method, path, None if body is None else json.dumps(body), self.headers)
+            response = self.conn.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.conn.close()  # the next request reconnects
+            return None, repr(exc).encode()
+
+    def close(self):
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def server(env, log_path):
+    """Daphne serving the app on a free port; stopped (TERM, then KILL) whatever happens."""
+    with server_process(env, log_path) as (port, _proc):
+        yield port
+
+
+@contextlib.contextmanager
+def server_process(env, log_path):
+    """As server(), but yields (port, the Daphne Popen): a profiler needs its pid."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [DAPHNE, "-b", "127.0.0.1", "-p", str(port), "mqsite.asgi:application"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        client, deadline = Client(port, ""), time.monotonic() + 60
+        while client.request("GET", "/healthz")[0] != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daphne did not become healthy:\n{Path(log_path).read_text()[-2000:]}")
+            time.sleep(0.2)
+        client.close()
+        yield port, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def fresh_database(backend, workdir, pg_db):
+    """Return (DATABASE_URL, server version) of an empty database: a new SQLite file in
+    `workdir`, or the PostgreSQL database `pg_db` dropped and made again."""
+    if backend == "sqlite":
+        return f"sqlite:///{workdir / 'bench.sqlite3'}", sqlite3.sqlite_version
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {pg_db} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {pg_db}")
+        return f"{PG_SERVER}/{pg_db}", conn.execute("SHOW server_version").fetchone()[0]
+
+
+def git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def machine():
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")]
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": models[0] if models else platform.processor(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_before": os.getloadavg(),  # other work on the machine skews the numbers
+    }

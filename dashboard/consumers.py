@@ -1,0 +1,126 @@
+"""The dashboard's websocket at /ws/dashboard/: a snapshot every second, for staff only.
+
+The user comes from the admin login's session (channels.auth.AuthMiddlewareStack); the
+handshake of anyone else is refused (403). Each tick is two database calls: the overview,
+which the dashboards open in this process share (computed at most once per FRESH_SECS), and
+this dashboard's own feed: the messages newer than the last one it was sent.
+"""
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from importlib import import_module
+from types import SimpleNamespace
+
+from channels.db import DatabaseSyncToAsync
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.contrib import auth
+from rest_framework.utils.encoders import JSONEncoder
+
+from delivery import dashboard
+
+log = logging.getLogger(__name__)
+
+TICK_SECS = 1.0
+# Several dashboards in one process share an overview this fresh: N open dashboards cost
+# one set of aggregate queries per second, not N.
+FRESH_SECS = 0.9
+# A dashboard left open re-checks its session this often: a logout or a lost staff flag
+# closes it within this time.
+RECHECK_USER_SECS = 30
+CLOSE_NOT_STAFF = 4403
+
+_shared = {"at": None, "data": None}
+
+
+def db(fn):
+    """Off the event loop, in a pool thread (as delivery.consumers does)."""
+    return DatabaseSyncToAsync(fn, thread_sensitive=False)
+
+
+def may_watch(user):
+    return user is not None and user.is_authenticated and user.is_active and user.is_staff
+
+
+async def shared_overview(fresh=False):
+    """The overview, recomputed when older than FRESH_SECS (or when `fresh`)."""
+    started = time.monotonic()
+    if fresh or _shared["data"] is None or started - _shared["at"] >= FRESH_SECS:
+        _shared["data"] = await db(dashboard.overview)()
+        # Aged from when it was asked for, not when it came back: the next tick of the page
+        # that asked (TICK_SECS later) always gets a new one.
+        _shared["at"] = started
+    return _shared["data"]
+
+
+class DashboardConsumer(AsyncWebsocketConsumer):
+    task = None
+
+    async def connect(self):
+        if not may_watch(self.scope.get("user")):
+            await self.close()  # before accept: the handshake is refused with 403
+            return
+        self.last_message_id = None
+        self.shown = deque(maxlen=dashboard.FEED_LIMIT)  # the feed's message ids on the page
+        self.user_checked = time.monotonic()
+        await self.accept()
+        self.task = asyncio.ensure_future(self.run())
+
+    async def disconnect(self, code):
+        if self.task is not None:
+            self.task.cancel()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        # The page only listens; a ping is answered so a client can tell the socket is alive.
+        try:
+            frame = json.loads(text_data or "{}")
+        except ValueError:
+            return
+        if isinstance(frame, dict) and frame.get("type") == "ping":
+            await self.send(text_data=json.dumps({"type": "pong"}))
+
+    async def run(self):
+        fresh = True  # the first snapshot of a page is never an older page's
+        try:
+            while True:
+                started = time.monotonic()
+                if started - self.user_checked >= RECHECK_USER_SECS:
+                    self.user_checked = started
+                    if not await db(self.still_staff)():
+                        await self.close(code=CLOSE_NOT_STAFF)
+                        return
+                await self.send_snapshot(fresh)
+                fresh = False
+                await asyncio.sleep(max(TICK_SECS - (time.monotonic() - started), 0.05))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("dashboard snapshot failed; closing the socket")
+            await self.close(code=1011)
+
+    def still_staff(self):
+        """Whether the page's session still belongs to a staff user: read again from the
+        session store (the scope's copy was loaded at connect and would not see a logout)."""
+        key = self.scope["session"].session_key
+        if not key:
+            return False
+        request = SimpleNamespace(session=import_module(settings.SESSION_ENGINE).SessionStore(key))
+        return may_watch(auth.get_user(request))
+
+    async def send_snapshot(self, fresh=False):
+        data = dict(await shared_overview(fresh))
+        own = await db(self.own_part)()
+        data.update(own)
+        await self.send(text_data=json.dumps({"type": "snapshot", **data}, cls=JSONEncoder))
+
+    def own_part(self):
+        feed = dashboard.newest_messages(self.last_message_id)
+        status = dashboard.delivery_status_of([m["id"] for m in feed] + list(self.shown))
+        for m in reversed(feed):  # oldest first, so the deque keeps the newest
+            self.shown.append(m["id"])
+        if feed:
+            self.last_message_id = feed[0]["id"]
+        return {"feed": feed, "feed_status": {str(k): v for k, v in status.items()}}

@@ -1,0 +1,52 @@
+"""The dashboard page at / and its one action: redeliver a dead letter.
+
+The page is static HTML; what it shows arrives over /ws/dashboard/ (dashboard.consumers).
+"""
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_POST
+
+from delivery import dashboard, ledger
+from delivery.models import Delivery, Status
+
+
+@staff_member_required(login_url="admin:login")
+def index(request):
+    return render(
+        request,
+        "dashboard/index.html",
+        {
+            "may_redeliver": request.user.has_perm("delivery.change_delivery"),
+            "tick_secs": 1,
+            "rate_window_secs": dashboard.RATE_WINDOW_SECS,
+            "series_window_secs": dashboard.SERIES_WINDOW_SECS,
+            "debug": settings.DEBUG,
+        },
+    )
+
+
+@require_POST
+def redeliver_dead(request, pk):
+    """Put one dead delivery back to pending, ready now, through the ledger (a POST from the
+    page, with its CSRF token). Answers JSON: the page calls it with fetch()."""
+    user = request.user
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return JsonResponse({"detail": "Log in as an operator (staff) first."}, status=403)
+    if not user.has_perm("delivery.change_delivery"):
+        return JsonResponse({"detail": "You may not change deliveries."}, status=403)
+    delivery = Delivery.objects.filter(pk=pk).first()
+    if delivery is None:
+        return JsonResponse({"detail": f"There is no delivery {pk}."}, status=404)
+    if delivery.status != Status.DEAD:
+        return JsonResponse({"detail": f"Delivery {pk} is {delivery.status}, not dead."}, status=409)
+    moved = ledger.redeliver(Delivery.objects.filter(pk=pk, status=Status.DEAD))
+    if moved:
+        # Recorded as the admin's own redeliver action would be: in the admin's history.
+        admin.site.get_model_admin(Delivery).log_change(
+            request, delivery, "Redelivered from the dashboard (back to pending, ready now)."
+        )
+    return JsonResponse({"redelivered": moved})

@@ -1,0 +1,392 @@
+"""Deliveries in the admin: browse and filter them, with each one's webhook attempt history;
+redeliver, kill or purge them; and the dead letters on a list of their own.
+
+Every field is read-only: a delivery's state moves only through delivery.ledger, which the
+actions call. There may be millions of rows, so the list avoids a query per row, joins
+only what it shows, and does not count a whole unfiltered table exactly.
+"""
+
+import json
+
+from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Count, Q
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from queues.models import Event
+
+from . import ledger
+from .models import DeadLetter, Delivery, DeliveryAttempt, Status
+from .owed import dead_letters
+
+STATUS_COLOURS = {
+    Status.PENDING: "#8a6d00",
+    Status.INFLIGHT: "#1f5fa8",
+    Status.ACKED: "#2e7d32",
+    Status.DEAD: "#b3261e",
+}
+
+# Below this many rows (by the planner's estimate) an exact count is cheap enough to take.
+EXACT_COUNT_BELOW = 100_000
+
+
+def status_badge(status):
+    """A delivery status as a coloured label."""
+    label = Status(status).label if status in Status.values else status
+    return format_html(
+        '<span class="mq-status mq-status-{}" style="background:{};color:#fff;padding:1px 7px;'
+        'border-radius:9px;font-size:11px;white-space:nowrap">{}</span>',
+        status,
+        STATUS_COLOURS.get(status, "#555"),
+        label,
+    )
+
+
+def count_badge(count, status):
+    """A count of deliveries in one status, coloured only when it is not zero."""
+    if not count:
+        return format_html('<span style="color:{}">0</span>', "#999")
+    return format_html(
+        '<span style="color:{};font-weight:bold">{}</span>', STATUS_COLOURS.get(status, "#555"), count
+    )
+
+
+def pretty_json(text):
+    """A stored payload (JSON text) indented for people, as a <pre> block."""
+    try:
+        shown = json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=False)
+    except ValueError:
+        shown = text
+    return format_html('<pre class="mq-payload" style="white-space:pre-wrap;margin:0">{}</pre>', shown)
+
+
+def admin_link(obj, text=None):
+    """A link to an object's change page in the admin."""
+    if obj is None:
+        return "-"
+    opts = obj._meta
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, text if text is not None else str(obj))
+
+
+class EstimatedCountPaginator(Paginator):
+    """Counting millions of rows exactly takes seconds on PostgreSQL. An unfiltered list of a
+    big table shows the planner's estimate instead; a filtered one is counted exactly."""
+
+    @cached_property
+    def count(self):
+        qs = self.object_list
+        connection = connections[getattr(qs, "db", "default")]
+        if connection.vendor == "postgresql" and hasattr(qs, "query") and not qs.query.where:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+                    [qs.model._meta.db_table],
+                )
+                row = cursor.fetchone()
+            if row and row[0] is not None and row[0] >= EXACT_COUNT_BELOW:
+                return row[0]
+        return super().count
+
+
+class EventFilter(admin.SimpleListFilter):
+    """Events by queue/name, in one query (the stock filter asks for each event's queue), and
+    only the chosen queue's events once a queue is chosen."""
+
+    title = "event"
+    parameter_name = "event"
+    queue_parameter = "queue__id__exact"
+
+    def lookups(self, request, model_admin):
+        events = Event.objects.select_related("queue").order_by("queue__name", "name")
+        queue = request.GET.get(self.queue_parameter, "")
+        if queue.isdigit():
+            events = events.filter(queue_id=int(queue))
+        return [(str(e.pk), f"{e.queue.name}/{e.name}") for e in events]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return queryset.filter(event_id=int(value))
+
+
+def search_by_id_or_name(queryset, term, id_fields, name_fields):
+    """A number finds by the (indexed) id fields; anything else by the name fields."""
+    term = term.strip()
+    if not term:
+        return queryset
+    if term.isdigit():
+        number = int(term)
+        if number > 2**63 - 1:
+            return queryset.none()
+        q = Q()
+        for field in id_fields:
+            q |= Q(**{field: number})
+        return queryset.filter(q)
+    q = Q()
+    for field in name_fields:
+        q |= Q(**{f"{field}__icontains": term})
+    return queryset.filter(q)
+
+
+class DeliveriesGoWithTheirOwner:
+    """Deleting a queue, event, message or subscriber deletes its deliveries with it. No one
+    may delete a delivery on its own (that is the ledger's business), but that must not
+    forbid deleting what owns it: the delete page would refuse for want of that permission."""
+
+    def get_deleted_objects(self, objs, request):
+        deleted, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed.discard(Delivery._meta.verbose_name)
+        return deleted, model_count, perms_needed, protected
+
+
+class LedgerOperatorMixin:
+    """Delivery actions need the right to change deliveries, though no form may change one."""
+
+    def has_operate_permission(self, request):
+        return request.user.has_perm("delivery.change_delivery")
+
+
+def may_view_deliveries(request):
+    return request.user.has_perm("delivery.view_delivery") or request.user.has_perm(
+        "delivery.change_delivery"
+    )
+
+
+class DeliveryAttemptInline(admin.TabularInline):
+    """A delivery's webhook attempts, oldest first: what operators read on a dead letter."""
+
+    model = DeliveryAttempt
+    fields = ["number", "at", "ok", "status_code", "error", "duration_ms"]
+    readonly_fields = fields
+    # Numbers start again at 1 after an operator's redelivery; the time keeps the order.
+    ordering = ["at", "id"]
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "webhook attempts (one row per post to the subscriber's webhook)"
+
+    # Attempts are written by the webhook job, never in a form; whoever may see the delivery
+    # may see its history.
+    def has_view_permission(self, request, obj=None):
+        return may_view_deliveries(request)
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(LedgerOperatorMixin, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "subscriber_name",
+        "queue_name",
+        "event_name",
+        "seq",
+        "status_badge",
+        "attempt",
+        "next_attempt_at",
+        "ack_deadline",
+        "acked_at",
+        "short_error",
+    ]
+    list_display_links = ["id"]
+    list_filter = ["status", "queue", "subscriber", EventFilter]
+    list_select_related = ["subscriber", "queue", "event"]
+    search_fields = ["=message__id", "subscriber__name"]
+    search_help_text = "A number finds a message id or a delivery id; words find subscriber names."
+    raw_id_fields = ["message", "subscription"]
+    ordering = ["-id"]
+    list_per_page = 100
+    show_full_result_count = False
+    # Facet counts would count the whole table once per filter choice.
+    show_facets = admin.ShowFacets.NEVER
+    # Sorting by a joined name would sort every row; these come off the table itself.
+    sortable_by = ["id", "seq", "status_badge", "attempt", "next_attempt_at", "ack_deadline", "acked_at"]
+    paginator = EstimatedCountPaginator
+    actions = ["redeliver", "kill", "purge"]
+    inlines = [DeliveryAttemptInline]
+    fields = [
+        "id",
+        "status_badge",
+        "subscriber_link",
+        "subscription_link",
+        "message_link",
+        "queue_name",
+        "event_name",
+        "seq",
+        "attempt",
+        "next_attempt_at",
+        "ack_deadline",
+        "lease_holder",
+        "created_at",
+        "delivered_at",
+        "acked_at",
+        "last_error",
+        "payload",
+    ]
+    readonly_fields = fields
+
+    def get_search_results(self, request, queryset, search_term):
+        found = search_by_id_or_name(queryset, search_term, ["message_id", "id"], ["subscriber__name"])
+        return found, False
+
+    # Deliveries come from publishing and change only through the ledger (the actions).
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="subscriber", ordering="subscriber__name")
+    def subscriber_name(self, obj):
+        return obj.subscriber.name
+
+    @admin.display(description="queue", ordering="queue__name")
+    def queue_name(self, obj):
+        return obj.queue.name
+
+    @admin.display(description="event", ordering="event__name")
+    def event_name(self, obj):
+        return obj.event.name
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj):
+        return status_badge(obj.status)
+
+    @admin.display(description="last error")
+    def short_error(self, obj):
+        if not obj.last_error:
+            return ""
+        return format_html('<span title="{}">{}</span>', obj.last_error, Truncator(obj.last_error).chars(60))
+
+    @admin.display(description="subscriber")
+    def subscriber_link(self, obj):
+        return admin_link(obj.subscriber)
+
+    @admin.display(description="subscription")
+    def subscription_link(self, obj):
+        if obj.subscription_id is None:
+            return "(deleted)"
+        return admin_link(obj.subscription)
+
+    @admin.display(description="message")
+    def message_link(self, obj):
+        return admin_link(obj.message, f"#{obj.message_id} ({obj.queue.name}#{obj.seq})")
+
+    @admin.display(description="payload")
+    def payload(self, obj):
+        return pretty_json(obj.message.payload_json)
+
+    @admin.action(
+        description="Redeliver: back to pending, ready now (acked ones are left alone)",
+        permissions=["operate"],
+    )
+    def redeliver(self, request, queryset):
+        moved = ledger.redeliver(queryset.order_by())
+        self.message_user(request, f"{moved} deliveries put back to pending.")
+
+    @admin.action(description="Kill: mark dead (acked ones are left alone)", permissions=["operate"])
+    def kill(self, request, queryset):
+        killed = ledger.kill_deliveries(queryset.order_by())
+        self.message_user(request, f"{killed} deliveries marked dead.")
+
+    def has_purge_permission(self, request):
+        # Purging deletes rows for good: it takes the right to delete deliveries, though no
+        # one deletes a delivery through its delete page.
+        return request.user.has_perm("delivery.delete_delivery")
+
+    @admin.action(
+        description="Purge: delete the dead ones with their attempt history (others are left alone)",
+        permissions=["purge"],
+    )
+    def purge(self, request, queryset):
+        if request.POST.get("post") != "yes":
+            return self.confirm_purge(request, queryset)
+        purged = ledger.purge_dead(queryset.order_by())
+        self.message_user(request, f"{purged} dead deliveries purged.")
+        return None
+
+    def confirm_purge(self, request, queryset):
+        """A page that says what a purge would delete, by queue and subscriber, and asks again.
+        Its form posts back to the same list (filters and "select all" included)."""
+        dead = queryset.order_by().filter(status=Status.DEAD)
+        groups = list(
+            dead.values("queue__name", "subscriber__name")
+            .annotate(n=Count("pk"))
+            .order_by("queue__name", "subscriber__name")
+        )
+        n_dead = sum(g["n"] for g in groups)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Purge dead deliveries?",
+            "opts": self.model._meta,
+            "groups": groups,
+            "n_dead": n_dead,
+            "n_other": queryset.order_by().count() - n_dead,
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action": "purge",
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/delivery/purge_confirmation.html", context)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(DeliveryAdmin):
+    """Dead deliveries by queue and subscriber, with the last error, when each died and how
+    many webhook tries it had; redeliver or purge them. The counts and times are annotated,
+    so the list asks the same queries for a hundred rows as for one."""
+
+    list_display = [
+        "id",
+        "subscriber_name",
+        "queue_name",
+        "event_name",
+        "seq",
+        "attempt",
+        "tries",
+        "short_error",
+        "died",
+    ]
+    list_filter = [
+        ("queue", admin.RelatedOnlyFieldListFilter),
+        ("subscriber", admin.RelatedOnlyFieldListFilter),
+        EventFilter,
+    ]
+    sortable_by = ["id", "seq", "attempt", "tries", "died"]
+    actions = ["redeliver", "purge"]
+
+    def get_queryset(self, request):
+        return dead_letters(super().get_queryset(request))
+
+    # Dead letters are deliveries: whoever may see these sees those, with no grant of its own.
+    def has_view_permission(self, request, obj=None):
+        return may_view_deliveries(request)
+
+    @admin.display(description="webhook tries", ordering="n_tries")
+    def tries(self, obj):
+        return obj.n_tries
+
+    @admin.display(description="died (about)", ordering="died_at")
+    def died(self, obj):
+        # The ledger does not stamp the death: the last webhook try, else the last hand-out.
+        return obj.died_at

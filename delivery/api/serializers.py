@@ -1,0 +1,58 @@
+from rest_framework import serializers
+
+from mqsite.api import NameField, StrictFloatField, StrictIntegerField
+
+MAX_LIMIT = 1000
+MAX_WAIT_SECS = 30
+MAX_RETRY_IN_SECS = 7 * 24 * 3600
+MAX_ACK_IDS = 10000
+
+
+class LeaseQuerySerializer(serializers.Serializer):
+    # Empty ("?queue=") is no filter, as if absent.
+    queue = NameField(required=False, allow_blank=True)
+    event = NameField(required=False, allow_blank=True)
+    limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=MAX_LIMIT)
+    wait = serializers.FloatField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=MAX_WAIT_SECS,
+        help_text="Seconds to wait for a delivery when none is ready (long-poll).",
+    )
+
+
+class DeliverySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    message_id = serializers.IntegerField()
+    queue = serializers.CharField()
+    event = serializers.CharField()
+    seq = serializers.IntegerField()
+    payload = serializers.JSONField(allow_null=True)
+    attempt = serializers.IntegerField()
+    published_at = serializers.DateTimeField()
+    ack_deadline = serializers.DateTimeField()
+
+
+class DeliveryListSerializer(serializers.Serializer):
+    deliveries = DeliverySerializer(many=True)
+
+
+class AckSerializer(serializers.Serializer):
+    ids = serializers.ListField(child=StrictIntegerField(), max_length=MAX_ACK_IDS)
+
+
+class AckResultSerializer(serializers.Serializer):
+    acked = serializers.IntegerField(help_text="How many were newly acknowledged.")
+    unknown = serializers.ListField(child=serializers.IntegerField())
+
+
+class NackSerializer(serializers.Serializer):
+    retry_in = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_RETRY_IN_SECS)
+
+
+class NackResultSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    attempt = serializers.IntegerField()
+    next_attempt_at = serializers.DateTimeField()

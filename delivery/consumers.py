@@ -1,0 +1,440 @@
+"""The websocket at /ws/: live delivery, with the same ledger as pull.
+
+Notify-then-lease: the channel layer only says "subscriber N may have work"; the consumer
+then leases from the ledger up to its free prefetch window and sends what it got. It does so
+on connect (the catch-up: every subscription of the subscriber resumes by itself), on a
+wake-up, after an ack or nack frees room, and every RECHECK_SECS in case a wake-up was lost.
+Each operation is one database call (database_sync_to_async), so the event loop never waits
+on a query per row.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+import weakref
+from urllib.parse import parse_qs
+
+from channels.db import DatabaseSyncToAsync
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from rest_framework.utils.encoders import JSONEncoder
+
+from mqsite.api import is_db_id
+from mqsite.parsers import BadJSON, decode_json
+from queues import publishing
+from queues.names import BadName, clean_name
+from subscribers import presence, subscribing
+from subscribers.auth import subscriber_for_token
+from subscribers.models import Subscription
+
+from . import ledger
+from .wakeups import group_name
+
+log = logging.getLogger(__name__)
+
+# How often an idle connection looks at the ledger without a wake-up: the most a lost
+# wake-up (or one from a process the channel layer does not reach) can delay a delivery.
+RECHECK_SECS = 2.0
+CLOSE_BAD_TOKEN = 4401
+# Daphne (autobahn) lets an application close only with 1000 or 3000-4999: the standard 1009
+# (too big) and 1011 (server error) raise instead of closing, so these mirror HTTP's codes.
+CLOSE_TOO_BIG = 4413
+CLOSE_SERVER_ERROR = 4500
+MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
+
+
+def db(fn):
+    """Run a database call off the event loop, in a pool thread (not channels' single shared
+    thread: one slow call there would hold up every socket of the process)."""
+    return DatabaseSyncToAsync(fn, thread_sensitive=False)
+
+
+class FrameError(Exception):
+    def __init__(self, code, detail, **extra):
+        super().__init__(detail)
+        self.code, self.detail, self.extra = code, detail, extra
+
+
+_maintenance = None
+_open = weakref.WeakSet()  # the consumers of this process with a socket open
+
+
+async def release_open_sockets():
+    """The server is stopping (mqsite/shutdown.py): every socket of this process hands back
+    what it holds now, rather than at its ack deadline."""
+    await asyncio.gather(*(c.disconnect(None) for c in list(_open)), return_exceptions=True)
+
+
+def open_sockets():
+    return len(_open)
+
+
+def ensure_maintenance():
+    """One loop per server process: sweep connections whose server died (their heartbeat
+    stopped) and expire overdue leases, so that nothing waits on a socket that is gone, even
+    where no other sweeper runs (the embedded mode)."""
+    global _maintenance
+    if _maintenance is None or _maintenance.done():
+        _maintenance = asyncio.ensure_future(_maintain())
+
+
+async def _maintain():
+    while True:
+        await asyncio.sleep(presence.HEARTBEAT_SECS)
+        try:
+            await db(presence.sweep_stale_connections)()
+            await db(ledger.expire_overdue_leases)()
+        except Exception:
+            log.exception("maintenance sweep failed; trying again in %s s", presence.HEARTBEAT_SECS)
+
+
+def token_from_scope(scope):
+    query = parse_qs(scope.get("query_string", b"").decode("latin1"))
+    if query.get("token"):
+        return query["token"][0]
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            parts = value.decode("latin1").split()
+            if len(parts) == 2 and parts[0].lower() == "bearer":
+                return parts[1]
+    return None
+
+
+class DeliveryConsumer(AsyncWebsocketConsumer):
+    subscriber = None
+    pump_task = None
+    ack_task = None
+    release_task = None
+    closing = False
+
+    # --- life of a connection ---
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # However the connection ends: a websocket.disconnect, a cancel (the server
+            # stopping) or an error under it (the channel layer's Redis going away), the pump
+            # stops and what the socket held goes back now. A pump left running after an error
+            # would lease deliveries for a socket that is gone, again and again, until they die.
+            await self.disconnect(None)
+
+    async def connect(self):
+        self.subscriber = await db(subscriber_for_token)(token_from_scope(self.scope))
+        await self.accept()
+        if self.subscriber is None:
+            await self.close(code=CLOSE_BAD_TOKEN)
+            return
+        self.held = {}  # delivery id -> monotonic time its lease ends
+        self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
+        self.ack_task = None
+        self.wake = asyncio.Event()
+        self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
+        self.last_heartbeat = time.monotonic()
+        await self.join_group()
+        client = self.scope.get("client") or ("", 0)
+        await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
+        self.pump_task = asyncio.ensure_future(self.pump())
+        _open.add(self)
+        ensure_maintenance()
+        self.wake.set()  # resume: what waited is sent first
+
+    async def disconnect(self, code):
+        if self.subscriber is None:
+            return
+        if self.release_task is None:
+            self.release_task = asyncio.ensure_future(self.release())
+        # Shielded, and shared by every caller: a cancel must not stop a release half way.
+        await asyncio.shield(self.release_task)
+
+    async def release(self):
+        # Stop the pump and let a lease it has under way finish: cancelling the task would not
+        # stop the database call in its thread, and a lease committed after the release below
+        # would hold its deliveries until their ack deadline.
+        self.closing = True
+        self.wake.set()
+        if self.pump_task is not None:
+            # Its failure, if it failed, was logged where it happened: the release still runs.
+            with contextlib.suppress(Exception):
+                try:
+                    await asyncio.wait_for(self.pump_task, timeout=10)
+                except (TimeoutError, asyncio.CancelledError):
+                    log.warning("pump of %s did not stop in time", self.channel_name)
+        if self.ack_task is not None:
+            try:
+                await self.ack_task  # acks sent before the close count: write them first
+            except Exception:  # unwritten, they come back: at least once
+                log.warning("acks of %s were not written", self.channel_name, exc_info=True)
+        # What this socket held and had not acked is ready for another at once.
+        await db(presence.close_connection)(self.channel_name)
+        _open.discard(self)
+        try:
+            await self.channel_layer.group_discard(group_name(self.subscriber.pk), self.channel_name)
+        except Exception:  # the channel layer (Redis) is away: the group expires by itself
+            log.warning("could not leave the group of %s", self.channel_name, exc_info=True)
+
+    async def join_group(self):
+        """Hear wake-ups. Without the channel layer (Redis away) the socket still works, on
+        its RECHECK_SECS timer: wake-ups are hints."""
+        try:
+            await self.channel_layer.group_add(group_name(self.subscriber.pk), self.channel_name)
+        except Exception:
+            log.warning("could not join the group of %s; on the timer only", self.channel_name, exc_info=True)
+
+    async def mq_wake(self, event):
+        self.wake.set()
+
+    async def pump(self):
+        try:
+            while not self.closing:
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout=RECHECK_SECS)
+                except TimeoutError:
+                    pass
+                self.wake.clear()
+                if self.closing:
+                    return
+                await self.heartbeat_if_due()
+                await self.send_ready()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("delivery pump of %s failed; closing the socket", self.channel_name)
+            with contextlib.suppress(Exception):  # the socket may be gone already
+                await self.close(code=CLOSE_SERVER_ERROR)
+
+    async def heartbeat_if_due(self):
+        if time.monotonic() - self.last_heartbeat < presence.HEARTBEAT_SECS:
+            return
+        self.last_heartbeat = time.monotonic()
+        await db(presence.heartbeat)(self.channel_name)
+        # Refresh the group membership too: channel layers expire groups after a while.
+        await self.join_group()
+
+    async def send_ready(self):
+        async with self.sending:
+            now = time.monotonic()
+            self.held = {i: until for i, until in self.held.items() if until > now}
+            free = settings.MQ_PREFETCH - len(self.held)
+            if free <= 0:
+                return
+            leased = await db(ledger.lease_deliveries)(self.subscriber, limit=free, holder=self.channel_name)
+            if self.closing:
+                return  # the socket is gone: the release in disconnect() hands these back
+            now_wall, now = time.time(), time.monotonic()
+            for d in leased:
+                self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
+                await self.send_json({"type": "message", **{k: d[k] for k in MESSAGE_FIELDS}})
+
+    # --- frames ---
+
+    async def receive(self, text_data=None, bytes_data=None):
+        raw = text_data if text_data is not None else bytes_data
+        if len(raw) > settings.MQ_MAX_BODY_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        ref = None
+        try:
+            frame = self.parse(raw)
+            ref = frame.get("ref")
+            handler = self.handlers.get(frame.get("type"))
+            if handler is None:
+                raise FrameError(
+                    "unknown_type",
+                    f"Unknown frame type {frame.get('type')!r}; known: {', '.join(sorted(self.handlers))}.",
+                )
+            await handler(self, frame)
+        except FrameError as exc:
+            await self.send_json(
+                {
+                    "type": "error",
+                    "code": exc.code,
+                    "detail": exc.detail,
+                    **exc.extra,
+                    **({"ref": ref} if ref is not None else {}),
+                }
+            )
+
+    @staticmethod
+    def parse(raw):
+        try:
+            frame = decode_json(raw)
+        except BadJSON as exc:
+            raise FrameError("bad_json", str(exc)) from None
+        if not isinstance(frame, dict):
+            raise FrameError("bad_frame", "A frame is a JSON object with a 'type'.")
+        return frame
+
+    async def on_subscribe(self, frame):
+        queue, event = await self.resolve(frame)
+
+        def subscribe():
+            if not self.subscriber.may_subscribe(queue):
+                raise FrameError("forbidden", f"{self.subscriber.name} may not subscribe to {queue.name}.")
+            return subscribing.subscribe(self.subscriber, queue, event)[0]
+
+        async with self.sending:  # "subscribed" goes out before any delivery of it
+            subscription = await db(subscribe)()
+            await self.send_json(
+                {"type": "subscribed", "subscription": subscription.pk, "queue": queue.name, "event": event}
+            )
+        self.wake.set()
+
+    async def on_unsubscribe(self, frame):
+        queue, event = await self.resolve(frame)
+
+        def unsubscribe():
+            subscription = (
+                Subscription.objects.filter(subscriber=self.subscriber, queue=queue, event__name=event)
+                if event is not None
+                else Subscription.objects.filter(subscriber=self.subscriber, queue=queue, event__isnull=True)
+            )
+            subscription = subscription.first()
+            if subscription is None:
+                raise FrameError(
+                    "not_subscribed", f"You have no subscription to {queue.name}/{event or '*'}."
+                )
+            subscription_id = subscription.pk  # gone from the object once deleted
+            subscribing.unsubscribe(subscription)
+            return subscription_id
+
+        subscription_id = await db(unsubscribe)()
+        await self.send_json(
+            {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name, "event": event}
+        )
+
+    async def on_ack(self, frame):
+        ids = self.ids_of(frame)
+        unknown = [i for i in ids if not is_db_id(i)]
+        self.ack_buffer += [i for i in ids if is_db_id(i)]
+        for i in ids:
+            self.held.pop(i, None)
+        if self.ack_task is None or self.ack_task.done():
+            self.ack_task = asyncio.ensure_future(self.write_acks())
+        if unknown:
+            raise FrameError("unknown_ids", "These delivery ids are not yours or do not exist.", ids=unknown)
+
+    async def write_acks(self):
+        """Write buffered acks, one ledger call for all that arrived while the last ran."""
+        while self.ack_buffer:
+            ids, self.ack_buffer = self.ack_buffer, []
+            _, unknown = await db(ledger.ack_deliveries)(self.subscriber, ids)
+            self.wake.set()  # the window has room again
+            if unknown:
+                await self.send_json(
+                    {
+                        "type": "error",
+                        "code": "unknown_ids",
+                        "detail": "These delivery ids are not yours or do not exist.",
+                        "ids": unknown,
+                    }
+                )
+
+    async def on_nack(self, frame):
+        ids = self.ids_of(frame)
+        retry_in = frame.get("retry_in")
+        if retry_in is not None and (
+            isinstance(retry_in, bool)
+            or not isinstance(retry_in, int | float)
+            or not 0 <= retry_in <= 7 * 86400
+            or not math.isfinite(retry_in)
+        ):
+            raise FrameError("bad_frame", "retry_in must be a number of seconds from 0 to 604800.")
+
+        def nack():
+            unknown, settled = [], []
+            for i in ids:
+                try:
+                    if not is_db_id(i):
+                        raise ledger.NotOwned(i)
+                    ledger.nack_delivery(self.subscriber, i, retry_in=retry_in)
+                except ledger.NotOwned:
+                    unknown.append(i)
+                except ledger.AlreadySettled:
+                    settled.append(i)
+            return unknown, settled
+
+        unknown, settled = await db(nack)()
+        for i in ids:
+            self.held.pop(i, None)
+        self.wake.set()
+        if unknown:
+            raise FrameError("unknown_ids", "These delivery ids are not yours or do not exist.", ids=unknown)
+        if settled:
+            raise FrameError("already_settled", "These deliveries are already acked or dead.", ids=settled)
+
+    async def on_publish(self, frame):
+        queue_name = frame.get("queue")
+        if not isinstance(queue_name, str):
+            raise FrameError("bad_frame", "publish needs a 'queue' name.")
+        if "payload" not in frame:
+            raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
+        try:
+            outgoing = publishing.prepare(frame.get("event"), frame["payload"], frame.get("key"))
+        except publishing.PayloadTooLarge as exc:
+            raise FrameError("too_large", str(exc)) from None
+        except publishing.BadMessage as exc:
+            raise FrameError("bad_message", str(exc)) from None
+
+        def publish():
+            queue = publishing.find_queue(queue_name)
+            if queue is None:
+                raise FrameError("not_found", f"There is no queue named {queue_name!r}.")
+            if not self.subscriber.may_publish(queue):
+                raise FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
+            return publishing.publish(queue, [outgoing], publisher=self.subscriber)[0][0]
+
+        answer = await db(publish)()
+        await self.send_json(
+            {
+                "type": "published",
+                "ref": frame.get("ref"),
+                **{k: answer[k] for k in ("id", "queue", "event", "seq", "deliveries")},
+            }
+        )
+
+    async def on_ping(self, frame):
+        await self.send_json({"type": "pong", **({"ref": frame["ref"]} if "ref" in frame else {})})
+
+    handlers = {
+        "subscribe": on_subscribe,
+        "unsubscribe": on_unsubscribe,
+        "ack": on_ack,
+        "nack": on_nack,
+        "publish": on_publish,
+        "ping": on_ping,
+    }
+
+    # --- helpers ---
+
+    async def resolve(self, frame):
+        """The queue and event name of a (un)subscribe frame."""
+        name, event = frame.get("queue"), frame.get("event")
+        if not isinstance(name, str):
+            raise FrameError("bad_frame", "This frame needs a 'queue' name.")
+        if event is not None:
+            try:
+                event = clean_name(event, "event")
+            except BadName as exc:
+                raise FrameError("bad_name", str(exc)) from None
+        queue = await db(publishing.find_queue)(name)
+        if queue is None:
+            raise FrameError("not_found", f"There is no queue named {name!r}.")
+        return queue, event
+
+    @staticmethod
+    def ids_of(frame):
+        ids = frame.get("ids")
+        if (
+            not isinstance(ids, list)
+            or len(ids) > 10000
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        ):
+            raise FrameError("bad_frame", "'ids' must be a list of delivery ids (whole numbers).")
+        return ids
+
+    async def send_json(self, content):
+        await self.send(text_data=json.dumps(content, cls=JSONEncoder))

@@ -1,0 +1,329 @@
+"""What the live dashboard shows: a read-only snapshot of the server, for operators.
+
+Nothing here changes anything, and nothing here is on the publish path. A snapshot is a fixed
+handful of aggregate queries, however many rows there are: counts per queue and event
+(delivery.stats), rates and latency over the last minutes (range scans over the indexes on
+Message.created_at and Delivery.acked_at), the subscribers with their backlog, the newest
+messages and the newest dead letters. The dashboard consumer shares one overview between
+the dashboards open in a process and adds each one's own feed.
+"""
+
+import json
+import math
+from datetime import timedelta
+
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Substr
+from django.utils import timezone
+
+from queues.models import Message
+from subscribers.models import Connection, Subscription
+
+from .models import Delivery, Status
+from .stats import queue_stats
+
+# The rates shown beside the counts ("per second") average over this window: long enough to
+# be steady at a few messages a second, short enough to show a stall within a minute.
+RATE_WINDOW_SECS = 60
+# The charts: the last five minutes, one point per ten seconds.
+SERIES_WINDOW_SECS = 300
+SERIES_STEP_SECS = 10
+# Latency percentiles come from at most this many of the newest acks: enough for a steady
+# p95, and a bounded read however busy the server is.
+LATENCY_SAMPLE = 5000
+FEED_LIMIT = 30
+DEAD_LIMIT = 20
+SUBSCRIBERS_LIMIT = 100
+PAYLOAD_PREVIEW_CHARS = 300
+
+
+def overview(now=None):
+    """Everything but the feed: what every open dashboard shows alike."""
+    now = now or timezone.now()
+    rows = queue_stats()
+    rates = _rates(now)
+    for row in rows:
+        published, acked = rates.get((row["queue"], row["event"]), (0, 0))
+        row["publish_rate"] = round(published / RATE_WINDOW_SECS, 3)
+        row["ack_rate"] = round(acked / RATE_WINDOW_SECS, 3)
+    series = _series(now)
+    totals = {k: sum(r[k] for r in rows) for k in ("published", "pending", "inflight", "acked", "dead")}
+    totals["publish_rate"] = round(sum(p for p, _ in rates.values()) / RATE_WINDOW_SECS, 3)
+    totals["ack_rate"] = round(sum(a for _, a in rates.values()) / RATE_WINDOW_SECS, 3)
+    totals.update(series.pop("latency_now"))
+    subscribers = subscribers_with_backlog(now)
+    totals["connections"] = sum(s["connections"] for s in subscribers)
+    return {
+        "at": now,
+        "totals": totals,
+        "queues": rows,
+        "series": series,
+        "subscribers": subscribers,
+        "dead_letters": newest_dead_letters(),
+    }
+
+
+def snapshot(after_message_id=None, shown_message_ids=(), now=None):
+    """The whole picture for one dashboard: the overview, the messages newer than the last
+    one it has, and the delivery counts of the messages it shows."""
+    data = overview(now)
+    data["feed"] = newest_messages(after_message_id)
+    data["feed_status"] = delivery_status_of(list(shown_message_ids) + [m["id"] for m in data["feed"]])
+    return data
+
+
+# --- rates, throughput and latency ------------------------------------------------------------
+
+
+def _rates(now):
+    """{(queue, event): (published, acked)} over the last RATE_WINDOW_SECS."""
+    since = now - timedelta(seconds=RATE_WINDOW_SECS)
+    out = {}
+    published = (
+        Message.objects.filter(created_at__gte=since)
+        .order_by()
+        .values_list("queue__name", "event__name")
+        .annotate(n=Count("id"))
+    )
+    for queue, event, n in published:
+        out[(queue, event)] = (n, 0)
+    acked = (
+        Delivery.objects.filter(acked_at__gte=since)
+        .order_by()
+        .values_list("queue__name", "event__name")
+        .annotate(n=Count("id"))
+    )
+    for queue, event, n in acked:
+        out[(queue, event)] = (out.get((queue, event), (0, 0))[0], n)
+    return out
+
+
+def _buckets(now):
+    """The chart's time buckets [(start, end)], oldest first, aligned to the step on the
+    clock (so that they stay put between snapshots); the last one is the current, partial one."""
+    step = SERIES_STEP_SECS
+    epoch = now.timestamp()
+    current = now - timedelta(seconds=epoch % step)
+    count = SERIES_WINDOW_SECS // step
+    starts = [current - timedelta(seconds=step * (count - 1 - i)) for i in range(count)]
+    return [(s, s + timedelta(seconds=step)) for s in starts]
+
+
+def _counts_per_bucket(queryset, field, buckets):
+    """How many rows of `queryset` have `field` in each bucket: one query, one filtered count
+    per bucket, over an index range scan of the window."""
+    aggregates = {
+        f"b{i}": Count("id", filter=Q(**{f"{field}__gte": lo, f"{field}__lt": hi}))
+        for i, (lo, hi) in enumerate(buckets)
+    }
+    counts = queryset.filter(**{f"{field}__gte": buckets[0][0]}).order_by().aggregate(**aggregates)
+    return [counts[f"b{i}"] for i in range(len(buckets))]
+
+
+def percentile(sorted_values, fraction):
+    """Nearest-rank percentile of an ascending list; None for an empty one."""
+    if not sorted_values:
+        return None
+    rank = max(math.ceil(fraction * len(sorted_values)), 1)
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def _series(now):
+    buckets = _buckets(now)
+    elapsed = [min(max((now - lo).total_seconds(), 1.0), SERIES_STEP_SECS) for lo, _ in buckets]
+    published = _counts_per_bucket(Message.objects.all(), "created_at", buckets)
+    acked = _counts_per_bucket(Delivery.objects.all(), "acked_at", buckets)
+    # Latency is publish to ack. A delivery's created_at is its message's publish time (they
+    # are written together), so no join is needed.
+    sample = list(
+        Delivery.objects.filter(acked_at__gte=buckets[0][0])
+        .order_by("-acked_at")
+        .values_list("acked_at", "created_at")[:LATENCY_SAMPLE]
+    )
+    per_bucket = [[] for _ in buckets]
+    recent = []
+    since = now - timedelta(seconds=RATE_WINDOW_SECS)
+    first = buckets[0][0]
+    for acked_at, created_at in sample:
+        ms = max((acked_at - created_at).total_seconds() * 1000, 0.0)
+        i = int((acked_at - first).total_seconds() // SERIES_STEP_SECS)
+        if 0 <= i < len(buckets):
+            per_bucket[i].append(ms)
+        if acked_at >= since:
+            recent.append(ms)
+    for values in per_bucket:
+        values.sort()
+    recent.sort()
+
+    def rounded(value):
+        return None if value is None else round(value, 1)
+
+    return {
+        "step_secs": SERIES_STEP_SECS,
+        "start": buckets[0][0],
+        "published": [round(n / s, 3) for n, s in zip(published, elapsed, strict=True)],
+        "acked": [round(n / s, 3) for n, s in zip(acked, elapsed, strict=True)],
+        "latency_p50_ms": [rounded(percentile(v, 0.5)) for v in per_bucket],
+        "latency_p95_ms": [rounded(percentile(v, 0.95)) for v in per_bucket],
+        "latency_now": {
+            "latency_p50_ms": rounded(percentile(recent, 0.5)),
+            "latency_p95_ms": rounded(percentile(recent, 0.95)),
+            "latency_samples": len(recent),
+        },
+    }
+
+
+# --- who receives what, and what they are still owed --------------------------------------------
+
+
+def subscribers_with_backlog(now=None):
+    """Subscribers that are connected or hold a subscription, the most owed first: their open
+    websockets, what they subscribe to, their backlog and their acks per second.
+
+    Four grouped queries in all: subscriptions, connections, backlog, recent acks.
+    """
+    now = now or timezone.now()
+    subscriptions = {}
+    names = {}
+    for s in Subscription.objects.select_related("subscriber", "queue", "event").order_by(
+        "queue__name", "event__name", "id"
+    ):
+        names[s.subscriber_id] = s.subscriber.name
+        subscriptions.setdefault(s.subscriber_id, []).append(
+            {"queue": s.queue.name, "event": s.event.name if s.event_id else None}
+        )
+    connections = {}
+    for row in (
+        Connection.objects.order_by()
+        .values("subscriber_id", "subscriber__name")
+        .annotate(n=Count("id"), since=Min("connected_at"))
+    ):
+        names[row["subscriber_id"]] = row["subscriber__name"]
+        connections[row["subscriber_id"]] = row
+    backlog = {
+        row.pop("subscriber_id"): row
+        for row in Delivery.objects.filter(status__in=(Status.PENDING, Status.INFLIGHT, Status.DEAD))
+        .order_by()
+        .values("subscriber_id")
+        .annotate(
+            pending=Count("id", filter=Q(status=Status.PENDING)),
+            inflight=Count("id", filter=Q(status=Status.INFLIGHT)),
+            dead=Count("id", filter=Q(status=Status.DEAD)),
+            oldest_pending_at=Min("created_at", filter=Q(status=Status.PENDING)),
+        )
+    }
+    acks = dict(
+        Delivery.objects.filter(acked_at__gte=now - timedelta(seconds=RATE_WINDOW_SECS))
+        .order_by()
+        .values_list("subscriber_id")
+        .annotate(n=Count("id"))
+    )
+    out = []
+    for sid, name in names.items():
+        owed = backlog.get(sid, {})
+        conn = connections.get(sid)
+        oldest = owed.get("oldest_pending_at")
+        out.append(
+            {
+                "subscriber": name,
+                "connections": conn["n"] if conn else 0,
+                "connected_since": conn["since"] if conn else None,
+                "subscriptions": subscriptions.get(sid, []),
+                "pending": owed.get("pending", 0),
+                "inflight": owed.get("inflight", 0),
+                "dead": owed.get("dead", 0),
+                "oldest_pending_age_s": round((now - oldest).total_seconds(), 1) if oldest else None,
+                "ack_rate": round(acks.get(sid, 0) / RATE_WINDOW_SECS, 3),
+            }
+        )
+    out.sort(key=lambda s: (-s["pending"], -s["inflight"], s["subscriber"]))
+    return out[:SUBSCRIBERS_LIMIT]
+
+
+def newest_dead_letters(limit=DEAD_LIMIT):
+    """The newest dead deliveries (by their last scheduled attempt, which the status index
+    orders: the ledger keeps no time of death), newest first."""
+    rows = (
+        Delivery.objects.filter(status=Status.DEAD)
+        .order_by("-next_attempt_at", "-id")
+        .values(
+            "id",
+            "message_id",
+            "subscriber__name",
+            "queue__name",
+            "event__name",
+            "seq",
+            "attempt",
+            "last_error",
+            "created_at",
+        )[:limit]
+    )
+    return [
+        {
+            "id": r["id"],
+            "message_id": r["message_id"],
+            "subscriber": r["subscriber__name"],
+            "queue": r["queue__name"],
+            "event": r["event__name"],
+            "seq": r["seq"],
+            "attempt": r["attempt"],
+            "last_error": r["last_error"],
+            "published_at": r["created_at"],
+        }
+        for r in rows
+    ]
+
+
+# --- the feed ------------------------------------------------------------------------------------
+
+
+def newest_messages(after_id=None, limit=FEED_LIMIT):
+    """The newest messages (after `after_id`, when given), newest first, with the start of
+    their payload (a payload may be large: only its first characters are read)."""
+    messages = Message.objects.all()
+    if after_id is not None:
+        messages = messages.filter(id__gt=after_id)
+    rows = (
+        messages.order_by("-id")
+        .annotate(preview=Substr("payload_json", 1, PAYLOAD_PREVIEW_CHARS + 1))
+        .values("id", "queue__name", "event__name", "seq", "created_at", "publisher__name", "preview")[:limit]
+    )
+    return [
+        {
+            "id": r["id"],
+            "queue": r["queue__name"],
+            "event": r["event__name"],
+            "seq": r["seq"],
+            "published_at": r["created_at"],
+            "publisher": r["publisher__name"],
+            "payload": _preview(r["preview"]),
+        }
+        for r in rows
+    ]
+
+
+def _preview(text):
+    if len(text) > PAYLOAD_PREVIEW_CHARS:
+        return text[:PAYLOAD_PREVIEW_CHARS] + "…"
+    try:  # re-encode compactly with a space after separators, for reading
+        return json.dumps(json.loads(text), ensure_ascii=False, separators=(", ", ": "))
+    except ValueError:
+        return text
+
+
+def delivery_status_of(message_ids):
+    """{message id: {pending, inflight, acked, dead}} for these messages: one grouped query
+    (over the index on Delivery.message)."""
+    ids = list(dict.fromkeys(message_ids))
+    out = {i: {s.value: 0 for s in Status} for i in ids}
+    if not ids:
+        return out
+    rows = (
+        Delivery.objects.filter(message_id__in=ids)
+        .order_by()
+        .values_list("message_id", "status")
+        .annotate(n=Count("id"))
+    )
+    for message_id, status, n in rows:
+        out[message_id][status] = n
+    return out

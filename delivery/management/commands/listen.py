@@ -1,0 +1,144 @@
+"""listen SUBSCRIBER QUEUE [EVENT] [--count N] [--no-ack]
+
+Pulls the subscriber's deliveries from the ledger as a client would, catch-up first, and
+prints each as one JSON line, acking it once printed. Stops after --count messages, or at the
+first SIGINT/SIGTERM once the deliveries already leased are printed (a second signal acts as
+usual).
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections, connection
+from django.db.models import Q
+from rest_framework.utils.encoders import JSONEncoder
+
+from delivery import ledger, wakeups
+from queues import publishing
+from queues.models import Event
+from queues.names import BadName, clean_name
+from subscribers import subscribing
+from subscribers.models import Subscriber, Subscription
+
+# Wake-ups only cross threads of one process; deliveries published by another process are
+# seen by polling, so poll often enough to feel live.
+RECHECK_SECS = 0.2
+# Leased per pull: few enough that a stop request is honoured quickly (the batch in hand is
+# printed first), enough that a long catch-up is not one query per message.
+LEASE_BATCH = 100
+
+
+class Command(BaseCommand):
+    help = "Receive a subscriber's deliveries of a queue as JSON lines, acking each after printing."
+
+    def add_arguments(self, parser):
+        parser.add_argument("subscriber", help="the subscriber's name")
+        parser.add_argument("queue")
+        parser.add_argument("event", nargs="?", help="only this event (default: every event)")
+        parser.add_argument("--count", type=int, metavar="N", help="stop after N messages")
+        parser.add_argument("--no-ack", action="store_true", help="leave the deliveries in flight")
+
+    def handle(self, *args, **options):
+        count = options["count"]
+        if count is not None and count < 1:
+            raise CommandError("--count must be at least 1")
+        subscriber = Subscriber.objects.filter(name=options["subscriber"]).first()
+        if subscriber is None:
+            raise CommandError(f"there is no subscriber named {options['subscriber']!r}")
+        queue = publishing.find_queue(options["queue"])
+        if queue is None:
+            raise CommandError(f"there is no queue named {options['queue']!r}")
+        event_name = None
+        if options["event"] is not None:
+            try:
+                event_name = clean_name(options["event"], "event")
+            except BadName as exc:
+                raise CommandError(str(exc)) from None
+        event_ids = self._subscribe(subscriber, queue, event_name)
+        if queue.paused:
+            self.stderr.write(f"queue {queue.name} is paused: nothing is handed out until it resumes")
+
+        stop = _StopOnSignal()
+        printed = 0
+        with stop:
+            while not stop.requested and (count is None or printed < count):
+                if not connection.in_atomic_block:
+                    # A long-running loop drops a broken or expired connection, as a request does.
+                    close_old_connections()
+                seen = wakeups.generation(subscriber.pk)
+                limit = LEASE_BATCH if count is None else min(LEASE_BATCH, count - printed)
+                leased = ledger.lease_deliveries(subscriber, limit=limit, queue=queue, event_ids=event_ids)
+                if not leased:
+                    wakeups.wait(subscriber.pk, seen, RECHECK_SECS)
+                    continue
+                # The whole batch is printed even if a stop was asked meanwhile: it is leased.
+                for delivery in leased:
+                    try:
+                        self.stdout.write(json.dumps(delivery, cls=JSONEncoder, ensure_ascii=False))
+                        self.stdout.flush()
+                    except BrokenPipeError:
+                        # The reader is gone (`listen ... | head -1`). What it did not read stays
+                        # unacked, so it is handed out again after its ack deadline.
+                        _silence_stdout()
+                        return
+                    if not options["no_ack"]:
+                        ledger.ack_deliveries(subscriber, [delivery["id"]])
+                    printed += 1
+
+    def _subscribe(self, subscriber, queue, event_name):
+        """Make sure the subscriber holds a subscription covering what it listens to; returns
+        the event ids to lease (None: every event of the queue)."""
+        subs = Subscription.objects.filter(subscriber=subscriber, queue=queue)
+        if event_name is None:
+            event = None
+            covered = subs.filter(event__isnull=True).exists()
+        else:
+            event = Event.objects.filter(queue=queue, name=event_name).first()
+            # A subscription to every event covers this one: a second would deliver it twice.
+            covered = event is not None and subs.filter(Q(event__isnull=True) | Q(event=event)).exists()
+        if not covered:
+            if not subscriber.may_subscribe(queue):
+                raise CommandError(f"{subscriber.name} may not subscribe to {queue.name}")
+            subscription, _ = subscribing.subscribe(subscriber, queue, event_name)
+            event = subscription.event
+        return None if event_name is None else [event.pk]
+
+
+def _silence_stdout():
+    """Point stdout at /dev/null, so that the exit's final flush does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file (tests)
+        pass
+
+
+class _StopOnSignal:
+    """Turns the first SIGINT or SIGTERM into a request to stop; the next one acts as usual."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        # Handlers can be set only from the main thread (not so under some test runners).
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info):
+        self._restore()
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        self._restore()
+
+    def _restore(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}

@@ -1,0 +1,41 @@
+"""ASGI entry point, served by Daphne: HTTP, and websockets at /ws/."""
+
+import os
+import sys
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_http = get_asgi_application()  # sets Django up before the consumers are imported
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from dashboard.consumers import DashboardConsumer  # noqa: E402
+from delivery.consumers import DeliveryConsumer  # noqa: E402
+from mqsite import shutdown  # noqa: E402
+from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": shutdown.CountHTTPRequests(django_http),
+        "websocket": ServiceOrAllowedHostsOriginValidator(
+            URLRouter(
+                [
+                    path("ws/", DeliveryConsumer.as_asgi()),
+                    # The operators' dashboard: the admin login's session, staff only.
+                    path("ws/dashboard/", AuthMiddlewareStack(DashboardConsumer.as_asgi())),
+                ]
+            )
+        ),
+    }
+)
+
+# Served by Daphne (its Twisted reactor is running this): on SIGTERM, requests under way
+# finish, websockets hand back what they hold, and the process exits (mqsite/shutdown.py).
+if "twisted.internet.reactor" in sys.modules:
+    from twisted.internet import reactor
+
+    shutdown.install(reactor)

@@ -1,0 +1,80 @@
+"""JSON bodies with limits checked before parsing: size (413) and nesting depth (400)."""
+
+import json
+
+from django.conf import settings
+from rest_framework import exceptions, status
+from rest_framework.parsers import BaseParser
+
+
+class RequestTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "too_large"
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def json_depth(value):
+    """How deeply arrays and objects nest in a decoded JSON value (iteratively: no recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            items = item.values()
+        elif isinstance(item, list):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in items)
+    return deepest
+
+
+class BadJSON(ValueError):
+    """JSON that is malformed, not strict JSON (NaN), or nested too deep."""
+
+
+def decode_json(raw):
+    """Decode a request body or a websocket frame by the one rule: strict JSON, nested at most
+    MQ_MAX_JSON_DEPTH deep. BadJSON says what is wrong."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise BadJSON("The JSON nests too deeply.") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadJSON(f"The body is not valid JSON: {exc}") from None
+    if json_depth(data) > settings.MQ_MAX_JSON_DEPTH:
+        raise BadJSON(f"The JSON nests deeper than {settings.MQ_MAX_JSON_DEPTH} levels.")
+    return data
+
+
+class BoundedJSONParser(BaseParser):
+    """Not a JSONParser subclass on purpose: DRF reads the whole body into memory before it
+    calls one of those (and Django refuses a body over 2.5 MiB with an error that was a 500);
+    this one gets the stream, refuses a declared length over the limit before reading, and
+    reads at most one byte past the limit."""
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.MQ_MAX_BODY_BYTES
+        request = (parser_context or {}).get("request")
+        declared = request.META.get("CONTENT_LENGTH") if request is not None else None
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise RequestTooLarge(f"The request body is {declared} bytes, over the limit of {limit}.")
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise RequestTooLarge(f"The request body is over the limit of {limit} bytes.")
+        try:
+            text = raw.decode("utf-8")
+            data = json.loads(text, parse_constant=_reject_constant)
+        except RecursionError:
+            raise exceptions.ParseError("The JSON nests too deeply.") from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from None
+        if json_depth(data) > settings.MQ_MAX_JSON_DEPTH:
+            raise exceptions.ParseError(f"The JSON nests deeper than {settings.MQ_MAX_JSON_DEPTH} levels.")
+        return data

@@ -1,0 +1,294 @@
+"""Settings, read from the environment (../shared/API.md lists the names).
+
+The defaults are the embedded mode: a SQLite file under var/, no outside services.
+A malformed value stops start-up with a message naming the variable.
+"""
+
+import secrets
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+VAR_DIR.mkdir(exist_ok=True)
+
+env = environ.Env()
+
+
+def _positive_int(name, default):
+    value = env.int(name, default=default)
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name} must be a positive whole number, not {value}")
+    return value
+
+
+def _secret_key():
+    """SECRET_KEY from the environment, else one made once and kept in var/ (embedded mode)."""
+    if env.str("SECRET_KEY", default=""):
+        return env.str("SECRET_KEY")
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+PORT = _positive_int("PORT", 8000)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "django_celery_beat",
+    "queues",
+    "subscribers",
+    "delivery",
+    "analytics",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "mqsite.urls"
+ASGI_APPLICATION = "mqsite.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mqsite.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            # Several threads and processes write at once: WAL lets readers run beside the one
+            # writer; IMMEDIATE takes the write lock at BEGIN, so two transactions never both
+            # read and then fail to upgrade (SQLITE_BUSY mid-transaction); the timeout waits
+            # for the lock instead of failing. synchronous=FULL: a 201 means the publish is on
+            # disk, as the contract promises.
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": ("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"),
+        }
+    )
+    DATABASES["default"]["TEST"] = {"NAME": env.str("MQ_TEST_SQLITE", default=str(VAR_DIR / "test.sqlite3"))}
+    # Opening a SQLite connection (and its PRAGMAs) costs more than most queries: keep it.
+    # Unlike a server database, an idle open file costs nothing and there is no limit to reach.
+    DATABASES["default"]["CONN_MAX_AGE"] = None
+else:
+    # Under ASGI each request runs in a thread of its own, so persistent connections would
+    # pile up (one per thread, until PostgreSQL refuses more): use psycopg's pool instead.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
+        "timeout": 10,
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis (services mode) ------------------------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+
+# The channel layer carries wake-ups between processes (services mode); in one process
+# (embedded mode) an in-memory layer does.
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis blocks up to 5 s waiting for a socket's next message; redis-py's
+            # default read timeout is also 5 s, so an idle socket's read failed and closed it.
+            # redis-py pools 100 connections by default: past ~100 sockets a consumer failed.
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": 30,
+                        "socket_connect_timeout": 5,
+                        "max_connections": 2000,
+                    }
+                ]
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- Auth, i18n, static ---------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+# The app ships few static files (admin, API docs); serving them from the finders means a
+# fresh checkout serves its pages without a collectstatic step.
+WHITENOISE_USE_FINDERS = True
+
+LOGIN_URL = "/admin/login/"
+# A new token is shown once through a message: keep it in the session, not in a cookie.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
+# --- HTTPS (production) ---------------------------------------------------------------------
+# MQ_HTTPS=true where the server is reached over HTTPS (usually behind a proxy that ends TLS
+# and sets X-Forwarded-Proto): secure cookies, http redirected to https, HSTS. Off by default,
+# so that `make run` serves plain http on 127.0.0.1. `manage.py check --deploy` is clean with
+# it on, SECRET_KEY set and DEBUG off.
+MQ_HTTPS = env.bool("MQ_HTTPS", default=False)
+if MQ_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's health check may speak http
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = _positive_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    # The header only allows a submission to the browsers' preload list; nobody is submitted.
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
+
+# --- The queue's own settings ---------------------------------------------------------------
+MQ_MAX_PAYLOAD_BYTES = _positive_int("MQ_MAX_PAYLOAD_BYTES", 262144)
+# A batch of 1000 messages may be large, but a body is read into memory: cap it.
+MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(32 * 1024 * 1024, 2 * MQ_MAX_PAYLOAD_BYTES))
+# Deeper JSON than this is refused: parsers and databases recurse on nesting.
+MQ_MAX_JSON_DEPTH = _positive_int("MQ_MAX_JSON_DEPTH", 64)
+MQ_PREFETCH = _positive_int("MQ_PREFETCH", 100)
+MQ_WEBHOOK_ALLOW_PRIVATE = env.bool("MQ_WEBHOOK_ALLOW_PRIVATE", default=False)
+MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
+SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
+# Requests a subscriber may make, per second or minute (DRF rate syntax).
+MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="2000/s")
+# Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
+MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
+MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)
+# /metrics is public unless this is set; then a scraper sends it as a bearer token.
+MQ_METRICS_TOKEN = env.str("MQ_METRICS_TOKEN", default="")
+
+# --- Celery -------------------------------------------------------------------------------------
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    # A job is redelivered this long after a worker took it without acking it (acks_late): far
+    # longer than a job runs (CELERY_TASK_TIME_LIMIT), so a slow job is never run twice at
+    # once; a job lost for good is found again by the sweeper long before this.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": 900,
+        "socket_timeout": 5,
+        "socket_connect_timeout": 2,
+    }
+else:
+    # Embedded mode: jobs are files in a folder, so the worker needs no broker service.
+    # MQ_CELERY_DIR: another folder, for a second server on one machine (the fault tests).
+    CELERY_QUEUE_DIR = Path(env.str("MQ_CELERY_DIR", default=str(VAR_DIR / "celery")))
+    for sub in ("queue", "processed", "control"):
+        (CELERY_QUEUE_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_QUEUE_DIR / "queue"),
+        "data_folder_out": str(CELERY_QUEUE_DIR / "queue"),
+        "processed_folder": str(CELERY_QUEUE_DIR / "processed"),
+        "control_folder": str(CELERY_QUEUE_DIR / "control"),
+        "store_processed": False,
+        "polling_interval": 0.2,
+    }
+# An enqueue inside a request gives up quickly when the broker is down: the job is a hint
+# (the sweeper finds the due work in the database), the publish must not wait on it.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
+CELERY_TASK_ACKS_LATE = True  # a job a killed worker held is run again (jobs are idempotent)
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = {
+    # Every second: retries are due by the second (backoff starts at 1 s).
+    "sweep": {"task": "delivery.tasks.sweep", "schedule": 1.0},
+    # Hourly: retention is counted in days, and each run moves whatever has passed it since.
+    "archive": {"task": "analytics.tasks.archive_history", "schedule": 3600.0},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "subscribers.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["subscribers.auth.IsSubscriberOrOperator"],
+    "DEFAULT_PARSER_CLASSES": ["mqsite.parsers.BoundedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_THROTTLE_CLASSES": ["subscribers.throttling.ClientRateThrottle"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "mqsite.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "mqsite queue server",
+    "DESCRIPTION": "Publish, subscribe, pull and acknowledge messages. See README.md.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}},
+}

@@ -1,0 +1,95 @@
+"""Stopping Daphne gracefully (SIGTERM), hooked into its Twisted reactor by mqsite/asgi.py.
+
+Daphne 4.2 does not do it by itself: its cancel of the applications fails on the first
+kept-alive HTTP connection (so the websocket consumers never hear of it and keep their
+deliveries until the ack deadline), it does not wait for HTTP requests under way, and a
+request thread that still needs the event loop once it has stopped waits for it for ever, so
+the process never exits. Instead, before the reactor stops:
+
+1. new HTTP requests are answered 503 (try again: another process, or this one restarted) and
+   long polls stop waiting;
+2. every websocket of the process hands back what it holds;
+3. HTTP requests under way get up to SHUTDOWN_SECS to finish and be answered;
+
+and once it has stopped, the process exits at once, whatever thread is still stuck.
+"""
+
+import asyncio
+import logging
+import os
+
+from delivery import consumers, wakeups
+
+log = logging.getLogger(__name__)
+
+# Within a process manager's grace (supervisord's stopwaitsecs is 20 s in supervisord.conf).
+SHUTDOWN_SECS = 15
+
+_requests = 0  # HTTP requests under way in this process (counted on its event loop)
+_idle = None  # set when _requests falls to 0
+
+
+class CountHTTPRequests:
+    """ASGI middleware around the HTTP application: counts requests under way, and answers
+    503 to new ones once the server is stopping."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        global _requests
+        if wakeups.stopping():
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+                }
+            )
+            await send(
+                {"type": "http.response.body", "body": b'{"detail": "The server is stopping; try again."}'}
+            )
+            return
+        _requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _requests -= 1
+            if _requests == 0 and _idle is not None:
+                _idle.set()
+
+
+async def _drain():
+    global _idle
+    await consumers.release_open_sockets()
+    _idle = asyncio.Event()
+    if _requests:
+        await _idle.wait()
+
+
+def before_shutdown():
+    """A Twisted trigger; Daphne waits for the Deferred it returns before it stops."""
+    from twisted.internet.defer import Deferred
+
+    wakeups.stop_waiting()
+    log.info("stopping: %d HTTP requests under way, %d websockets open", _requests, consumers.open_sockets())
+    return Deferred.fromFuture(asyncio.ensure_future(_bounded(_drain())))
+
+
+async def _bounded(work):
+    try:
+        await asyncio.wait_for(work, SHUTDOWN_SECS)
+    except TimeoutError:
+        log.warning("stopping: not drained within %s s; exiting anyway", SHUTDOWN_SECS)
+
+
+def after_shutdown():
+    """A request thread still waiting for the stopped event loop would hold the process for
+    ever (the interpreter joins its threads at exit): leave now, all that could finish has."""
+    logging.shutdown()
+    os._exit(0)
+
+
+def install(reactor):
+    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+    reactor.addSystemEventTrigger("after", "shutdown", after_shutdown)

@@ -1,0 +1,38 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from dashboard.urls import admin_tools
+from delivery.api.views import AckView, DeliveryListView, NackView
+from delivery.metrics import metrics
+from queues.api.views import MessagesView, QueueListView
+from subscribers.api.views import ConnectionListView, SubscriptionDetailView, SubscriptionListView
+
+from .health import healthz
+
+api = [
+    path("queues", QueueListView.as_view(), name="queue-list"),
+    path("queues/<str:queue>/messages", MessagesView.as_view(), name="messages"),
+    path("subscriptions", SubscriptionListView.as_view(), name="subscription-list"),
+    path("subscriptions/<int:pk>", SubscriptionDetailView.as_view(), name="subscription-detail"),
+    path("deliveries", DeliveryListView.as_view(), name="delivery-list"),
+    path("deliveries/ack", AckView.as_view(), name="delivery-ack"),
+    path("deliveries/<int:pk>/nack", NackView.as_view(), name="delivery-nack"),
+    path("connections", ConnectionListView.as_view(), name="connection-list"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+]
+
+urlpatterns = [
+    path("admin/tools/", include(admin_tools)),
+    path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
+    path("api/", include(api)),
+    path("", include("dashboard.urls")),
+]
+
+handler400 = "mqsite.errors.bad_request"
+handler403 = "mqsite.errors.permission_denied"
+handler404 = "mqsite.errors.not_found"
+handler500 = "mqsite.errors.server_error"

@@ -1,0 +1,375 @@
+"""Queues, events and messages in the admin.
+
+Queues are made and tuned here (or by `createqueue`); events appear on first publish or
+subscribe; messages are published, never written in a form, so their pages are read-only and
+show where each one still is: which subscriptions have not acknowledged it.
+"""
+
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.utils import display_for_value
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils.html import format_html, format_html_join
+
+from delivery import ledger, wakeups
+from delivery.admin import (
+    DeliveriesGoWithTheirOwner,
+    EstimatedCountPaginator,
+    EventFilter,
+    LedgerOperatorMixin,
+    admin_link,
+    count_badge,
+    pretty_json,
+    search_by_id_or_name,
+    status_badge,
+)
+from delivery.models import Delivery, Status
+from delivery.owed import UNSETTLED, correlated_count, not_acked, status_counts
+from subscribers.admin import (
+    DeliveryCountColumns,
+    SubscriptionInlineBase,
+    UnsubscribeOnDelete,
+    deliveries_url,
+    owed_links,
+    with_delivery_counts,
+)
+from subscribers.models import Subscription
+
+from .models import Event, Message, Queue
+from .names import BadName, clean_name
+
+
+class NameCleaningForm(forms.ModelForm):
+    """Queue and event names are lower-cased on input, as the API does, then checked."""
+
+    def clean_name(self):
+        try:
+            return clean_name(self.cleaned_data["name"], self._meta.model._meta.verbose_name)
+        except BadName as exc:
+            raise ValidationError(str(exc)) from None
+
+
+class QueueForm(NameCleaningForm):
+    class Meta:
+        model = Queue
+        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days"]
+
+
+class EventForm(NameCleaningForm):
+    class Meta:
+        model = Event
+        fields = ["queue", "name"]
+
+
+class EventInline(admin.TabularInline):
+    model = Event
+    fields = ["name", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class QueueSubscriptionInline(SubscriptionInlineBase):
+    fields = ["subscriber", "event", "created_at"]
+    autocomplete_fields = ["subscriber"]
+    verbose_name_plural = "subscriptions (event empty: every event of the queue)"
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        # Only this queue's events (the form class is made afresh for each request).
+        event = formset.form.base_fields.get("event")
+        if event is not None:
+            event.queryset = Event.objects.filter(queue=obj).order_by("name") if obj else Event.objects.none()
+        return formset
+
+
+@admin.register(Queue)
+class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountColumns, admin.ModelAdmin):
+    form = QueueForm
+    list_display = [
+        "name",
+        "state",
+        "ordered",
+        "max_attempts",
+        "ack_timeout",
+        "retention_days",
+        "last_seq",
+        "message_count",
+        "subscription_count",
+        "pending",
+        "inflight",
+        "dead",
+    ]
+    list_filter = ["paused", "ordered"]
+    search_fields = ["name"]
+    inlines = [EventInline, QueueSubscriptionInline]
+    actions = ["pause", "resume"]
+    fields = [
+        "name",
+        "ordered",
+        "paused",
+        "max_attempts",
+        "ack_timeout",
+        "retention_days",
+        "last_seq",
+        "created_at",
+        "owed",
+    ]
+
+    def get_readonly_fields(self, request, obj=None):
+        readonly = ["last_seq", "created_at", "owed"]
+        # Clients address a queue by its name: renaming one would silently re-target them.
+        return readonly if obj is None else ["name", *readonly]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return [f for f in self.fields if f not in ("last_seq", "created_at", "owed")]
+        return self.fields
+
+    def get_queryset(self, request):
+        queryset = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_messages=correlated_count(Message.objects.all(), "queue"),
+                n_subscriptions=correlated_count(Subscription.objects.all(), "queue"),
+            )
+        )
+        return with_delivery_counts(queryset, "queue")
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj):
+        label, colour = ("paused", "#8a6d00") if obj.paused else ("running", "#2e7d32")
+        return format_html(
+            '<span style="background:{};color:#fff;padding:1px 7px;border-radius:9px">{}</span>',
+            colour,
+            label,
+        )
+
+    @admin.display(description="messages", ordering="n_messages")
+    def message_count(self, obj):
+        return obj.n_messages
+
+    @admin.display(description="subscriptions", ordering="n_subscriptions")
+    def subscription_count(self, obj):
+        return obj.n_subscriptions
+
+    @admin.display(description="deliveries owed")
+    def owed(self, obj):
+        return owed_links(obj, queue__id__exact=obj.pk)
+
+    @admin.action(description="Pause: keep taking publishes, hand out nothing", permissions=["change"])
+    def pause(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
+        paused = Queue.objects.filter(pk__in=ids, paused=False).update(paused=True)
+        self.message_user(request, f"{paused} queues paused.")
+
+    @admin.action(description="Resume: hand out deliveries again", permissions=["change"])
+    def resume(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
+        with transaction.atomic():
+            resumed = Queue.objects.filter(pk__in=ids, paused=True).update(paused=False)
+            # Waiting subscribers would see the work on their next timer tick; wake them now.
+            wakeups.notify_after_commit(
+                Subscription.objects.filter(queue_id__in=ids)
+                .order_by()
+                .values_list("subscriber_id", flat=True)
+                .distinct()
+            )
+        self.message_user(request, f"{resumed} queues resumed.")
+
+
+@admin.register(Event)
+class EventAdmin(DeliveriesGoWithTheirOwner, DeliveryCountColumns, admin.ModelAdmin):
+    form = EventForm
+    list_display = ["name", "queue", "message_count", "subscription_count", "pending", "inflight", "dead"]
+    list_filter = ["queue"]
+    list_select_related = ["queue"]
+    search_fields = ["name", "queue__name"]
+    fields = ["queue", "name", "created_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Messages and subscriptions name the event: it keeps its name and queue.
+        return ["created_at"] if obj is None else ["queue", "name", "created_at"]
+
+    def get_queryset(self, request):
+        queryset = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_messages=correlated_count(Message.objects.all(), "event"),
+                n_subscriptions=correlated_count(Subscription.objects.all(), "event"),
+            )
+        )
+        return with_delivery_counts(queryset, "event")
+
+    def has_delete_permission(self, request, obj=None):
+        # Deleting an event deletes its messages and their deliveries.
+        return request.user.is_superuser and super().has_delete_permission(request, obj)
+
+    @admin.display(description="messages", ordering="n_messages")
+    def message_count(self, obj):
+        return obj.n_messages
+
+    @admin.display(description="subscriptions", ordering="n_subscriptions")
+    def subscription_count(self, obj):
+        return obj.n_subscriptions
+
+
+@admin.register(Message)
+class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "queue_name",
+        "event_name",
+        "seq",
+        "key",
+        "publisher",
+        "created_at",
+        "delivery_count",
+        "unacked_count",
+    ]
+    list_filter = ["queue", EventFilter, "publisher"]
+    list_select_related = ["queue", "event", "publisher"]
+    search_fields = ["=id", "=key"]
+    search_help_text = "A number finds a message id; anything else an idempotency key."
+    raw_id_fields = ["publisher"]
+    ordering = ["-id"]
+    list_per_page = 100
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # a count per filter choice over every message
+    paginator = EstimatedCountPaginator
+    actions = ["redeliver_unacked"]
+    fields = [
+        "id",
+        "queue",
+        "event_name",
+        "seq",
+        "key",
+        "publisher",
+        "created_at",
+        "payload",
+        "delivery_summary",
+        "not_acked_by",
+    ]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            # Payloads may be large: the list does not show them; the page loads its own.
+            .defer("payload_json")
+            .annotate(
+                n_deliveries=correlated_count(Delivery.objects.all(), "message"),
+                n_unacked=correlated_count(Delivery.objects.filter(status__in=UNSETTLED), "message"),
+            )
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if term and not term.isdigit():
+            return queryset.filter(key=term), False
+        return search_by_id_or_name(queryset, term, ["id"], []), False
+
+    # Messages are published (API, websocket, `publish`), never made or edited in a form.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        # Deleting a message deletes what is owed of it, outside the ledger: superusers only.
+        return request.user.is_superuser
+
+    @admin.display(description="queue", ordering="queue__name")
+    def queue_name(self, obj):
+        return obj.queue.name
+
+    @admin.display(description="event", ordering="event__name")
+    def event_name(self, obj):
+        return obj.event.name
+
+    @admin.display(description="deliveries", ordering="n_deliveries")
+    def delivery_count(self, obj):
+        return obj.n_deliveries
+
+    @admin.display(description="not acked", ordering="n_unacked")
+    def unacked_count(self, obj):
+        if not obj.n_unacked:
+            return count_badge(0, Status.PENDING)
+        url = deliveries_url(message__id__exact=obj.pk, status__in=",".join(UNSETTLED))
+        return format_html('<a href="{}">{}</a>', url, count_badge(obj.n_unacked, Status.DEAD))
+
+    @admin.display(description="payload")
+    def payload(self, obj):
+        return pretty_json(obj.payload_json)
+
+    @admin.display(description="deliveries")
+    def delivery_summary(self, obj):
+        counts = status_counts(obj.deliveries.all())
+        return format_html_join(
+            " ",
+            '<a href="{}">{} {}</a>',
+            (
+                (
+                    deliveries_url(message__id__exact=obj.pk, status__exact=s),
+                    count_badge(n, s),
+                    Status(s).label,
+                )
+                for s, n in counts.items()
+            ),
+        )
+
+    @admin.display(description="not acknowledged by")
+    def not_acked_by(self, obj):
+        rows, total = not_acked(obj)
+        if not rows:
+            return "Every subscription has acknowledged it."
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    admin_link(d, d.pk),
+                    admin_link(d.subscriber, d.subscriber.name),
+                    admin_link(d.subscription) if d.subscription_id else "(deleted)",
+                    status_badge(d.status),
+                    d.attempt,
+                    display_for_value(
+                        d.next_attempt_at if d.status == Status.PENDING else d.ack_deadline, "-"
+                    ),
+                    d.last_error or "-",
+                )
+                for d in rows
+            ),
+        )
+        more = ""
+        if total > len(rows):
+            url = deliveries_url(message__id__exact=obj.pk, status__in=",".join(UNSETTLED))
+            more = format_html('<p><a href="{}">All {} of them in the delivery list</a></p>', url, total)
+        return format_html(
+            '<table class="mq-not-acked"><thead><tr><th>delivery</th><th>subscriber</th>'
+            "<th>subscription</th><th>status</th><th>attempt</th><th>next attempt / deadline</th>"
+            "<th>last error</th></tr></thead><tbody>{}</tbody></table>{}",
+            body,
+            more,
+        )
+
+    @admin.action(
+        description="Redeliver to every subscription that has not acknowledged it",
+        permissions=["operate"],
+    )
+    def redeliver_unacked(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
+        moved = ledger.redeliver(Delivery.objects.filter(message_id__in=ids))
+        self.message_user(request, f"{moved} deliveries put back to pending.")

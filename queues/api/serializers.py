@@ -1,0 +1,63 @@
+from django.core.validators import RegexValidator
+from rest_framework import serializers
+
+from mqsite.api import NameField, StrictCharField, TooLarge
+from queues import publishing
+
+
+class PublishSerializer(serializers.Serializer):
+    event = NameField()
+    payload = serializers.JSONField(allow_null=True, help_text="Any JSON value, null included.")
+    key = StrictCharField(
+        required=False,
+        allow_null=True,
+        max_length=publishing.MAX_KEY_LENGTH,
+        trim_whitespace=False,  # a key is compared as sent; trimming made " " a blank key (400)
+        # No NUL: databases cannot store it in text. As a validator it is also in the schema.
+        validators=[RegexValidator(r"^[^\x00]*$", "A key may not contain NUL.")],
+        help_text="Idempotency key: the same key again in this queue answers with the first message.",
+    )
+
+    def validate(self, attrs):
+        try:
+            return publishing.prepare(attrs["event"], attrs["payload"], attrs.get("key"))
+        except publishing.PayloadTooLarge as exc:
+            raise TooLarge(str(exc)) from None
+        except publishing.BadMessage as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class PublishBatchSerializer(serializers.Serializer):
+    # A ListField, not many=True: the schema then says how many (minItems, maxItems).
+    messages = serializers.ListField(child=PublishSerializer(), min_length=1, max_length=publishing.MAX_BATCH)
+
+
+class PublishedSerializer(serializers.Serializer):
+    """The answer to a publish (for the schema; views return dicts)."""
+
+    id = serializers.IntegerField()
+    queue = serializers.CharField()
+    event = serializers.CharField()
+    seq = serializers.IntegerField()
+    deliveries = serializers.IntegerField(help_text="How many subscriptions it fanned out to.")
+    created_at = serializers.DateTimeField()
+
+
+class PublishedBatchSerializer(serializers.Serializer):
+    messages = PublishedSerializer(many=True)
+
+
+class QueueSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    ordered = serializers.BooleanField()
+    events = serializers.ListField(child=serializers.CharField())
+    max_attempts = serializers.IntegerField()
+    ack_timeout = serializers.IntegerField()
+    retention_days = serializers.IntegerField()
+    paused = serializers.BooleanField()
+    may_publish = serializers.BooleanField()
+    may_subscribe = serializers.BooleanField()
+
+
+class QueueListSerializer(serializers.Serializer):
+    queues = QueueSerializer(many=True)

@@ -1,0 +1,108 @@
+from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from mqsite.api import BodyRequiredSchema, errors
+from queues import publishing
+from queues.models import Queue
+from subscribers.auth import subscriber_of
+
+from .serializers import (
+    PublishBatchSerializer,
+    PublishedBatchSerializer,
+    PublishedSerializer,
+    PublishSerializer,
+    QueueListSerializer,
+)
+
+
+def queue_or_404(name):
+    queue = publishing.find_queue(name)
+    if queue is None:
+        raise Http404(f"There is no queue named {name!r}.")
+    return queue
+
+
+# One message or a batch, as it was sent.
+PUBLISHED = PolymorphicProxySerializer(
+    component_name="PublishResponse",
+    serializers=[PublishedSerializer, PublishedBatchSerializer],
+    resource_type_field_name=None,
+)
+
+
+class MessagesView(APIView):
+    schema = BodyRequiredSchema()
+
+    @extend_schema(
+        summary="Publish one message, or a batch of up to 1000 (all or nothing)",
+        request=PolymorphicProxySerializer(
+            component_name="PublishRequest",
+            serializers=[PublishSerializer, PublishBatchSerializer],
+            resource_type_field_name=None,
+        ),
+        responses={
+            201: PUBLISHED,
+            200: OpenApiResponse(
+                PUBLISHED, "Every idempotency key was used before: the first messages, nothing new."
+            ),
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                413,
+                429,
+                e403="The subscriber may not publish to this queue.",
+                e404="No such queue.",
+                e413="A payload over MQ_MAX_PAYLOAD_BYTES, or a body over MQ_MAX_BODY_BYTES.",
+            ),
+        },
+    )
+    def post(self, request, queue):
+        queue = queue_or_404(queue)
+        subscriber = subscriber_of(request)
+        if subscriber is not None and not subscriber.may_publish(queue):
+            raise exceptions.PermissionDenied(f"{subscriber.name} may not publish to {queue.name}.")
+        batch = isinstance(request.data, dict) and "messages" in request.data
+        serializer = (PublishBatchSerializer if batch else PublishSerializer)(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        outgoing = serializer.validated_data["messages"] if batch else [serializer.validated_data]
+        answers = publishing.publish(queue, outgoing, publisher=subscriber)
+        created = any(new for _, new in answers)
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        if batch:
+            return Response({"messages": [a for a, _ in answers]}, status=code)
+        return Response(answers[0][0], status=code)
+
+
+class QueueListView(APIView):
+    @extend_schema(
+        summary="The queues the caller may publish or subscribe to",
+        responses={200: QueueListSerializer, **errors(401, 429)},
+    )
+    def get(self, request):
+        subscriber = subscriber_of(request)
+        queues = Queue.objects.prefetch_related("events")
+        if subscriber is not None:
+            queues = queues.filter(subscriber.visible_queue_filter()).distinct()
+            may_publish = set(subscriber.publish_queues.values_list("pk", flat=True))
+            may_subscribe = set(subscriber.subscribe_queues.values_list("pk", flat=True))
+        answer = []
+        for q in queues:
+            answer.append(
+                {
+                    "name": q.name,
+                    "ordered": q.ordered,
+                    "events": sorted(e.name for e in q.events.all()),
+                    "max_attempts": q.max_attempts,
+                    "ack_timeout": q.ack_timeout,
+                    "retention_days": q.retention_days,
+                    "paused": q.paused,
+                    "may_publish": subscriber is None or subscriber.publish_all or q.pk in may_publish,
+                    "may_subscribe": subscriber is None or subscriber.subscribe_all or q.pk in may_subscribe,
+                }
+            )
+        return Response({"queues": answer})

@@ -1,0 +1,73 @@
+"""createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]"""
+
+import argparse
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from queues.models import Queue
+from queues.names import BadName, clean_name
+
+# Command option -> model field. Only the options given are written, so updating a queue
+# leaves the rest as they were.
+FIELDS = {
+    "ordered": "ordered",
+    "max_attempts": "max_attempts",
+    "ack_timeout": "ack_timeout",
+    "retention_days": "retention_days",
+}
+
+
+class Command(BaseCommand):
+    help = "Make a queue, or update the settings given of an existing one (idempotent)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="queue name: a-z, 0-9, '_', '.', '-'")
+        parser.add_argument(
+            "--ordered",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="FIFO: each subscription gets messages in seq order, one at a time (--no-ordered: not)",
+        )
+        parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts before it is dead")
+        parser.add_argument("--ack-timeout", type=int, metavar="SECONDS", help="how long a lease lasts")
+        parser.add_argument(
+            "--retention-days", type=int, metavar="D", help="acked history older than this is archived"
+        )
+
+    def handle(self, *args, **options):
+        try:
+            name = clean_name(options["name"], "queue name")
+        except BadName as exc:
+            raise CommandError(str(exc)) from None
+        given = {field: options[opt] for opt, field in FIELDS.items() if options[opt] is not None}
+        with transaction.atomic():
+            # Lock the row: a publish between our read and our write must not be overwritten.
+            queue = Queue.objects.select_for_update().filter(name=name).first()
+            created = queue is None
+            if created:
+                queue = Queue(name=name)
+            changed = [f for f, v in given.items() if getattr(queue, f) != v]
+            for field, value in given.items():
+                setattr(queue, field, value)
+            try:
+                queue.full_clean()
+            except ValidationError as exc:
+                raise CommandError(_describe(exc)) from None
+            if created:
+                queue.save()
+            elif changed:
+                # update_fields: never write back last_seq, the publishers' counter.
+                queue.save(update_fields=changed)
+        verb = "created" if created else ("updated" if changed else "unchanged:")
+        self.stdout.write(
+            f"{verb} queue {queue.name} (ordered={queue.ordered}, max_attempts={queue.max_attempts}, "
+            f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days})"
+        )
+
+
+def _describe(exc):
+    if hasattr(exc, "message_dict"):
+        return "; ".join(f"{field.replace('_', '-')}: {' '.join(m)}" for field, m in exc.message_dict.items())
+    return " ".join(exc.messages)

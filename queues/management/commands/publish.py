@@ -1,0 +1,41 @@
+"""publish QUEUE EVENT [PAYLOAD_JSON]: publish as an operator; prints the REST publish answer."""
+
+import json
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+from rest_framework.utils.encoders import JSONEncoder
+
+from queues import publishing
+
+
+class Command(BaseCommand):
+    help = "Publish one message as an operator; the payload is read from stdin when not given."
+    stealth_options = ("stdin",)
+
+    def add_arguments(self, parser):
+        parser.add_argument("queue")
+        parser.add_argument("event")
+        parser.add_argument("payload", nargs="?", metavar="PAYLOAD_JSON", help="default: read stdin")
+        parser.add_argument("--key", help="idempotency key: the same key again answers the first message")
+
+    def handle(self, *args, **options):
+        queue = publishing.find_queue(options["queue"])
+        if queue is None:
+            raise CommandError(f"there is no queue named {options['queue']!r}")
+        text = options["payload"]
+        if text is None:
+            text = options.get("stdin", sys.stdin).read()
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
+            raise CommandError(f"the payload is not JSON: {exc}") from None
+        except RecursionError:
+            raise CommandError("the payload is nested too deeply") from None
+        try:
+            outgoing = publishing.prepare(options["event"], payload, options["key"])
+        except publishing.BadMessage as exc:
+            raise CommandError(str(exc)) from None
+        [(answer, _created)] = publishing.publish(queue, [outgoing], publisher=None)
+        # DRF's encoder: times exactly as the REST API writes them (ISO 8601, 'Z').
+        self.stdout.write(json.dumps(answer, cls=JSONEncoder, ensure_ascii=False))

@@ -1,0 +1,37 @@
+"""queuestats [--json]: per queue and event, published and deliveries by state."""
+
+import json
+
+from django.core.management.base import BaseCommand
+
+from delivery.stats import FIELDS, queue_stats
+
+
+class Command(BaseCommand):
+    help = "Show per queue and event: published, pending, in flight, acked, dead, connected."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help='print {"queues": [...]}')
+
+    def handle(self, *args, **options):
+        rows = queue_stats()
+        if options["json"]:
+            self.stdout.write(json.dumps({"queues": rows}))
+            return
+        if not rows:
+            self.stdout.write("no queues")
+            return
+        # Headers are the JSON keys: one word each, so the columns split on whitespace.
+        table = [list(FIELDS)]
+        table += [[_cell(row[f]) for f in FIELDS] for row in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(FIELDS))]
+        for r in table:
+            # Names left, numbers right.
+            cells = [
+                c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            ]
+            self.stdout.write("  ".join(cells).rstrip())
+
+
+def _cell(value):
+    return "-" if value is None else str(value)

@@ -1,0 +1,95 @@
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+from .names import NAME_HELP, NAME_RE
+
+name_validator = RegexValidator(rf"^{NAME_RE.pattern}\Z", NAME_HELP)
+
+DEFAULT_MAX_ATTEMPTS = 10
+DEFAULT_ACK_TIMEOUT_SECS = 30
+DEFAULT_RETENTION_DAYS = 7
+
+
+class Queue(models.Model):
+    """A named bucket of events. `last_seq` is the counter publish takes under this row's lock."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[name_validator])
+    ordered = models.BooleanField(
+        default=False, help_text="FIFO: each subscription gets messages in seq order, one at a time."
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=DEFAULT_MAX_ATTEMPTS,
+        validators=[MinValueValidator(1)],
+        help_text="After this many failed attempts a delivery is dead.",
+    )
+    ack_timeout = models.PositiveIntegerField(
+        "ack timeout (seconds)",
+        default=DEFAULT_ACK_TIMEOUT_SECS,
+        validators=[MinValueValidator(1)],
+        help_text="How long a client holds a delivery before it is handed out again.",
+    )
+    retention_days = models.PositiveIntegerField(
+        default=DEFAULT_RETENTION_DAYS, help_text="Acknowledged history older than this is archived."
+    )
+    paused = models.BooleanField(
+        default=False, help_text="A paused queue takes publishes but hands out no deliveries."
+    )
+    last_seq = models.BigIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Event(models.Model):
+    """What happened inside a queue (create, delete, ...). Made on first publish or subscribe."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="events")
+    name = models.CharField(max_length=64, validators=[name_validator])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["queue__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["queue", "name"], name="event_unique_per_queue")]
+
+    def __str__(self):
+        return f"{self.queue.name}/{self.name}"
+
+
+class Message(models.Model):
+    """One published (queue, event, payload). Immutable once written."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="messages")
+    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="messages")
+    seq = models.BigIntegerField(editable=False)
+    # The payload's JSON text as published: stored as text, not jsonb, so that any JSON value
+    # the client sent is kept as it was (PostgreSQL's jsonb refuses "\u0000" and reorders keys).
+    payload_json = models.TextField("payload (JSON)")
+    # NULL, not "", means no key: the partial unique constraint below leaves NULLs out.
+    key = models.CharField("idempotency key", max_length=255, null=True, blank=True)  # noqa: DJ001
+    publisher = models.ForeignKey(
+        "subscribers.Subscriber",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="published_messages",
+        help_text="Empty when an operator published it.",
+    )
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["queue__name", "-seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "seq"], name="message_seq_unique_per_queue"),
+            models.UniqueConstraint(
+                fields=["queue", "key"],
+                condition=models.Q(key__isnull=False),
+                name="message_key_unique_per_queue",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.queue.name}#{self.seq} {self.event.name}"

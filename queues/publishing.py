@@ -1,0 +1,181 @@
+"""Publishing: check a message, give it the queue's next seq, store it and fan it out.
+
+`publish()` may be called inside the caller's own transaction: the message exists if and
+only if that transaction commits, and subscribers are woken only after it does.
+"""
+
+import json
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from delivery import ledger, wakeups
+
+from .models import Event, Message, Queue
+from .names import BadName, clean_name
+
+MAX_BATCH = 1000
+MAX_KEY_LENGTH = 255
+
+
+class BadMessage(ValueError):
+    """A message that cannot be published as given (the caller answers 400)."""
+
+
+class PayloadTooLarge(BadMessage):
+    """A payload over MQ_MAX_PAYLOAD_BYTES (the caller answers 413)."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    event: str
+    payload_json: str
+    key: str | None
+
+
+def prepare(event, payload, key=None):
+    """Check one message and encode its payload; BadMessage says what is wrong."""
+    try:
+        event = clean_name(event, "event")
+    except BadName as exc:
+        raise BadMessage(str(exc)) from None
+    if key is not None:
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise BadMessage(f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
+        # Databases cannot store NUL in text, nor a lone surrogate as UTF-8: refuse, don't fail.
+        if "\x00" in key or _not_utf8(key):
+            raise BadMessage("key may not contain NUL or invalid Unicode")
+    try:
+        # allow_nan=False: NaN and Infinity are not JSON, and other clients could not read them.
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadMessage("payload holds text that is not valid Unicode (a lone surrogate)") from None
+    except (TypeError, ValueError) as exc:
+        raise BadMessage(f"payload is not JSON: {exc}") from None
+    if size > settings.MQ_MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"payload is {size} bytes of JSON, over the limit of {settings.MQ_MAX_PAYLOAD_BYTES}"
+        )
+    return Outgoing(event, text, key)
+
+
+def _not_utf8(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def publish(queue, outgoing, publisher=None):
+    """Publish prepared messages to `queue`, all or nothing.
+
+    Returns [(answer, created)] in the given order: the answer as the REST API gives it, and
+    whether the message is new (False: its idempotency key was already used in this queue,
+    and the answer is that first message's).
+    """
+    if not outgoing:
+        return []
+    now = timezone.now()
+    with transaction.atomic():
+        events = _events(queue, {o.event for o in outgoing})
+        keys = [o.key for o in outgoing if o.key is not None]
+        existing = {}
+        if keys:
+            # Lock the queue row before looking the keys up: two publishers of one key both
+            # seeing it absent would both insert (and one would fail on the unique index).
+            # NO KEY UPDATE, like the UPDATE of last_seq below: it serialises publishers, and
+            # lets others check foreign keys to the queue meanwhile (FOR UPDATE would not, and
+            # a lease checking them at its commit while holding a subscription row that this
+            # publish checks at its own commit would deadlock with it).
+            Queue.objects.select_for_update(no_key=True).filter(pk=queue.pk).values_list("pk").first()
+            existing = {
+                m.key: m for m in Message.objects.filter(queue=queue, key__in=keys).select_related("event")
+            }
+        # Each message either is new or repeats a key: already in the queue, or earlier in
+        # this batch. slots[i] says which message answers outgoing[i], and whether it is new.
+        new, slots, by_key = [], [], {}
+        for o in outgoing:
+            if o.key is not None and o.key in by_key:
+                slots.append((by_key[o.key], False))
+                continue
+            if o.key is not None and o.key in existing:
+                ref = existing[o.key]
+            else:
+                ref = len(new)
+                new.append(o)
+            if o.key is not None:
+                by_key[o.key] = ref
+            slots.append((ref, isinstance(ref, int)))
+        messages = []
+        if new:
+            first_seq = _take_seqs(queue, len(new))
+            messages = Message.objects.bulk_create(
+                Message(
+                    queue=queue,
+                    event=events[o.event],
+                    seq=first_seq + i,
+                    payload_json=o.payload_json,
+                    key=o.key,
+                    publisher=publisher,
+                    created_at=now,
+                )
+                for i, o in enumerate(new)
+            )
+            counts, owed = ledger.fan_out(queue.pk, first_seq, first_seq + len(new) - 1, now)
+            for m in messages:
+                m.delivery_count = counts.get(m.pk, 0)
+            wakeups.notify_after_commit(owed)
+        for m in existing.values():
+            m.delivery_count = m.deliveries.count()
+    return [
+        (_answer(messages[ref] if isinstance(ref, int) else ref, queue), created) for ref, created in slots
+    ]
+
+
+def _events(queue, names):
+    """The queue's Event rows for these names, made where missing (race-safe)."""
+    found = {e.name: e for e in Event.objects.filter(queue=queue, name__in=names)}
+    missing = names - found.keys()
+    if missing:
+        Event.objects.bulk_create([Event(queue=queue, name=n) for n in missing], ignore_conflicts=True)
+        found = {e.name: e for e in Event.objects.filter(queue=queue, name__in=names)}
+    return found
+
+
+def _take_seqs(queue, count):
+    """Reserve `count` seqs of the queue; returns the first.
+
+    The UPDATE locks the queue row until commit, so publishers of one queue commit in seq
+    order: a reader that has seen seq n never later finds a newly committed seq below n.
+    """
+    table = Queue._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET last_seq = last_seq + %s WHERE id = %s RETURNING last_seq",
+            [count, queue.pk],
+        )
+        last = cursor.fetchone()[0]
+    return last - count + 1
+
+
+def _answer(message, queue):
+    return {
+        "id": message.pk,
+        "queue": queue.name,
+        "event": message.event.name,
+        "seq": message.seq,
+        "deliveries": message.delivery_count,
+        "created_at": message.created_at,
+    }
+
+
+def find_queue(name):
+    """The queue of that name (any case), or None. Names that are not valid find nothing."""
+    try:
+        return Queue.objects.get(name=clean_name(name, "queue"))
+    except (BadName, Queue.DoesNotExist):
+        return None

@@ -1,0 +1,524 @@
+"""Subscribers, subscriptions and who is connected now, in the admin.
+
+A subscriber's token is issued when it is created (or rotated by the action) and shown to the
+operator once, in a message; only its hash is kept. A subscription removed here goes through
+subscribing.unsubscribe, so what it was still owed is dropped as the API would drop it.
+Connections belong to presence: they are only looked at here, or closed (by a superuser)
+through presence.close_connection, so that what they held goes back to pending.
+"""
+
+from datetime import timedelta
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import display_for_value
+from django.db import transaction
+from django.db.models import F, Prefetch
+from django.forms.models import InlineForeignKeyField
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+
+from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
+from delivery.models import Status
+from delivery.owed import (
+    correlated_count,
+    oldest_pending_at,
+    owed_to_subscriber,
+    status_count,
+    subscriber_backlog,
+)
+from queues.models import Event
+
+from . import presence, subscribing
+from .models import Connection, Subscriber, Subscription
+
+
+def deliveries_url(**filters):
+    """The delivery list filtered by the admin's query parameters."""
+    return reverse("admin:delivery_delivery_changelist") + "?" + urlencode(filters)
+
+
+def age(delta):
+    """A duration in the largest two units that matter: '42 s', '5 min 3 s', '2 h 4 min'."""
+    if delta is None:
+        return "-"
+    secs = max(int(delta.total_seconds()), 0)
+    days, secs = divmod(secs, 86400)
+    hours, secs = divmod(secs, 3600)
+    mins, secs = divmod(secs, 60)
+    parts = [(days, "d"), (hours, "h"), (mins, "min"), (secs, "s")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    return " ".join(f"{n} {unit}" for n, unit in parts[:2])
+
+
+def with_delivery_counts(queryset, field):
+    """Annotate n_pending, n_inflight and n_dead: the outer row's deliveries (by `field`)."""
+    return queryset.annotate(
+        n_pending=status_count(field, Status.PENDING),
+        n_inflight=status_count(field, Status.INFLIGHT),
+        n_dead=status_count(field, Status.DEAD),
+    )
+
+
+def owed_links(obj, **filters):
+    """The counts with_delivery_counts annotated on `obj`, each a link to those deliveries."""
+    return format_html_join(
+        " ",
+        '<a href="{}">{} {}</a>',
+        (
+            (deliveries_url(**filters, status__exact=status), count_badge(count, status), status.label)
+            for status, count in (
+                (Status.PENDING, obj.n_pending),
+                (Status.INFLIGHT, obj.n_inflight),
+                (Status.DEAD, obj.n_dead),
+            )
+        ),
+    )
+
+
+class DeliveryCountColumns:
+    """List columns for the counts that with_delivery_counts annotates."""
+
+    @admin.display(description="pending", ordering="n_pending")
+    def pending(self, obj):
+        return count_badge(obj.n_pending, Status.PENDING)
+
+    @admin.display(description="in flight", ordering="n_inflight")
+    def inflight(self, obj):
+        return count_badge(obj.n_inflight, Status.INFLIGHT)
+
+    @admin.display(description="dead", ordering="n_dead")
+    def dead(self, obj):
+        return count_badge(obj.n_dead, Status.DEAD)
+
+    # Youngest first; nothing pending counts as the youngest of all.
+    @admin.display(description="oldest pending", ordering=F("oldest_pending_at").desc(nulls_first=True))
+    def oldest_pending(self, obj):
+        if obj.oldest_pending_at is None:
+            return "-"
+        return age(timezone.now() - obj.oldest_pending_at)
+
+
+def is_stale(connection, now):
+    """The predicate presence.sweep_stale_connections removes rows by: no heartbeat for
+    STALE_AFTER_SECS (its server probably died)."""
+    return connection.last_seen < now - timedelta(seconds=presence.STALE_AFTER_SECS)
+
+
+def heartbeat(connection):
+    """When the connection was last seen, with a badge when that is too long ago."""
+    seen = display_for_value(connection.last_seen, "-")
+    if not is_stale(connection, timezone.now()):
+        return seen
+    return format_html(
+        '{} <span class="mq-stale" title="no heartbeat for over {} s: the sweep will close it" '
+        'style="background:#b3261e;color:#fff;padding:1px 7px;border-radius:9px;font-size:11px">'
+        "stale</span>",
+        seen,
+        presence.STALE_AFTER_SECS,
+    )
+
+
+class SubscriptionForm(forms.ModelForm):
+    """A subscription's event must be of its queue. Once made, a subscription's queue and event
+    stay: its deliveries were fanned out for them. Delete it and make another instead."""
+
+    class Meta:
+        model = Subscription
+        fields = ["subscriber", "queue", "event"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            for name in ("subscriber", "queue", "event"):
+                field = self.fields.get(name)
+                # An inline's own foreign key (InlineForeignKeyField) is fixed already.
+                if field is not None and not isinstance(field, InlineForeignKeyField):
+                    field.disabled = True
+
+    def clean(self):
+        cleaned = super().clean()
+        queue = cleaned.get("queue")
+        if queue is None and self.instance.queue_id:
+            queue = self.instance.queue
+        event = cleaned.get("event")
+        if queue is not None and event is not None and event.queue_id != queue.pk:
+            self.add_error("event", f"{event} is not an event of the queue {queue.name}.")
+        return cleaned
+
+
+class SubscriptionInlineBase(admin.TabularInline):
+    model = Subscription
+    form = SubscriptionForm
+    extra = 0
+    show_change_link = True
+    readonly_fields = ["created_at"]
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "event":
+            # Event names print as queue/event: load the queues with them, not one by one.
+            kwargs["queryset"] = Event.objects.select_related("queue").order_by("queue__name", "name")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("subscriber", "queue", "event__queue")
+
+
+class UnsubscribeOnDelete:
+    """Subscriptions deleted from an inline are unsubscribed (what they were owed is dropped)."""
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Subscription:
+            return super().save_formset(request, form, formset, change)
+        instances = formset.save(commit=False)
+        for subscription in formset.deleted_objects:
+            subscribing.unsubscribe(subscription)
+        for subscription in instances:
+            subscription.save()
+        formset.save_m2m()
+
+
+class SubscriberSubscriptionInline(SubscriptionInlineBase):
+    fields = ["queue", "event", "created_at"]
+    verbose_name_plural = "subscriptions (event empty: every event of the queue)"
+
+
+class SubscriberConnectionInline(admin.TabularInline):
+    """Its open websockets: read-only, as presence keeps them."""
+
+    model = Connection
+    fields = ["channel_name", "remote_addr", "connected_at", "last_seen_badge"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name_plural = "connected now (open websockets; each receives every subscription above)"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        # Each row prints as its subscriber's name: load it with the rows, not one by one.
+        return super().get_queryset(request).select_related("subscriber")
+
+    @admin.display(description="last seen")
+    def last_seen_badge(self, obj):
+        return heartbeat(obj)
+
+
+@admin.register(Subscriber)
+class SubscriberAdmin(
+    DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountColumns, admin.ModelAdmin
+):
+    list_display = [
+        "name",
+        "is_active",
+        "connected",
+        "token_hint",
+        "has_webhook",
+        "publish_all",
+        "subscribe_all",
+        "subscription_count",
+        "pending",
+        "oldest_pending",
+        "inflight",
+        "dead",
+        "created_at",
+    ]
+    list_filter = ["is_active", "publish_all", "subscribe_all"]
+    search_fields = ["name"]
+    filter_horizontal = ["publish_queues", "subscribe_queues"]
+    readonly_fields = ["token_hint", "webhook_secret", "created_at", "owed"]
+    inlines = [SubscriberSubscriptionInline]
+    actions = ["issue_new_token"]
+
+    def get_fieldsets(self, request, obj=None):
+        permissions = (
+            "Permissions",
+            {"fields": ["publish_all", "publish_queues", "subscribe_all", "subscribe_queues"]},
+        )
+        if obj is None:
+            # The token and the webhook secret are made on save; the token is shown then, once.
+            return [
+                (None, {"fields": ["name", "is_active"]}),
+                ("Webhook", {"fields": ["webhook_url"]}),
+                permissions,
+            ]
+        return [
+            (None, {"fields": ["name", "is_active", "token_hint", "created_at"]}),
+            ("Webhook", {"fields": ["webhook_url", "webhook_secret"]}),
+            permissions,
+            ("What it is owed", {"fields": ["owed"]}),
+        ]
+
+    def get_inlines(self, request, obj):
+        # A subscriber being added has no connection yet.
+        if obj is None:
+            return [SubscriberSubscriptionInline]
+        return [SubscriberSubscriptionInline, SubscriberConnectionInline]
+
+    def get_queryset(self, request):
+        queryset = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_subscriptions=correlated_count(Subscription.objects.all(), "subscriber"),
+                n_connections=correlated_count(Connection.objects.all(), "subscriber"),
+                oldest_pending_at=oldest_pending_at("subscriber"),
+            )
+        )
+        return with_delivery_counts(queryset, "subscriber")
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "webhook_url":
+            kwargs["assume_scheme"] = "https"
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    def save_model(self, request, obj, form, change):
+        token = None if change else obj.issue_token()
+        super().save_model(request, obj, form, change)
+        if token is not None:
+            self._show_token(request, obj, token)
+
+    def _show_token(self, request, subscriber, token):
+        messages.success(
+            request,
+            format_html(
+                "The token of {}: <code class='mq-token'>{}</code> Copy it now: only its hash is "
+                "kept, and it will not be shown again.",
+                subscriber.name,
+                token,
+            ),
+        )
+
+    @admin.action(description="Issue a new token (the old one stops working at once)", permissions=["change"])
+    def issue_new_token(self, request, queryset):
+        issued = []
+        with transaction.atomic():
+            for subscriber in queryset.select_for_update():
+                token = subscriber.issue_token()
+                subscriber.save(update_fields=["token_hash", "token_hint"])
+                issued.append((subscriber, token))
+        for subscriber, token in issued:
+            self._show_token(request, subscriber, token)
+
+    @admin.display(description="webhook", boolean=True)
+    def has_webhook(self, obj):
+        return bool(obj.webhook_url)
+
+    @admin.display(description="subscriptions", ordering="n_subscriptions")
+    def subscription_count(self, obj):
+        return obj.n_subscriptions
+
+    @admin.display(description="connected", ordering="n_connections")
+    def connected(self, obj):
+        if not obj.n_connections:
+            return count_badge(0, None)
+        url = (
+            reverse("admin:subscribers_connection_changelist")
+            + "?"
+            + urlencode({"subscriber__id__exact": obj.pk})
+        )
+        return format_html('<a href="{}"><strong>{}</strong></a>', url, obj.n_connections)
+
+    @admin.display(description="what it is owed")
+    def owed(self, obj):
+        if obj is None or obj.pk is None:
+            return "-"
+        rows = owed_to_subscriber(obj)
+        if not rows:
+            return "Nothing: it has no subscriptions."
+
+        def cell(count, status, subscription):
+            if not count:
+                return count_badge(0, status)
+            filters = {"subscriber__id__exact": obj.pk, "status__exact": status}
+            if subscription is not None:
+                filters["subscription__id__exact"] = subscription.pk
+            return format_html('<a href="{}">{}</a>', deliveries_url(**filters), count_badge(count, status))
+
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    admin_link(o.subscription, f"{o.subscription.queue.name}/{_event_name(o.subscription)}")
+                    if o.subscription is not None
+                    else "(no subscription)",
+                    cell(o.pending, Status.PENDING, o.subscription),
+                    cell(o.inflight, Status.INFLIGHT, o.subscription),
+                    cell(o.dead, Status.DEAD, o.subscription),
+                    age(o.oldest_pending_age()),
+                )
+                for o in rows
+            ),
+        )
+        return format_html(
+            '<table class="mq-owed"><thead><tr><th>subscription</th><th>pending</th><th>in flight</th>'
+            "<th>dead</th><th>oldest pending</th></tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
+
+
+def _event_name(subscription):
+    return subscription.event.name if subscription.event_id else "*"
+
+
+@admin.register(Subscription)
+class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
+    form = SubscriptionForm
+    list_display = [
+        "id",
+        "subscriber",
+        "queue_name",
+        "event_name",
+        "pending",
+        "inflight",
+        "dead",
+        "created_at",
+    ]
+    list_filter = ["queue"]
+    list_select_related = ["subscriber", "queue", "event"]
+    search_fields = ["subscriber__name", "queue__name", "event__name"]
+    autocomplete_fields = ["subscriber"]
+    fields = ["subscriber", "queue", "event", "created_at", "owed"]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ["created_at", "owed"]
+        return ["subscriber", "queue", "event", "created_at", "owed"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["subscriber", "queue", "event"]
+        return self.fields
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "event":
+            kwargs["queryset"] = Event.objects.select_related("queue").order_by("queue__name", "name")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_queryset(self, request):
+        return with_delivery_counts(super().get_queryset(request), "subscription")
+
+    @admin.display(description="queue", ordering="queue__name")
+    def queue_name(self, obj):
+        return obj.queue.name
+
+    @admin.display(description="event", ordering="event__name")
+    def event_name(self, obj):
+        return _event_name(obj)
+
+    @admin.display(description="what it is owed")
+    def owed(self, obj):
+        return owed_links(obj, subscription__id__exact=obj.pk)
+
+    def delete_model(self, request, obj):
+        subscribing.unsubscribe(obj)
+
+    def delete_queryset(self, request, queryset):
+        for subscription in queryset:
+            subscribing.unsubscribe(subscription)
+
+
+class HeartbeatFilter(admin.SimpleListFilter):
+    title = "heartbeat"
+    parameter_name = "heartbeat"
+
+    def lookups(self, request, model_admin):
+        return [("live", "live"), ("stale", f"stale (none for {presence.STALE_AFTER_SECS} s)")]
+
+    def queryset(self, request, queryset):
+        cutoff = timezone.now() - timedelta(seconds=presence.STALE_AFTER_SECS)
+        if self.value() == "live":
+            return queryset.filter(last_seen__gte=cutoff)
+        if self.value() == "stale":
+            return queryset.filter(last_seen__lt=cutoff)
+        return queryset
+
+
+@admin.register(Connection)
+class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
+    """Connected now: who has a websocket open, what it receives, and what its subscriber is
+    still owed. Presence makes and removes the rows; a superuser may close one here."""
+
+    list_display = [
+        "subscriber_link",
+        "connected_at",
+        "last_seen_badge",
+        "remote_addr",
+        "receives",
+        "pending",
+        "oldest_pending",
+        "inflight",
+    ]
+    list_display_links = ["connected_at"]
+    list_filter = [HeartbeatFilter]
+    search_fields = ["subscriber__name", "remote_addr", "channel_name"]
+    fields = [
+        "subscriber_link",
+        "channel_name",
+        "remote_addr",
+        "connected_at",
+        "last_seen_badge",
+        "receives",
+        "pending",
+        "oldest_pending",
+        "inflight",
+    ]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        # What each receives: one query for the page's subscribers; the backlog: subqueries.
+        subscriptions = Subscription.objects.select_related("queue", "event").order_by(
+            "queue__name", F("event__name").asc(nulls_first=True), "id"
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("subscriber")
+            .prefetch_related(Prefetch("subscriber__subscriptions", queryset=subscriptions))
+            .annotate(**subscriber_backlog("subscriber_id"))
+        )
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"title": "Connected now", **(extra_context or {})})
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def delete_model(self, request, obj):
+        presence.close_connection(obj.channel_name)
+
+    def delete_queryset(self, request, queryset):
+        for connection in queryset:
+            presence.close_connection(connection.channel_name)
+
+    @admin.display(description="subscriber", ordering="subscriber__name")
+    def subscriber_link(self, obj):
+        return admin_link(obj.subscriber)
+
+    @admin.display(description="last seen", ordering="last_seen")
+    def last_seen_badge(self, obj):
+        return heartbeat(obj)
+
+    @admin.display(description="receives")
+    def receives(self, obj):
+        subscriptions = obj.subscriber.subscriptions.all()
+        if not subscriptions:
+            return "nothing (no subscriptions)"
+        return format_html_join(
+            ", ", "{}", ((admin_link(s, f"{s.queue.name}/{_event_name(s)}"),) for s in subscriptions)
+        )

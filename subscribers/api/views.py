@@ -1,0 +1,100 @@
+from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from mqsite.api import errors, is_db_id
+from queues.api.views import queue_or_404
+from queues.names import BadName, clean_name
+from subscribers import presence, subscribing
+from subscribers.auth import IsOperator, IsSubscriber, subscriber_of
+
+from .serializers import (
+    ConnectionListSerializer,
+    SubscribeSerializer,
+    SubscriptionListSerializer,
+    SubscriptionSerializer,
+    subscription_answer,
+)
+
+SUBSCRIBERS_ONLY = "This call acts as a subscriber: an operator's session is refused."
+
+
+class SubscriptionListView(APIView):
+    permission_classes = [IsSubscriber]
+
+    @extend_schema(
+        summary="The caller's own subscriptions",
+        responses={200: SubscriptionListSerializer, **errors(401, 403, 429, e403=SUBSCRIBERS_ONLY)},
+    )
+    def get(self, request):
+        subs = subscriber_of(request).subscriptions.select_related("queue", "event").order_by("id")
+        return Response({"subscriptions": [subscription_answer(s) for s in subs]})
+
+    @extend_schema(
+        summary="Subscribe to a queue, to one event of it or to all",
+        request=SubscribeSerializer,
+        responses={
+            201: SubscriptionSerializer,
+            200: OpenApiResponse(SubscriptionSerializer, "It existed already."),
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                429,
+                e403="The subscriber may not subscribe to this queue (or the caller is no subscriber).",
+                e404="No such queue.",
+            ),
+        },
+    )
+    def post(self, request):
+        serializer = SubscribeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        subscriber = subscriber_of(request)
+        queue = queue_or_404(serializer.validated_data["queue"])
+        if not subscriber.may_subscribe(queue):
+            raise exceptions.PermissionDenied(f"{subscriber.name} may not subscribe to {queue.name}.")
+        event = serializer.validated_data.get("event")
+        if event is not None:
+            try:
+                event = clean_name(event, "event")
+            except BadName as exc:
+                raise exceptions.ValidationError({"event": [str(exc)]}) from None
+        subscription, created = subscribing.subscribe(subscriber, queue, event)
+        return Response(
+            subscription_answer(subscription),
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+
+class SubscriptionDetailView(APIView):
+    permission_classes = [IsSubscriber]
+
+    @extend_schema(
+        summary="Unsubscribe; what the subscription was still owed is dropped",
+        responses={
+            204: None,
+            **errors(
+                401, 403, 404, 429, e403=SUBSCRIBERS_ONLY, e404="The caller has no subscription with that id."
+            ),
+        },
+    )
+    def delete(self, request, pk):
+        subscription = subscriber_of(request).subscriptions.filter(pk=pk).first() if is_db_id(pk) else None
+        if subscription is None:
+            raise Http404("You have no subscription with that id.")
+        subscribing.unsubscribe(subscription)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ConnectionListView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        summary="Operators: who is connected now, and to what",
+        responses={200: ConnectionListSerializer, **errors(401, 403, 429, e403="Operators (staff) only.")},
+    )
+    def get(self, request):
+        return Response({"connections": presence.connections_now()})

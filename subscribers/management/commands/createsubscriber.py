@@ -1,0 +1,61 @@
+"""createsubscriber NAME [--publish QUEUE ...] [--subscribe QUEUE ...] [--webhook URL]
+
+The token is printed alone on the last line of stdout, so scripts can take it with `tail -n1`.
+"""
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from subscribers.provisioning import ALL, UnknownQueues, create_subscriber
+
+
+class Command(BaseCommand):
+    help = "Make a subscriber and print its API token (shown this once) on the last line."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument(
+            "--publish",
+            nargs="+",
+            action="extend",
+            default=[],
+            metavar="QUEUE",
+            help=f"queues it may publish to ('{ALL}': every queue); may repeat",
+        )
+        parser.add_argument(
+            "--subscribe",
+            nargs="+",
+            action="extend",
+            default=[],
+            metavar="QUEUE",
+            help=f"queues it may subscribe to ('{ALL}': every queue); may repeat",
+        )
+        parser.add_argument("--webhook", default="", metavar="URL", help="POST its deliveries here")
+
+    def handle(self, *args, **options):
+        try:
+            subscriber, token = create_subscriber(
+                options["name"],
+                publish=options["publish"],
+                subscribe=options["subscribe"],
+                webhook_url=options["webhook"],
+            )
+        except UnknownQueues as exc:
+            raise CommandError(f"unknown queue(s): {exc}") from None
+        except ValidationError as exc:
+            raise CommandError(
+                "; ".join(f"{field}: {' '.join(m)}" for field, m in exc.message_dict.items())
+            ) from None
+        self.stdout.write(
+            f"created subscriber {subscriber.name} "
+            f"(publish: {_scope(options['publish'])}; subscribe: {_scope(options['subscribe'])})"
+        )
+        if subscriber.webhook_url:
+            self.stdout.write(f"webhook secret: {subscriber.webhook_secret}")
+        self.stdout.write(token)
+
+
+def _scope(names):
+    if ALL in names:
+        return ALL
+    return ", ".join(sorted({n.lower() for n in names})) or "none"

@@ -1,0 +1,122 @@
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from .tokens import hash_token, new_token, new_webhook_secret
+
+
+def validate_webhook_url(url):
+    """The SSRF rule of delivery.webhooks, applied where a URL is entered."""
+    from delivery.webhooks import UnsafeURL, check_url
+
+    try:
+        check_url(url)
+    except UnsafeURL as exc:
+        raise ValidationError(str(exc)) from None
+
+
+class Subscriber(models.Model):
+    """A client application with its own token and the queues it may use.
+
+    The token is never stored: only its hash. `issue_token()` makes a new one and returns it,
+    the one time it can be shown.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_hint = models.CharField(
+        max_length=12, editable=False, blank=True, help_text="The first characters of the token."
+    )
+    webhook_url = models.URLField(
+        max_length=2000,
+        blank=True,
+        validators=[validate_webhook_url],
+        help_text="Deliveries are POSTed here while the subscriber has no websocket open.",
+    )
+    webhook_secret = models.CharField(max_length=100, blank=True, default=new_webhook_secret)
+    publish_all = models.BooleanField("may publish to every queue", default=False)
+    subscribe_all = models.BooleanField("may subscribe to every queue", default=False)
+    publish_queues = models.ManyToManyField(
+        "queues.Queue", blank=True, related_name="publishers", verbose_name="may publish to"
+    )
+    subscribe_queues = models.ManyToManyField(
+        "queues.Queue", blank=True, related_name="subscribers", verbose_name="may subscribe to"
+    )
+    is_active = models.BooleanField(default=True, help_text="An inactive subscriber's token is refused.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def issue_token(self):
+        """Set a fresh token and return it; the caller saves the row and shows it once."""
+        token = new_token()
+        self.token_hash = hash_token(token)
+        self.token_hint = token[:10]
+        return token
+
+    def may_publish(self, queue):
+        return self.publish_all or self.publish_queues.filter(pk=queue.pk).exists()
+
+    def may_subscribe(self, queue):
+        return self.subscribe_all or self.subscribe_queues.filter(pk=queue.pk).exists()
+
+    def visible_queue_filter(self):
+        """A Q over Queue for the queues this subscriber may publish or subscribe to."""
+        if self.publish_all or self.subscribe_all:
+            return models.Q()
+        return models.Q(publishers=self) | models.Q(subscribers=self)
+
+
+class Subscription(models.Model):
+    """A subscriber's durable interest in one queue, and one event of it or all (event empty)."""
+
+    subscriber = models.ForeignKey(Subscriber, on_delete=models.CASCADE, related_name="subscriptions")
+    queue = models.ForeignKey("queues.Queue", on_delete=models.CASCADE, related_name="subscriptions")
+    event = models.ForeignKey(
+        "queues.Event",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="subscriptions",
+        help_text="Empty: every event of the queue.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["subscriber__name", "queue__name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subscriber", "queue", "event"], name="subscription_unique_event"
+            ),
+            # NULLs are distinct in a unique index, so "all events" needs its own constraint.
+            models.UniqueConstraint(
+                fields=["subscriber", "queue"],
+                condition=models.Q(event__isnull=True),
+                name="subscription_unique_all_events",
+            ),
+        ]
+        indexes = [models.Index(fields=["queue", "event"], name="subscription_fanout")]
+
+    def __str__(self):
+        return f"{self.subscriber.name} ← {self.queue.name}/{self.event.name if self.event_id else '*'}"
+
+
+class Connection(models.Model):
+    """An open websocket of a subscriber (presence). Deleted when the socket closes; a row
+    whose heartbeat stopped (its server died) is swept by `subscribers.presence`."""
+
+    subscriber = models.ForeignKey(Subscriber, on_delete=models.CASCADE, related_name="connections")
+    channel_name = models.CharField(max_length=200, unique=True)
+    remote_addr = models.CharField(max_length=100, blank=True)
+    connected_at = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-connected_at"]
+
+    def __str__(self):
+        return f"{self.subscriber.name} since {self.connected_at:%Y-%m-%d %H:%M:%S}"

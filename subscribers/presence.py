@@ -1,0 +1,74 @@
+"""Presence: which subscribers have a websocket open now, and to what.
+
+A Connection row lives as long as its socket. A server that dies cannot delete its rows, so
+each open connection refreshes `last_seen` every HEARTBEAT_SECS and a sweep removes the rows
+not refreshed for STALE_AFTER_SECS, handing back what they held.
+"""
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from delivery import ledger
+
+from .models import Connection, Subscription
+
+HEARTBEAT_SECS = 15
+# Three missed heartbeats: long enough not to sweep a busy but live server.
+STALE_AFTER_SECS = 3 * HEARTBEAT_SECS
+
+
+def open_connection(subscriber, channel_name, remote_addr=""):
+    return Connection.objects.create(
+        subscriber=subscriber, channel_name=channel_name, remote_addr=remote_addr
+    )
+
+
+def close_connection(channel_name):
+    """The socket closed: what it held goes back to pending at once, and the row goes."""
+    with transaction.atomic():
+        ledger.release_held([channel_name])
+        Connection.objects.filter(channel_name=channel_name).delete()
+
+
+def heartbeat(channel_name):
+    Connection.objects.filter(channel_name=channel_name).update(last_seen=timezone.now())
+
+
+def sweep_stale_connections(now=None):
+    """Remove connections whose server stopped refreshing them; returns how many."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        stale = list(
+            Connection.objects.filter(last_seen__lt=now - timedelta(seconds=STALE_AFTER_SECS)).values_list(
+                "channel_name", flat=True
+            )
+        )
+        if stale:
+            ledger.release_held(stale)
+            Connection.objects.filter(channel_name__in=stale).delete()
+    return len(stale)
+
+
+def connections_now():
+    """Who is connected now and to what: a connection receives every subscription of its
+    subscriber (they resume by themselves), so those are its subscriptions."""
+    rows = list(Connection.objects.select_related("subscriber").order_by("connected_at"))
+    subs = {}
+    for s in Subscription.objects.filter(subscriber_id__in={c.subscriber_id for c in rows}).select_related(
+        "queue", "event"
+    ):
+        subs.setdefault(s.subscriber_id, []).append(
+            {"queue": s.queue.name, "event": s.event.name if s.event_id else None}
+        )
+    return [
+        {
+            "subscriber": c.subscriber.name,
+            "connected_at": c.connected_at,
+            "last_seen": c.last_seen,
+            "remote_addr": c.remote_addr,
+            "subscriptions": subs.get(c.subscriber_id, []),
+        }
+        for c in rows
+    ]

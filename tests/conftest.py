@@ -1,0 +1,84 @@
+"""Personas and helpers shared by the tests.
+
+The personas: `logger` (subscribes to db, publishes to db), `peer` (another subscriber of db,
+who must never see the logger's deliveries), `outsider` (may use no queue at all), and an
+operator (a staff user).
+"""
+
+import pytest
+from rest_framework.test import APIClient
+
+from queues.models import Queue
+from subscribers.provisioning import create_subscriber
+
+
+@pytest.fixture
+def make_queue(db):
+    def make(name="db", **fields):
+        return Queue.objects.create(name=name, **fields)
+
+    return make
+
+
+@pytest.fixture
+def make_subscriber(db):
+    def make(name, publish=("*",), subscribe=("*",), **kw):
+        subscriber, token = create_subscriber(name, publish=publish, subscribe=subscribe, **kw)
+        subscriber.token = token
+        return subscriber
+
+    return make
+
+
+def client_for(subscriber=None):
+    client = APIClient()
+    if subscriber is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {subscriber.token}")
+    return client
+
+
+@pytest.fixture
+def db_queue(make_queue):
+    return make_queue("db")
+
+
+@pytest.fixture
+def logger(make_subscriber, db_queue):
+    return make_subscriber("logger", publish=("db",), subscribe=("db",))
+
+
+@pytest.fixture
+def peer(make_subscriber, db_queue):
+    return make_subscriber("peer", publish=("db",), subscribe=("db",))
+
+
+@pytest.fixture
+def outsider(make_subscriber):
+    return make_subscriber("outsider", publish=(), subscribe=())
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_user(
+        "op", password="op-password-1", is_staff=True, is_superuser=True
+    )
+
+
+@pytest.fixture
+def operator_client(operator):
+    client = APIClient(enforce_csrf_checks=False)
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_connection_pools(django_db_setup, django_db_blocker):
+    """Empty psycopg's pools before pytest-django drops the test database: pooled
+    connections held open would make the DROP fail and leave the database behind."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for conn in connections.all():
+            if hasattr(conn, "close_pool"):
+                conn.close_pool()

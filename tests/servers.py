@@ -1,0 +1,144 @@
+"""Real server processes for end-to-end tests: Daphne on a free loopback port, pointed at the
+test database that pytest-django made (so tests must use transactional_db)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_database_url():
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class Server:
+    def __init__(self, port, proc, log):
+        self.port, self.proc, self.log = port, proc, log
+        self.http = f"http://127.0.0.1:{port}"
+        self.ws = f"ws://127.0.0.1:{port}/ws/"
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_daphne(extra_env=None, port=None):
+    port = port or free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "MQ_THROTTLE_RATE": "1000000/s",
+        **(extra_env or {}),
+    }
+    env.pop("PYTEST_CURRENT_TEST", None)
+    log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mqsite.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    server = Server(port, proc, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited: {Path(log.name).read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{server.http}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError("daphne did not answer /healthz within 30 s")
+
+
+class Process:
+    """A child process with its log in a file, stopped with a signal (SIGKILL for faults).
+
+    It leads a process group of its own and signals go to the whole group: a worker's
+    embedded beat is a child process, which a SIGKILL of the worker alone would leave running
+    (sweeping the test database of a later test)."""
+
+    def __init__(self, args, env, name):
+        self.log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        if self.proc.poll() is None:
+            self.signal_group(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.proc.wait()
+        if sig == signal.SIGKILL:
+            self.signal_group(signal.SIGKILL)  # what the leader left behind, if anything
+
+    def output(self):
+        return Path(self.log.name).read_text(errors="replace")
+
+
+def start_redis(port=None, data_dir=None):
+    """A private redis-server that keeps nothing on disk: restarting it loses every job. With
+    `data_dir` it keeps an append-only file there, so that a restart after a SIGTERM (which
+    writes it out) finds its jobs again."""
+    port = port or free_port()
+    keep = ["--appendonly", "no"]
+    if data_dir is not None:
+        keep = ["--dir", str(data_dir), "--appendonly", "yes"]
+    p = Process(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", *keep],
+        dict(os.environ),
+        "redis",
+    )
+    p.url, p.port = f"redis://127.0.0.1:{port}/0", port
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return p
+        time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def start_worker(extra_env):
+    """A Celery worker with beat inside it, on the test database."""
+    env = {**os.environ, "DATABASE_URL": test_database_url(), **extra_env}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    args = [sys.executable, "-m", "celery", "-A", "mqsite", "worker", "-B", "-l", "info", "-P", "threads"]
+    args += ["-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    args += ["-s", str(Path(tempfile.mkdtemp()) / "beat-schedule")]
+    return Process(args, env, "worker")

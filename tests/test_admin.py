@@ -1,0 +1,708 @@
+"""The admin: what operators see and do.
+
+The world: the `db` queue, with `logger` and `peer` both subscribed to every event of it; one
+message published, which the logger has acked and the peer has not.
+"""
+
+import re
+from datetime import timedelta
+from unittest.mock import patch
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from delivery import ledger
+from delivery.models import Delivery, Status
+from delivery.owed import owed_to_subscriber
+from queues.models import Event, Message, Queue
+from queues.publishing import prepare, publish
+from subscribers import presence, subscribing
+from subscribers.models import Connection, Subscriber, Subscription
+from subscribers.tokens import hash_token
+from tests.conftest import client_for
+
+TOKEN_SHOWN = re.compile(r"<code class='mq-token'>([^<]+)</code>")
+
+
+def changelist(model):
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+
+
+def change(obj):
+    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+
+
+def section(html, css_class):
+    """The <table class="css_class"> ... </table> part of a page."""
+    start = html.index(f'<table class="{css_class}">')
+    return html[start : html.index("</table>", start)]
+
+
+def publish_one(queue, event="create", payload=None):
+    [(answer, _)] = publish(queue, [prepare(event, payload if payload is not None else {"n": 1})])
+    return Message.objects.get(pk=answer["id"])
+
+
+@pytest.fixture
+def staff(operator):
+    client = Client()
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture
+def world(db_queue, logger, peer):
+    logger_sub, _ = subscribing.subscribe(logger, db_queue)
+    peer_sub, _ = subscribing.subscribe(peer, db_queue)
+    message = publish_one(db_queue, payload={"table": "users", "row": 7})
+    [leased] = ledger.lease_deliveries(logger, limit=10)
+    ledger.ack_deliveries(logger, [leased["id"]])
+    return {
+        "queue": db_queue,
+        "event": Event.objects.get(queue=db_queue, name="create"),
+        "message": message,
+        "logger": logger,
+        "peer": peer,
+        "logger_sub": logger_sub,
+        "peer_sub": peer_sub,
+        "acked": Delivery.objects.get(subscriber=logger),
+        "owed": Delivery.objects.get(subscriber=peer),
+    }
+
+
+def act(client, model, action, objs):
+    return client.post(
+        changelist(model),
+        {"action": action, "_selected_action": [o.pk for o in objs]},
+        follow=True,
+    )
+
+
+# --- every page answers ------------------------------------------------------------------------
+
+
+def test_it_answers_every_changelist_and_change_page_with_the_data(staff, world):
+    pages = [
+        (world["queue"], "db"),
+        (world["event"], "create"),
+        (world["message"], "create"),
+        (world["peer"], "peer"),
+        (world["peer_sub"], "peer"),
+        (world["owed"], "peer"),
+    ]
+    for obj, text in pages:
+        r = staff.get(changelist(type(obj)))
+        assert r.status_code == 200, (type(obj), r.content[:500])
+        assert obj in list(r.context["cl"].result_list)
+        assert text in r.content.decode()
+        r = staff.get(change(obj))
+        assert r.status_code == 200, (obj, r.content[:500])
+        assert text in r.content.decode()
+    assert staff.get(reverse("admin:index")).status_code == 200
+
+
+def test_it_counts_what_each_queue_subscriber_and_subscription_is_owed(staff, world):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=world["owed"].pk))
+    publish_one(world["queue"], "delete")  # one more pending for each of the two
+
+    [queue] = staff.get(changelist(Queue)).context["cl"].result_list
+    assert (queue.n_messages, queue.n_subscriptions) == (2, 2)
+    assert (queue.n_pending, queue.n_inflight, queue.n_dead) == (2, 0, 1)
+
+    subscribers = {s.name: s for s in staff.get(changelist(Subscriber)).context["cl"].result_list}
+    assert (subscribers["peer"].n_pending, subscribers["peer"].n_dead) == (1, 1)
+    assert (subscribers["logger"].n_pending, subscribers["logger"].n_dead) == (1, 0)
+
+    subs = {s.subscriber.name: s for s in staff.get(changelist(Subscription)).context["cl"].result_list}
+    assert (subs["peer"].n_pending, subs["peer"].n_dead) == (1, 1)
+
+    [msg_new, msg_old] = staff.get(changelist(Message)).context["cl"].result_list
+    assert (msg_old.n_deliveries, msg_old.n_unacked) == (2, 1)
+    assert (msg_new.n_deliveries, msg_new.n_unacked) == (2, 2)
+
+
+def test_it_asks_no_query_per_row_on_list_pages(staff, world, make_subscriber, make_queue):
+    models = [Queue, Event, Message, Subscriber, Subscription, Delivery]
+
+    def queries():
+        counts = {}
+        for model in models:
+            with CaptureQueriesContext(connection) as ctx:
+                assert staff.get(changelist(model)).status_code == 200
+            counts[model.__name__] = len(ctx)
+        return counts
+
+    before = queries()
+    for i in range(4):
+        make_queue(f"q{i}")
+        s = make_subscriber(f"extra{i}")
+        subscribing.subscribe(s, world["queue"], "update")
+    for i in range(5):
+        publish_one(world["queue"], ["create", "update", "delete"][i % 3])
+    assert Delivery.objects.count() > 10
+    assert queries() == before
+
+
+# --- subscribers and their tokens --------------------------------------------------------------
+
+
+def inline_management(prefix, total=0, initial=0):
+    return {
+        f"{prefix}-TOTAL_FORMS": str(total),
+        f"{prefix}-INITIAL_FORMS": str(initial),
+        f"{prefix}-MIN_NUM_FORMS": "0",
+        f"{prefix}-MAX_NUM_FORMS": "1000",
+    }
+
+
+def test_it_creates_a_subscriber_and_shows_its_token_once(staff, db_queue):
+    r = staff.post(
+        reverse("admin:subscribers_subscriber_add"),
+        {
+            "name": "dashboard",
+            "is_active": "on",
+            "webhook_url": "",
+            "subscribe_queues": [db_queue.pk],
+            **inline_management("subscriptions", total=1),
+            "subscriptions-0-queue": db_queue.pk,
+            "subscriptions-0-event": "",
+        },
+        follow=True,
+    )
+    assert r.status_code == 200
+    shown = TOKEN_SHOWN.findall(r.content.decode())
+    assert len(shown) == 1, r.content.decode()[:2000]
+    token = shown[0]
+
+    subscriber = Subscriber.objects.get(name="dashboard")
+    assert subscriber.token_hash == hash_token(token)
+    assert subscriber.token_hint == token[:10]
+    stored = Subscriber.objects.filter(pk=subscriber.pk).values().get()
+    assert not any(token in str(value) for value in stored.values())
+    assert [q.name for q in subscriber.subscribe_queues.all()] == ["db"]
+
+    # The token works, and the subscription made in the inline is the subscriber's.
+    subscriber.token = token
+    api = client_for(subscriber).get("/api/subscriptions")
+    assert api.status_code == 200
+    assert [(s["queue"], s["event"]) for s in api.json()["subscriptions"]] == [("db", None)]
+
+    # Shown once: no later page has it, though the change page shows its hint.
+    assert token not in staff.get(changelist(Subscriber)).content.decode()
+    page = staff.get(change(subscriber)).content.decode()
+    assert token not in page
+    assert subscriber.token_hint in page
+    assert subscriber.token_hash not in page
+    assert subscriber.webhook_secret in page
+
+
+def test_it_rotates_a_token_with_the_action(staff, logger):
+    old = logger.token
+    r = act(staff, Subscriber, "issue_new_token", [logger])
+    [new] = TOKEN_SHOWN.findall(r.content.decode())
+    assert new != old
+    logger.refresh_from_db()
+    assert logger.token_hash == hash_token(new)
+
+    logger.token = old
+    assert client_for(logger).get("/api/subscriptions").status_code == 401
+    logger.token = new
+    assert client_for(logger).get("/api/subscriptions").status_code == 200
+
+
+def test_it_shows_what_a_subscriber_is_owed(staff, world):
+    publish_one(world["queue"], "delete")
+    [owed] = owed_to_subscriber(world["peer"])
+    assert (owed.subscription, owed.pending, owed.inflight, owed.dead) == (world["peer_sub"], 2, 0, 0)
+    assert owed.oldest_pending_at == world["owed"].created_at
+
+    table = section(staff.get(change(world["peer"])).content.decode(), "mq-owed")
+    assert "db/*" in table
+    assert f"subscription__id__exact={world['peer_sub'].pk}" in table
+    assert ">2</span>" in table  # the pending count, linked to those deliveries
+
+    [owed] = owed_to_subscriber(world["logger"])
+    assert (owed.pending, owed.inflight, owed.dead) == (1, 0, 0)
+
+
+def test_it_unsubscribes_a_subscription_deleted_in_the_admin(staff, world):
+    r = staff.post(
+        reverse("admin:subscribers_subscription_delete", args=[world["peer_sub"].pk]),
+        {"post": "yes"},
+    )
+    assert r.status_code == 302
+    assert not Subscription.objects.filter(pk=world["peer_sub"].pk).exists()
+    # What it was owed is dropped, not left behind without a subscription.
+    assert not Delivery.objects.filter(pk=world["owed"].pk).exists()
+    assert Delivery.objects.filter(pk=world["acked"].pk, status=Status.ACKED).exists()
+
+
+def test_it_deletes_a_subscriber_with_its_deliveries(staff, world):
+    r = staff.post(reverse("admin:subscribers_subscriber_delete", args=[world["peer"].pk]), {"post": "yes"})
+    assert r.status_code == 302
+    assert not Subscriber.objects.filter(pk=world["peer"].pk).exists()
+    assert not Delivery.objects.filter(subscriber_id=world["peer"].pk).exists()
+    assert Delivery.objects.filter(pk=world["acked"].pk).exists()
+
+
+def test_it_refuses_a_subscription_to_an_event_of_another_queue(staff, world, make_queue):
+    other = make_queue("network")
+    foreign = Event.objects.create(queue=other, name="down")
+    r = staff.post(
+        reverse("admin:subscribers_subscription_add"),
+        {"subscriber": world["peer"].pk, "queue": world["queue"].pk, "event": foreign.pk},
+    )
+    assert r.status_code == 200
+    assert "is not an event of the queue db" in r.content.decode()
+    assert not Subscription.objects.filter(event=foreign).exists()
+
+
+# --- deliveries: read-only, moved only by the actions -------------------------------------------
+
+
+def test_it_redelivers_deliveries_with_the_action(staff, world):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=world["owed"].pk))
+    r = act(staff, Delivery, "redeliver", [world["owed"], world["acked"]])
+    assert "1 deliveries put back to pending" in r.content.decode()
+    owed = Delivery.objects.get(pk=world["owed"].pk)
+    assert (owed.status, owed.attempt) == (Status.PENDING, 0)
+    assert Delivery.objects.get(pk=world["acked"].pk).status == Status.ACKED
+    assert [d["id"] for d in ledger.lease_deliveries(world["peer"], limit=10)] == [owed.pk]
+
+
+def test_it_kills_deliveries_with_the_action(staff, world):
+    r = act(staff, Delivery, "kill", [world["owed"], world["acked"]])
+    assert "1 deliveries marked dead" in r.content.decode()
+    owed = Delivery.objects.get(pk=world["owed"].pk)
+    assert (owed.status, owed.last_error) == (Status.DEAD, "killed by an operator")
+    assert Delivery.objects.get(pk=world["acked"].pk).status == Status.ACKED
+    assert ledger.lease_deliveries(world["peer"], limit=10) == []
+
+
+def test_it_never_edits_a_delivery_in_a_form(staff, world):
+    owed = world["owed"]
+    page = staff.get(change(owed)).content.decode()
+    assert 'name="status"' not in page
+    assert 'name="attempt"' not in page
+    assert "users" in page  # the payload is shown
+
+    r = staff.post(change(owed), {"status": "acked", "attempt": "5"})
+    assert r.status_code == 403
+    assert staff.get(reverse("admin:delivery_delivery_add")).status_code == 403
+    assert (
+        staff.post(reverse("admin:delivery_delivery_delete", args=[owed.pk]), {"post": "yes"}).status_code
+        == 403
+    )
+    owed.refresh_from_db()
+    assert (owed.status, owed.attempt) == (Status.PENDING, 0)
+
+
+def test_it_filters_and_searches_deliveries(staff, world, make_queue):
+    other = make_queue("network")
+    subscribing.subscribe(world["peer"], other)
+    publish_one(other, "down")
+    down = Event.objects.get(queue=other, name="down")
+
+    def listed(**params):
+        r = staff.get(changelist(Delivery), params)
+        assert r.status_code == 200
+        return {(d.subscriber.name, d.queue.name, d.status) for d in r.context["cl"].result_list}
+
+    assert listed(status__exact="acked") == {("logger", "db", "acked")}
+    assert listed(queue__id__exact=other.pk) == {("peer", "network", "pending")}
+    assert listed(event=down.pk) == {("peer", "network", "pending")}
+    assert listed(subscriber__id__exact=world["logger"].pk) == {("logger", "db", "acked")}
+    assert listed(q=str(world["message"].pk)) == {("logger", "db", "acked"), ("peer", "db", "pending")}
+    assert listed(q="logg") == {("logger", "db", "acked")}
+    assert listed(q="99999999999999999999999") == set()
+    assert listed(event="nonsense") == set()
+
+
+# --- messages -------------------------------------------------------------------------------------
+
+
+def test_it_shows_which_subscriptions_have_not_acked_a_message(staff, world):
+    page = staff.get(change(world["message"])).content.decode()
+    table = section(page, "mq-not-acked")
+    assert "peer" in table
+    assert "logger" not in table
+    assert "&quot;table&quot;: &quot;users&quot;" in page  # the payload, pretty-printed
+
+    ledger.ack_deliveries(world["peer"], [world["owed"].pk])
+    page = staff.get(change(world["message"])).content.decode()
+    assert 'class="mq-not-acked"' not in page
+    assert "Every subscription has acknowledged it." in page
+
+
+def test_it_redelivers_a_message_to_those_that_have_not_acked_it(staff, world):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=world["owed"].pk))
+    act(staff, Message, "redeliver_unacked", [world["message"]])
+    assert Delivery.objects.get(pk=world["owed"].pk).status == Status.PENDING
+    assert Delivery.objects.get(pk=world["acked"].pk).status == Status.ACKED
+
+
+def test_it_never_makes_or_edits_a_message_in_a_form(staff, world, django_user_model):
+    message = world["message"]
+    assert staff.get(reverse("admin:queues_message_add")).status_code == 403
+    assert staff.post(change(message), {"payload_json": "{}"}).status_code == 403
+    message.refresh_from_db()
+    assert message.payload_json == '{"table":"users","row":7}'
+
+    # Only a superuser may delete one.
+    clerk = django_user_model.objects.create_user("clerk", password="pw-clerk-1", is_staff=True)
+    clerk.user_permissions.add(*_perms("queues", "message", "view", "delete"))
+    client = Client()
+    client.force_login(clerk)
+    assert client.get(change(message)).status_code == 200
+    url = reverse("admin:queues_message_delete", args=[message.pk])
+    assert client.post(url, {"post": "yes"}).status_code == 403
+    assert Message.objects.filter(pk=message.pk).exists()
+    assert staff.post(url, {"post": "yes"}).status_code == 302
+    assert not Message.objects.filter(pk=message.pk).exists()
+
+
+def _perms(app_label, model, *actions):
+    from django.contrib.auth.models import Permission
+
+    return Permission.objects.filter(
+        content_type__app_label=app_label, codename__in=[f"{a}_{model}" for a in actions]
+    )
+
+
+# --- queues ----------------------------------------------------------------------------------------
+
+
+def test_it_creates_a_queue_with_its_name_lower_cased(staff, db):
+    form = {
+        "ordered": "on",
+        "max_attempts": "3",
+        "ack_timeout": "30",
+        "retention_days": "7",
+        **inline_management("events"),
+        **inline_management("subscriptions"),
+    }
+    r = staff.post(reverse("admin:queues_queue_add"), {**form, "name": "Network"})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    queue = Queue.objects.get(name="network")
+    assert (queue.ordered, queue.max_attempts) == (True, 3)
+
+    r = staff.post(reverse("admin:queues_queue_add"), {**form, "name": "no spaces!"})
+    assert r.status_code == 200
+    assert "is not valid" in r.content.decode()
+    assert Queue.objects.count() == 1
+
+
+def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, world, outsider, make_queue):
+    queue, event = world["queue"], world["event"]
+    foreign = Event.objects.create(queue=make_queue("network"), name="down")
+    form = {
+        "ordered": "",
+        "max_attempts": "10",
+        "ack_timeout": "30",
+        "retention_days": "7",
+        **inline_management("events", total=1, initial=1),
+        "events-0-id": event.pk,
+        "events-0-queue": queue.pk,
+        **inline_management("subscriptions", total=3, initial=2),
+        "subscriptions-0-id": world["logger_sub"].pk,
+        "subscriptions-0-queue": queue.pk,
+        "subscriptions-1-id": world["peer_sub"].pk,
+        "subscriptions-1-queue": queue.pk,
+        "subscriptions-2-queue": queue.pk,
+        "subscriptions-2-subscriber": outsider.pk,
+    }
+    # Only this queue's events may be chosen.
+    r = staff.post(change(queue), {**form, "subscriptions-2-event": foreign.pk})
+    assert r.status_code == 200
+    assert "Select a valid choice" in r.content.decode()
+    assert not outsider.subscriptions.exists()
+
+    r = staff.post(change(queue), {**form, "subscriptions-2-event": event.pk})
+    assert r.status_code == 302, r.content.decode()[:3000]
+    [sub] = outsider.subscriptions.all()
+    assert (sub.queue, sub.event) == (queue, event)
+    # A message to that event now reaches the new subscription too.
+    message = publish_one(queue, "create")
+    assert set(message.deliveries.values_list("subscriber__name", flat=True)) == {
+        "logger",
+        "peer",
+        "outsider",
+    }
+
+
+def test_it_pauses_and_resumes_queues(staff, world):
+    act(staff, Queue, "pause", [world["queue"]])
+    assert Queue.objects.get(pk=world["queue"].pk).paused
+    assert ledger.lease_deliveries(world["peer"], limit=10) == []
+
+    act(staff, Queue, "resume", [world["queue"]])
+    assert not Queue.objects.get(pk=world["queue"].pk).paused
+    assert [d["id"] for d in ledger.lease_deliveries(world["peer"], limit=10)] == [world["owed"].pk]
+
+
+# --- who may come in ---------------------------------------------------------------------------------
+
+
+def test_it_keeps_everyone_but_staff_out(world, django_user_model):
+    user = django_user_model.objects.create_user("someone", password="pw-someone-1")
+    plain = Client()
+    plain.force_login(user)
+    bearer = Client(HTTP_AUTHORIZATION=f"Bearer {world['peer'].token}")
+    urls = [reverse("admin:index"), changelist(Delivery), change(world["owed"]), changelist(Subscriber)]
+    for client in (Client(), plain, bearer):
+        for url in urls:
+            r = client.get(url)
+            assert r.status_code == 302, url
+            assert r["Location"].startswith(reverse("admin:login"))
+    r = plain.post(changelist(Delivery), {"action": "kill", "_selected_action": [world["owed"].pk]})
+    assert r.status_code == 302
+    assert Delivery.objects.get(pk=world["owed"].pk).status == Status.PENDING
+
+
+# --- who is connected now ----------------------------------------------------------------------
+
+
+def ago(secs):
+    """Patch the clock `secs` seconds back, for what reads timezone.now() meanwhile."""
+    return patch("django.utils.timezone.now", return_value=timezone.now() - timedelta(seconds=secs))
+
+
+def row_of(html, text):
+    """The changelist row (<tr> ... </tr>) that contains `text`."""
+    [row] = [r for r in html.split("<tr")[1:] if text in r]
+    return row
+
+
+@pytest.fixture
+def connected(world, make_queue):
+    """The peer, also subscribed to network/down, has one socket open holding its db delivery;
+    two network messages wait for it, the first published two and a half minutes ago."""
+    peer = world["peer"]
+    network = make_queue("network")
+    subscribing.subscribe(peer, network, "down")
+    with ago(150):
+        oldest = publish_one(network, "down")
+    publish_one(network, "down")
+    connection = presence.open_connection(peer, "ws.peer.1", "10.0.0.7")
+    [held] = ledger.lease_deliveries(peer, limit=10, queue=world["queue"], holder="ws.peer.1")
+    assert held["id"] == world["owed"].pk
+    return {
+        **world,
+        "connection": connection,
+        "oldest": Delivery.objects.get(message=oldest, subscriber=peer),
+    }
+
+
+def test_it_lists_who_is_connected_with_what_it_receives_and_its_backlog(staff, connected):
+    peer, logger = connected["peer"], connected["logger"]
+    # The logger's socket stopped beating a minute ago (its server died): it shows as stale.
+    presence.open_connection(logger, "ws.logger.1")
+    with ago(60):
+        presence.heartbeat("ws.logger.1")
+
+    r = staff.get(changelist(Connection))
+    assert r.status_code == 200
+    rows = {c.subscriber.name: c for c in r.context["cl"].result_list}
+    assert set(rows) == {"peer", "logger"}
+    row = rows["peer"]
+    assert row == connected["connection"]
+    # The backlog is the subscriber's, counted from the ledger.
+    peer_deliveries = Delivery.objects.filter(subscriber=peer)
+    assert (row.n_pending, row.n_inflight) == (2, 1)
+    assert peer_deliveries.filter(status=Status.PENDING).count() == 2
+    assert list(peer_deliveries.filter(status=Status.INFLIGHT).values_list("pk", flat=True)) == [
+        connected["owed"].pk
+    ]
+    assert row.oldest_pending_at == connected["oldest"].created_at
+    assert (rows["logger"].n_pending, rows["logger"].n_inflight, rows["logger"].oldest_pending_at) == (
+        0,
+        0,
+        None,
+    )
+
+    html = r.content.decode()
+    assert "Connected now" in html
+    peer_row = row_of(html, "10.0.0.7")
+    assert f'href="{change(peer)}"' in peer_row
+    assert "db/*" in peer_row and "network/down" in peer_row
+    assert "2 min" in peer_row  # the oldest pending, published 150 s ago
+    assert "mq-stale" not in peer_row
+    logger_row = row_of(html, f'href="{change(logger)}"')
+    assert "mq-stale" in logger_row and "stale</span>" in logger_row
+    assert "db/*" in logger_row
+
+    # Sorted by the age of the oldest pending: nothing pending is the youngest.
+    def by_age(order):
+        listed = staff.get(changelist(Connection), {"o": order}).context["cl"].result_list
+        return [c.subscriber.name for c in listed]
+
+    column = str(r.context["cl"].list_display.index("oldest_pending"))
+    assert by_age(column) == ["logger", "peer"]
+    assert by_age(f"-{column}") == ["peer", "logger"]
+
+    live = staff.get(changelist(Connection), {"heartbeat": "live"}).context["cl"].result_list
+    assert [c.subscriber.name for c in live] == ["peer"]
+
+    # The subscriber list has them too: how many sockets each has open, and its backlog.
+    subscribers = {s.name: s for s in staff.get(changelist(Subscriber)).context["cl"].result_list}
+    assert (subscribers["peer"].n_connections, subscribers["logger"].n_connections) == (1, 1)
+    assert subscribers["peer"].n_pending == 2
+    assert subscribers["peer"].oldest_pending_at == connected["oldest"].created_at
+    assert subscribers["logger"].oldest_pending_at is None
+    html = staff.get(changelist(Subscriber)).content.decode()
+    assert "2 min" in row_of(html, f'href="{change(peer)}"')
+
+
+def test_it_asks_no_query_per_row_on_the_connected_now_list(staff, connected, make_subscriber, make_queue):
+    pages = [changelist(Connection), changelist(Subscriber), change(connected["peer"])]
+
+    def queries():
+        counts = {}
+        for url in pages:
+            with CaptureQueriesContext(connection) as ctx:
+                assert staff.get(url).status_code == 200
+            counts[url] = len(ctx)
+        return counts
+
+    before = queries()
+    other = make_queue("other")
+    for i in range(4):
+        s = make_subscriber(f"extra{i}")
+        subscribing.subscribe(s, connected["queue"], "update")
+        subscribing.subscribe(s, other)
+        presence.open_connection(s, f"ws.extra.{i}")
+        presence.open_connection(s, f"ws.extra.{i}.b")
+    presence.open_connection(connected["peer"], "ws.peer.2")
+    for _ in range(3):
+        publish_one(connected["queue"], "update")
+        publish_one(other, "x")
+    assert Connection.objects.count() == 10
+    assert queries() == before
+
+
+def test_it_shows_a_subscribers_connections_on_its_page(staff, connected):
+    peer = connected["peer"]
+    r = staff.get(change(peer))
+    assert r.status_code == 200
+    [inline] = [f for f in r.context["inline_admin_formsets"] if f.formset.model is Connection]
+    assert [form.original for form in inline] == [connected["connection"]]
+    html = r.content.decode()
+    assert "Connected now" in html
+    assert "ws.peer.1" in html and "10.0.0.7" in html
+    assert 'name="connections-0-remote_addr"' not in html  # read-only
+
+    # Saving the subscriber leaves its connections alone, even one closed meanwhile.
+    presence.close_connection("ws.peer.1")
+    presence.open_connection(peer, "ws.peer.2", "10.0.0.8")
+    form = {
+        "name": "peer",
+        "is_active": "on",
+        "webhook_url": "",
+        "subscribe_queues": [q.pk for q in peer.subscribe_queues.all()],
+        "publish_queues": [q.pk for q in peer.publish_queues.all()],
+        **inline_management("subscriptions", total=2, initial=2),
+        **inline_management("connections", total=1, initial=1),
+        "connections-0-id": connected["connection"].pk,
+        "connections-0-subscriber": peer.pk,
+    }
+    for i, sub in enumerate(peer.subscriptions.order_by("queue__name")):
+        form.update({f"subscriptions-{i}-id": sub.pk, f"subscriptions-{i}-subscriber": peer.pk})
+    r = staff.post(change(peer), {**form, "name": "peer2"})
+    assert r.status_code == 302, r.content.decode()[:3000]
+    assert Subscriber.objects.get(pk=peer.pk).name == "peer2"
+    assert list(Connection.objects.values_list("channel_name", "remote_addr")) == [("ws.peer.2", "10.0.0.8")]
+
+    # A subscriber being added has no connections to show.
+    r = staff.get(reverse("admin:subscribers_subscriber_add"))
+    assert not [f for f in r.context["inline_admin_formsets"] if f.formset.model is Connection]
+
+
+def test_it_hands_back_what_a_connection_deleted_in_the_admin_held(staff, connected):
+    held = connected["owed"]
+    held.refresh_from_db()
+    assert (held.status, held.lease_holder) == (Status.INFLIGHT, "ws.peer.1")
+
+    page = staff.get(change(connected["connection"])).content.decode()
+    assert 'name="remote_addr"' not in page
+    r = staff.post(
+        reverse("admin:subscribers_connection_delete", args=[connected["connection"].pk]), {"post": "yes"}
+    )
+    assert r.status_code == 302
+    assert not Connection.objects.exists()
+    held.refresh_from_db()
+    assert (held.status, held.lease_holder) == (Status.PENDING, "")
+    assert held.next_attempt_at <= timezone.now()
+    assert [
+        d["id"] for d in ledger.lease_deliveries(connected["peer"], limit=10, queue=connected["queue"])
+    ] == [held.pk]
+
+
+def test_it_hands_back_what_connections_deleted_by_the_action_held(staff, connected):
+    peer = connected["peer"]
+    second = presence.open_connection(peer, "ws.peer.2")
+    [other] = ledger.lease_deliveries(peer, limit=1, holder="ws.peer.2")
+    kept = presence.open_connection(connected["logger"], "ws.logger.1")
+
+    r = staff.post(
+        changelist(Connection),
+        {
+            "action": "delete_selected",
+            "_selected_action": [connected["connection"].pk, second.pk],
+            "post": "yes",
+        },
+    )
+    assert r.status_code == 302
+    assert list(Connection.objects.all()) == [kept]
+    assert set(
+        Delivery.objects.filter(pk__in=[connected["owed"].pk, other["id"]]).values_list("status", flat=True)
+    ) == {Status.PENDING}
+    assert not Delivery.objects.filter(status=Status.INFLIGHT).exists()
+
+
+def test_it_lets_only_a_superuser_close_a_connection_and_never_add_or_edit_one(
+    staff, connected, django_user_model
+):
+    conn = connected["connection"]
+    assert staff.get(reverse("admin:subscribers_connection_add")).status_code == 403
+    assert staff.post(change(conn), {"remote_addr": "1.2.3.4"}).status_code == 403
+
+    clerk = django_user_model.objects.create_user("clerk", password="pw-clerk-1", is_staff=True)
+    clerk.user_permissions.add(*_perms("subscribers", "connection", "view", "delete", "add", "change"))
+    client = Client()
+    client.force_login(clerk)
+    assert client.get(changelist(Connection)).status_code == 200
+    assert client.get(change(conn)).status_code == 200
+    url = reverse("admin:subscribers_connection_delete", args=[conn.pk])
+    assert client.post(url, {"post": "yes"}).status_code == 403
+    client.post(
+        changelist(Connection), {"action": "delete_selected", "_selected_action": [conn.pk], "post": "yes"}
+    )
+    assert Connection.objects.filter(pk=conn.pk, remote_addr="10.0.0.7").exists()
+    assert Delivery.objects.get(pk=connected["owed"].pk).status == Status.INFLIGHT
+
+
+def test_it_keeps_everyone_but_staff_out_of_the_connections(connected, django_user_model):
+    conn = connected["connection"]
+    user = django_user_model.objects.create_user("someone", password="pw-someone-1")
+    plain = Client()
+    plain.force_login(user)
+    bearer = Client(HTTP_AUTHORIZATION=f"Bearer {connected['peer'].token}")
+    delete = reverse("admin:subscribers_connection_delete", args=[conn.pk])
+    for client in (Client(), plain, bearer):
+        for url in (changelist(Connection), change(conn), delete):
+            r = client.get(url)
+            assert r.status_code == 302, url
+            assert r["Location"].startswith(reverse("admin:login"))
+        r = client.post(delete, {"post": "yes"})
+        assert r.status_code == 302 and r["Location"].startswith(reverse("admin:login"))
+        r = client.post(
+            changelist(Connection),
+            {"action": "delete_selected", "_selected_action": [conn.pk], "post": "yes"},
+        )
+        assert r.status_code == 302 and r["Location"].startswith(reverse("admin:login"))
+    assert Connection.objects.filter(pk=conn.pk).exists()
+    assert Delivery.objects.get(pk=connected["owed"].pk).status == Status.INFLIGHT

@@ -1,0 +1,213 @@
+"""`manage.py analyze`: extract the hot tables, run the Spark job over them and the archive, store
+and print the results. The history is made in the database with known outcomes and latencies,
+partly archived, partly left in both places by a crash; the expected figures are computed in
+plain Python from the rows before any of it moved."""
+
+import io
+import json
+import os
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+from django.utils import timezone
+
+from analytics import archive
+from analytics.models import EventRate, EventStats, SubscriberStats
+from delivery.models import Delivery, Status
+from queues.models import Message
+from subscribers import subscribing
+from tests.analytics.builders import days_ago, publish_at, settle
+from tests.analytics.history import within_rank
+from tests.conftest_spark import spark  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+EVENT_KEYS = {"queue", "event", "messages", "deliveries", "acked", "dead", "latency_ms", "attempts_mean"}
+SUBSCRIBER_KEYS = {"subscriber", "pending", "oldest_pending_age_s", "acked", "dead"}
+
+
+@pytest.fixture
+def archive_dir(tmp_path, settings):
+    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
+    return tmp_path / "archive"
+
+
+def snapshot():
+    """The figures expected of the job, from the rows as they are now (plain Python)."""
+    messages = list(Message.objects.values("id", "queue__name", "event__name"))
+    deliveries = list(
+        Delivery.objects.values(
+            "queue__name", "event__name", "subscriber__name", "status", "attempt", "created_at", "acked_at"
+        )
+    )
+    events = {}
+    for m in messages:
+        key = (m["queue__name"], m["event__name"])
+        events.setdefault(key, {"messages": 0, "deliveries": [], "latencies": []})["messages"] += 1
+    for d in deliveries:
+        e = events[(d["queue__name"], d["event__name"])]
+        e["deliveries"].append(d)
+        if d["status"] == Status.ACKED:
+            e["latencies"].append((d["acked_at"] - d["created_at"]) / timedelta(milliseconds=1))
+    subscribers = {}
+    for d in deliveries:
+        subscribers.setdefault(d["subscriber__name"], []).append(d)
+    return events, subscribers
+
+
+def test_analyze_counts_the_archive_and_the_hot_tables_once(
+    spark,  # noqa: F811
+    archive_dir,
+    make_queue,
+    db_queue,
+    logger,
+    peer,
+    monkeypatch,
+):
+    # Given history in two queues: old settled messages, open and dead deliveries, fresh ones
+    network, db = make_queue("network"), db_queue
+    for queue in (db, network):
+        subscribing.subscribe(logger, queue)
+    subscribing.subscribe(peer, db)
+    latencies = iter(range(10, 100_000, 37))
+    for i in range(30):
+        queue, event = ((db, "create"), (db, "delete"), (network, "error"))[i % 3]
+        at = days_ago(12 - i * 0.3)
+        message_id = publish_at(queue, event, at, {"i": i})
+        outcomes = {logger: Status.ACKED}
+        if queue == db:
+            outcomes[peer] = (Status.ACKED, Status.ACKED, Status.ACKED, Status.PENDING, Status.DEAD)[i % 5]
+        if i == 29:
+            outcomes[logger] = Status.INFLIGHT
+        settle(message_id, outcomes, latency_ms=next(latencies) * 1.5, attempts=1 + i % 3)
+    events, subscribers = snapshot()
+    assert sum(e["messages"] for e in events.values()) == 30
+
+    # ... of which the settled part older than 5 days is archived, and one batch of it is
+    # written but, the archive dying before its delete, still in the hot tables too
+    real_delete = archive.delete_archived
+    calls = []
+
+    def crash_on_third_batch(message_ids, delivery_ids):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return real_delete(message_ids, delivery_ids)
+
+    monkeypatch.setattr(archive, "delete_archived", crash_on_third_batch)
+    with pytest.raises(RuntimeError):
+        archive.archive_history(older_than_days=5, batch_size=3)
+    monkeypatch.setattr(archive, "delete_archived", real_delete)
+    assert Message.objects.count() < 30 and os.listdir(archive_dir / "messages")
+
+    # When
+    out = io.StringIO()
+    before = timezone.now()
+    call_command("analyze", "--json", stdout=out)
+    after = timezone.now()
+    result = json.loads(out.getvalue())
+
+    # Then: exactly the contract's object
+    assert set(result) == {"events", "subscribers"}
+    assert all(
+        set(e) == EVENT_KEYS and set(e["latency_ms"]) == {"p50", "p95", "p99"} for e in result["events"]
+    )
+    assert all(set(s) == SUBSCRIBER_KEYS for s in result["subscribers"])
+    # ... and every figure as counted before anything moved
+    assert [(e["queue"], e["event"]) for e in result["events"]] == sorted(events)
+    for e in result["events"]:
+        want = events[(e["queue"], e["event"])]
+        ds = want["deliveries"]
+        assert e["messages"] == want["messages"]
+        assert e["deliveries"] == len(ds)
+        assert e["acked"] == sum(d["status"] == Status.ACKED for d in ds)
+        assert e["dead"] == sum(d["status"] == Status.DEAD for d in ds)
+        settled = [d["attempt"] for d in ds if d["status"] in (Status.ACKED, Status.DEAD)]
+        assert e["attempts_mean"] == pytest.approx(sum(settled) / len(settled))
+        lat = sorted(want["latencies"])
+        for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+            assert within_rank(lat, q, e["latency_ms"][name]), (e["queue"], e["event"], name)
+    assert [s["subscriber"] for s in result["subscribers"]] == sorted(subscribers)
+    for s in result["subscribers"]:
+        ds = subscribers[s["subscriber"]]
+        for status in ("pending", "acked", "dead"):
+            assert s[status] == sum(d["status"] == status for d in ds), (s["subscriber"], status)
+        pending = [d["created_at"] for d in ds if d["status"] == Status.PENDING]
+        if pending:
+            assert (before - min(pending)).total_seconds() <= s["oldest_pending_age_s"]
+            assert s["oldest_pending_age_s"] <= (after - min(pending)).total_seconds()
+        else:
+            assert s["oldest_pending_age_s"] is None
+
+    # ... stored for the admin, and written as Parquet beside the archive; the snapshot is gone
+    assert EventStats.objects.count() == len(events)
+    assert SubscriberStats.objects.count() == len(subscribers)
+    assert EventRate.objects.exists()
+    assert {s.computed_at for s in EventStats.objects.all()} == {SubscriberStats.objects.first().computed_at}
+    results = archive_dir / "_analytics"
+    assert sorted(p for p in os.listdir(results) if not p.startswith(".")) == [
+        "event_rates_hour",
+        "event_rates_minute",
+        "event_stats",
+        "subscriber_stats",
+    ]
+
+    # When it runs again, it replaces its results instead of adding to them
+    call_command("analyze", stdout=io.StringIO())
+    assert EventStats.objects.count() == len(events)
+
+
+def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):  # noqa: F811
+    out = io.StringIO()
+    call_command("analyze", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"events": [], "subscribers": []}
+
+
+def test_the_admin_shows_the_statistics_read_only(operator_client):
+    now = timezone.now()
+    EventStats.objects.create(
+        queue="db",
+        event="create",
+        messages=3,
+        deliveries=6,
+        pending=1,
+        inflight=0,
+        acked=4,
+        dead=1,
+        fanout=2.0,
+        latency_p50_ms=12.5,
+        latency_p95_ms=80.0,
+        latency_p99_ms=99.0,
+        attempts_mean=1.4,
+        dead_letter_rate=1 / 6,
+        messages_per_minute=0.5,
+        messages_per_hour=3.0,
+        computed_at=now,
+    )
+    EventRate.objects.create(
+        queue="db", event="create", hour=now.replace(minute=0), messages=3, computed_at=now
+    )
+    SubscriberStats.objects.create(
+        subscriber="logger",
+        deliveries=6,
+        pending=1,
+        inflight=0,
+        acked=4,
+        dead=1,
+        oldest_pending_age_s=42.0,
+        computed_at=now,
+    )
+    for model, text in ((EventStats, "16.67%"), (EventRate, "db"), (SubscriberStats, "42 s")):
+        url = reverse(f"admin:analytics_{model._meta.model_name}_changelist")
+        page = operator_client.get(url)
+        assert page.status_code == 200 and text in page.content.decode()
+        assert (
+            operator_client.get(reverse(f"admin:analytics_{model._meta.model_name}_add")).status_code == 403
+        )
+        obj = model.objects.get()
+        change = operator_client.post(
+            reverse(f"admin:analytics_{model._meta.model_name}_delete", args=[obj.pk])
+        )
+        assert change.status_code == 403 and model.objects.filter(pk=obj.pk).exists()

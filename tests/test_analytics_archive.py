@@ -1,0 +1,243 @@
+"""The archive (analytics/archive.py, `manage.py archive`): acked history past retention moves to
+Parquet in the contract's layout, nothing else moves, and a crash loses and doubles nothing.
+No Spark here: the archive does not need it. DuckDB reads what it wrote."""
+
+import io
+import json
+import os
+import threading
+from datetime import UTC
+
+import duckdb
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from analytics import archive, tasks
+from delivery.models import Delivery, Status
+from queues.models import Message
+from subscribers import subscribing
+from tests.analytics.builders import days_ago, delivery_of, publish_at, settle
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def archive_dir(tmp_path, settings):
+    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
+    return tmp_path / "archive"
+
+
+@pytest.fixture
+def subscribed(db_queue, logger, peer):
+    subscribing.subscribe(logger, db_queue)
+    subscribing.subscribe(peer, db_queue)
+    return db_queue
+
+
+def parquet(root, kind, where="true"):
+    """Rows of the archive as DuckDB reads the Hive layout, as dicts."""
+    db = duckdb.connect()
+    db.execute("SET TimeZone = 'UTC'")
+    # Through Arrow: DuckDB's own conversion of time zones to Python wants pytz.
+    return (
+        db.sql(
+            f"SELECT * FROM read_parquet('{root}/{kind}/**/*.parquet', hive_partitioning = true, "
+            f"filename = true) WHERE {where} ORDER BY id"
+        )
+        .to_arrow_table()
+        .to_pylist()
+    )
+
+
+def files(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
+
+
+def run_archive(*args):
+    out = io.StringIO()
+    call_command("archive", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_it_moves_settled_history_past_retention_and_keeps_the_rest(archive_dir, db_queue, logger, peer):
+    # Given, in a queue of 7 days' retention: an old message that no one was subscribed to
+    lonely = publish_at(db_queue, "audit", days_ago(10), {"who": "nobody"})
+    subscribing.subscribe(logger, db_queue)
+    subscribing.subscribe(peer, db_queue)
+    # ... an old one acked by both, old ones each with a delivery still open or dead, and a
+    # recent one acked by both
+    done = publish_at(db_queue, "create", days_ago(10), {"path": "/srv/a", "size": 3, "é": None})
+    settle(done, {logger: Status.ACKED, peer: Status.ACKED}, latency_ms=250, attempts=2)
+    open_ = {}
+    for status in (Status.PENDING, Status.INFLIGHT, Status.DEAD):
+        open_[status] = publish_at(db_queue, "create", days_ago(9))
+        settle(open_[status], {logger: Status.ACKED, peer: status})
+    young = publish_at(db_queue, "create", days_ago(3))
+    settle(young, {logger: Status.ACKED, peer: Status.ACKED})
+
+    # When
+    moved = archive.archive_history()
+
+    # Then the two settled old messages moved, with their two deliveries
+    assert moved == {"messages": 2, "deliveries": 2}
+    assert not Message.objects.filter(id__in=[lonely, done]).exists()
+    assert not Delivery.objects.filter(message_id__in=[lonely, done]).exists()
+    # ... and everything else stays, as it was
+    for status, message_id in open_.items():
+        assert delivery_of(message_id, peer).status == status
+        assert delivery_of(message_id, logger).status == Status.ACKED
+    assert Delivery.objects.filter(message_id=young).count() == 2
+
+    messages = parquet(archive_dir, "messages")
+    assert [m["id"] for m in messages] == [lonely, done]
+    day = days_ago(10).astimezone(UTC).strftime("%Y-%m-%d")
+    for m in messages:
+        path = os.path.relpath(m["filename"], archive_dir)
+        assert path.startswith(f"messages/queue=db/day={day}/") and path.endswith(".parquet")
+        assert (m["queue"], str(m["day"])) == ("db", day)
+    assert json.loads(messages[1]["payload"]) == {"path": "/srv/a", "size": 3, "é": None}
+    assert messages[0]["payload"] == '{"who":"nobody"}'
+    assert (messages[0]["event"], messages[1]["event"]) == ("audit", "create")
+
+    deliveries = parquet(archive_dir, "deliveries")
+    assert {d["message_id"] for d in deliveries} == {done}
+    for d in deliveries:
+        assert d["subscriber"] in {"logger", "peer"} and d["event"] == "create"
+        assert (d["status"], d["attempts"]) == ("acked", 2)
+        assert os.path.relpath(d["filename"], archive_dir).startswith(f"deliveries/queue=db/day={day}/")
+        # UTC timestamps, to the microsecond
+        assert d["created_at"].utcoffset().total_seconds() == 0
+        assert (d["acked_at"] - d["created_at"]).total_seconds() == 0.25
+
+
+def test_it_keeps_each_queues_retention(archive_dir, make_queue, db_queue, logger):
+    short = make_queue("network", retention_days=1)
+    long = db_queue  # 7 days
+    ids = {}
+    for queue in (short, long):
+        subscribing.subscribe(logger, queue)
+        ids[queue.name] = publish_at(queue, "error", days_ago(3))
+        settle(ids[queue.name], {logger: Status.ACKED})
+
+    assert archive.archive_history() == {"messages": 1, "deliveries": 1}
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == [ids["network"]]
+    assert Message.objects.filter(id=ids["db"]).exists()
+
+
+def test_archive_older_than_days_0_moves_all_acked_history(archive_dir, subscribed, logger, peer):
+    # Given fresh history: some settled, some not
+    settled = []
+    for _ in range(3):
+        settled.append(publish_at(subscribed, "create", days_ago(0)))
+        settle(settled[-1], {logger: Status.ACKED, peer: Status.ACKED})
+    kept = publish_at(subscribed, "create", days_ago(0))
+    settle(kept, {logger: Status.ACKED, peer: Status.DEAD})
+
+    # When, and then: the command prints the contract's object
+    assert run_archive("--older-than-days", "0") == {"messages": 3, "deliveries": 6}
+    assert list(Message.objects.values_list("id", flat=True)) == [kept]
+    assert sorted(Delivery.objects.values_list("status", flat=True)) == [Status.ACKED, Status.DEAD]
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == settled
+    assert len(parquet(archive_dir, "deliveries")) == 6
+    # ... and nothing moves twice
+    assert run_archive("--older-than-days", "0") == {"messages": 0, "deliveries": 0}
+
+
+def test_the_command_refuses_a_negative_age(archive_dir):
+    with pytest.raises(CommandError, match="0 or more"):
+        call_command("archive", "--older-than-days", "-1", stdout=io.StringIO())
+
+
+def test_a_failure_between_write_and_delete_loses_nothing_and_a_rerun_completes_it(
+    archive_dir, subscribed, logger, peer, monkeypatch
+):
+    # Given seven old settled messages, archived three at a time
+    ids = []
+    for i in range(7):
+        ids.append(publish_at(subscribed, "create", days_ago(8 + i % 2), {"i": i}))
+        settle(ids[-1], {logger: Status.ACKED, peer: Status.ACKED})
+    real_delete = archive.delete_archived
+    calls = []
+
+    def crash_on_second_batch(message_ids, delivery_ids):
+        calls.append(message_ids)
+        if len(calls) == 2:
+            raise RuntimeError("killed after the Parquet write, before the delete")
+        return real_delete(message_ids, delivery_ids)
+
+    monkeypatch.setattr(archive, "delete_archived", crash_on_second_batch)
+
+    # When the run dies halfway
+    with pytest.raises(RuntimeError, match="killed"):
+        archive.archive_history(batch_size=3)
+
+    # Then the first batch moved, the second is both written and still in the hot tables
+    in_parquet = [m["id"] for m in parquet(archive_dir, "messages")]
+    in_db = sorted(Message.objects.values_list("id", flat=True))
+    assert in_parquet == ids[:6] and in_db == ids[3:]
+    assert len(parquet(archive_dir, "deliveries")) == 12
+    assert Delivery.objects.count() == 8
+    # ... so every message is somewhere, and counted once by id
+    assert sorted(set(in_parquet) | set(in_db)) == ids
+    written = files(archive_dir)
+
+    # When it runs again
+    monkeypatch.setattr(archive, "delete_archived", real_delete)
+    assert archive.archive_history(batch_size=3) == {"messages": 4, "deliveries": 8}
+
+    # Then it finished the job: the same files again (overwritten, not doubled) and the last batch
+    assert not Message.objects.exists() and not Delivery.objects.exists()
+    assert set(written) <= set(files(archive_dir))
+    messages = parquet(archive_dir, "messages")
+    assert [m["id"] for m in messages] == ids
+    deliveries = parquet(archive_dir, "deliveries")
+    assert len(deliveries) == len({d["id"] for d in deliveries}) == 14
+    assert not [f for f in files(archive_dir) if not f.endswith(".parquet")], "no temporary file left"
+
+
+def test_running_it_again_rewrites_nothing(archive_dir, subscribed, logger, peer):
+    old = publish_at(subscribed, "create", days_ago(30))
+    settle(old, {logger: Status.ACKED, peer: Status.ACKED})
+    assert archive.archive_history() == {"messages": 1, "deliveries": 2}
+    before = {f: os.stat(archive_dir / f).st_mtime_ns for f in files(archive_dir)}
+
+    assert archive.archive_history() == {"messages": 0, "deliveries": 0}
+    assert {f: os.stat(archive_dir / f).st_mtime_ns for f in files(archive_dir)} == before
+
+
+def test_a_second_run_at_once_is_refused(archive_dir):
+    holding, release = threading.Event(), threading.Event()
+
+    def other_run():
+        try:
+            with archive._exclusive(settings.MQ_ARCHIVE_DIR):
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_run)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        with pytest.raises(archive.ArchiveBusy):
+            archive.archive_history()
+        with pytest.raises(CommandError, match="another archive run"):
+            call_command("archive", stdout=io.StringIO())
+        assert tasks.archive_history() is None  # the beat's run steps aside
+    finally:
+        release.set()
+        thread.join()
+    assert archive.archive_history() == {"messages": 0, "deliveries": 0}
+
+
+def test_the_beat_archives_hourly(archive_dir, subscribed, logger, peer):
+    entry = settings.CELERY_BEAT_SCHEDULE["archive"]
+    assert entry["task"] == "analytics.tasks.archive_history" and entry["schedule"] == 3600.0
+    old = publish_at(subscribed, "create", days_ago(8))
+    settle(old, {logger: Status.ACKED, peer: Status.ACKED})
+
+    assert tasks.archive_history() == {"messages": 1, "deliveries": 2}
+    assert tasks.archive_history() == {"messages": 0, "deliveries": 0}  # harmless twice

@@ -1,0 +1,315 @@
+"""POST /api/queues/{queue}/messages and GET /api/queues, call by call."""
+
+import json
+
+import pytest
+from django.test import override_settings
+
+from delivery.models import Delivery, Status
+from queues.models import Message
+from tests.conftest import client_for
+
+
+def publish(who, body, queue="db"):
+    return client_for(who).post(f"/api/queues/{queue}/messages", body, format="json")
+
+
+@pytest.fixture
+def subscribed(logger, peer):
+    """logger takes db/create, peer takes every event of db."""
+    client_for(logger).post("/api/subscriptions", {"queue": "db", "event": "create"}, format="json")
+    client_for(peer).post("/api/subscriptions", {"queue": "db"}, format="json")
+    return logger, peer
+
+
+def test_it_answers_201_with_the_message_and_its_fan_out(subscribed):
+    logger, _ = subscribed
+    r = publish(logger, {"event": "create", "payload": {"id": 7, "name": "Ann"}})
+    assert r.status_code == 201
+    body = r.json()
+    assert set(body) == {"id", "queue", "event", "seq", "deliveries", "created_at"}
+    assert body["queue"] == "db" and body["event"] == "create" and body["seq"] == 1
+    assert body["deliveries"] == 2
+    message = Message.objects.get(pk=body["id"])
+    assert json.loads(message.payload_json) == {"id": 7, "name": "Ann"}
+    assert Delivery.objects.filter(message=message, status=Status.PENDING).count() == 2
+
+
+def test_it_fans_out_only_to_matching_events(subscribed):
+    logger, peer = subscribed
+    r = publish(logger, {"event": "delete", "payload": 1})
+    assert r.json()["deliveries"] == 1
+    assert list(Delivery.objects.values_list("subscriber__name", flat=True)) == ["peer"]
+
+
+@pytest.mark.parametrize(
+    "payload", [None, 0, "text", [1, "two", None], {"nested": {"a": [True, False]}}, "\u0000 é 😀"]
+)
+def test_it_keeps_any_json_payload_as_given(subscribed, payload):
+    logger, _ = subscribed
+    r = publish(logger, {"event": "create", "payload": payload})
+    assert r.status_code == 201
+    leased = client_for(logger).get("/api/deliveries").json()["deliveries"]
+    assert leased[0]["payload"] == payload
+
+
+def test_it_numbers_messages_in_order_per_queue(subscribed, make_queue):
+    logger, _ = subscribed
+    make_queue("network")
+    seqs = [publish(logger, {"event": "create", "payload": i}).json()["seq"] for i in range(3)]
+    assert seqs == [1, 2, 3]
+    r = client_for(logger).post("/api/queues/network/messages", {"event": "up", "payload": 1}, format="json")
+    assert r.status_code == 403  # logger may not publish to network
+    r = publish(logger, {"event": "create", "payload": 4})
+    assert r.json()["seq"] == 4
+
+
+def test_it_lower_cases_names(subscribed):
+    logger, _ = subscribed
+    r = publish(logger, {"event": "CREATE", "payload": 1}, queue="DB")
+    assert r.status_code == 201
+    assert r.json()["queue"] == "db" and r.json()["event"] == "create"
+
+
+def test_a_batch_is_published_in_order(subscribed):
+    logger, _ = subscribed
+    messages = [{"event": "create", "payload": i} for i in range(5)] + [{"event": "delete", "payload": "x"}]
+    r = publish(logger, {"messages": messages})
+    assert r.status_code == 201
+    answers = r.json()["messages"]
+    assert [a["seq"] for a in answers] == [1, 2, 3, 4, 5, 6]
+    assert [a["deliveries"] for a in answers] == [2, 2, 2, 2, 2, 1]
+    assert Message.objects.count() == 6
+    assert Delivery.objects.count() == 11
+
+
+def test_a_batch_with_one_bad_message_publishes_nothing(subscribed):
+    logger, _ = subscribed
+    r = publish(
+        logger, {"messages": [{"event": "create", "payload": 1}, {"event": "bad name!", "payload": 2}]}
+    )
+    assert r.status_code == 400
+    assert "messages" in r.json()
+    assert Message.objects.count() == 0 and Delivery.objects.count() == 0
+
+
+def test_a_batch_has_at_most_1000_messages_and_at_least_one(subscribed):
+    logger, _ = subscribed
+    r = publish(logger, {"messages": [{"event": "create", "payload": i} for i in range(1001)]})
+    assert r.status_code == 400
+    r = publish(logger, {"messages": []})
+    assert r.status_code == 400
+    r = publish(logger, {"messages": [{"event": "create", "payload": i} for i in range(1000)]})
+    assert r.status_code == 201 and len(r.json()["messages"]) == 1000
+    assert Message.objects.count() == 1000
+
+
+def test_the_same_key_answers_200_with_the_first_message_and_delivers_nothing_new(subscribed):
+    logger, peer = subscribed
+    first = publish(logger, {"event": "create", "payload": 1, "key": "order-42"})
+    assert first.status_code == 201
+    again = publish(peer, {"event": "create", "payload": 2, "key": "order-42"})
+    assert again.status_code == 200
+    assert again.json() == first.json()
+    assert Message.objects.count() == 1 and Delivery.objects.count() == 2
+
+
+def test_keys_are_per_queue(subscribed, make_queue):
+    logger, _ = subscribed
+    make_queue("fs")
+    assert publish(logger, {"event": "create", "payload": 1, "key": "k"}).status_code == 201
+    r = client_for(logger).post(
+        "/api/queues/fs/messages", {"event": "x", "payload": 1, "key": "k"}, format="json"
+    )
+    assert r.status_code == 403  # not allowed; an allowed publisher:
+    logger.publish_all = True
+    logger.save()
+    r = client_for(logger).post(
+        "/api/queues/fs/messages", {"event": "x", "payload": 1, "key": "k"}, format="json"
+    )
+    assert r.status_code == 201
+
+
+def test_keys_repeat_inside_a_batch_and_across_batches(subscribed):
+    logger, _ = subscribed
+    publish(logger, {"event": "create", "payload": 0, "key": "a"})
+    r = publish(
+        logger,
+        {
+            "messages": [
+                {"event": "create", "payload": 1, "key": "a"},
+                {"event": "create", "payload": 2, "key": "b"},
+                {"event": "create", "payload": 3, "key": "b"},
+                {"event": "create", "payload": 4},
+            ]
+        },
+    )
+    assert r.status_code == 201
+    seqs = [m["seq"] for m in r.json()["messages"]]
+    assert seqs == [1, 2, 2, 3]
+    assert Message.objects.count() == 3
+
+
+def test_an_operator_may_publish_to_any_queue(operator_client, db_queue):
+    r = operator_client.post("/api/queues/db/messages", {"event": "create", "payload": {}}, format="json")
+    assert r.status_code == 201
+    assert Message.objects.get().publisher is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"payload": 1},
+        {"event": "create"},
+        {"event": "", "payload": 1},
+        {"event": "-starts-with-dash", "payload": 1},
+        {"event": "has space", "payload": 1},
+        {"event": "x" * 65, "payload": 1},
+        {"event": 5, "payload": 1},
+        {"event": "create", "payload": 1, "key": ""},
+        {"event": "create", "payload": 1, "key": "k" * 256},
+        {"messages": "not a list"},
+        {"messages": [1, 2]},
+        [1, 2, 3],
+        "just a string",
+    ],
+)
+def test_malformed_messages_get_400_with_words(subscribed, body):
+    logger, _ = subscribed
+    r = publish(logger, body)
+    assert r.status_code == 400, r.content
+    assert r.json()  # names the problem
+    assert Message.objects.count() == 0
+
+
+def test_bad_json_gets_400(logger):
+    r = client_for(logger).generic(
+        "POST", "/api/queues/db/messages", b'{"event": "create", "payload": ', content_type="application/json"
+    )
+    assert r.status_code == 400
+    assert "JSON" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"event":"create","payload":NaN}', b'{"event":"create","payload":Infinity}']
+)
+def test_non_json_numbers_get_400(logger, raw):
+    r = client_for(logger).generic("POST", "/api/queues/db/messages", raw, content_type="application/json")
+    assert r.status_code == 400
+
+
+def test_deeply_nested_json_gets_400(logger):
+    raw = b'{"event":"create","payload":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    r = client_for(logger).generic("POST", "/api/queues/db/messages", raw, content_type="application/json")
+    assert r.status_code == 400
+    assert "deep" in r.json()["detail"]
+
+
+@override_settings(MQ_MAX_PAYLOAD_BYTES=100)
+def test_a_payload_over_the_limit_gets_413(subscribed):
+    logger, _ = subscribed
+    r = publish(logger, {"event": "create", "payload": "x" * 99})  # 101 bytes of JSON with quotes
+    assert r.status_code == 413
+    assert "limit" in r.json()["detail"]
+    r = publish(logger, {"event": "create", "payload": "x" * 98})  # exactly 100 bytes
+    assert r.status_code == 201
+
+
+@override_settings(MQ_MAX_PAYLOAD_BYTES=100)
+def test_payload_size_counts_utf8_bytes(subscribed):
+    logger, _ = subscribed
+    r = publish(logger, {"event": "create", "payload": "é" * 49})  # 98 bytes + 2 quotes
+    assert r.status_code == 201
+    r = publish(logger, {"event": "create", "payload": "é" * 50})
+    assert r.status_code == 413
+
+
+@override_settings(MQ_MAX_BODY_BYTES=1000)
+def test_a_body_over_the_limit_gets_413_before_parsing(logger):
+    raw = b"{" + b" " * 2000  # not even JSON: refused on its size alone
+    r = client_for(logger).generic("POST", "/api/queues/db/messages", raw, content_type="application/json")
+    assert r.status_code == 413
+
+
+def test_an_unknown_queue_is_404_whatever_the_permissions(logger, outsider):
+    for who in (logger, outsider):
+        r = publish(who, {"event": "create", "payload": 1}, queue="nope")
+        assert r.status_code == 404
+        assert "nope" in r.json()["detail"]
+
+
+def test_a_subscriber_without_publish_rights_gets_403(outsider, db_queue):
+    r = publish(outsider, {"event": "create", "payload": 1})
+    assert r.status_code == 403
+    assert Message.objects.count() == 0
+
+
+def test_no_token_or_a_bad_token_gets_401(db_queue):
+    r = client_for().post("/api/queues/db/messages", {"event": "create", "payload": 1}, format="json")
+    assert r.status_code == 401
+    c = client_for()
+    c.credentials(HTTP_AUTHORIZATION="Bearer mq_not-a-real-token")
+    assert (
+        c.post("/api/queues/db/messages", {"event": "create", "payload": 1}, format="json").status_code == 401
+    )
+    c.credentials(HTTP_AUTHORIZATION="Bearer")
+    assert c.get("/api/queues").status_code == 401
+
+
+def test_an_inactive_subscriber_is_refused(logger):
+    logger.is_active = False
+    logger.save()
+    assert client_for(logger).get("/api/queues").status_code == 401
+
+
+def test_publish_inside_the_callers_transaction_exists_only_if_it_commits(db_queue, logger):
+    from django.db import transaction
+
+    from queues import publishing
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publishing.publish(db_queue, [publishing.prepare("create", 1)])
+        raise RuntimeError("the caller's own work failed")
+    assert Message.objects.count() == 0
+    with transaction.atomic():
+        publishing.publish(db_queue, [publishing.prepare("create", 1)])
+    assert Message.objects.count() == 1
+
+
+class TestQueueList:
+    def test_a_subscriber_sees_the_queues_it_may_use(self, logger, make_queue):
+        make_queue("secret")
+        publish(logger, {"event": "create", "payload": 1})
+        r = client_for(logger).get("/api/queues")
+        assert r.status_code == 200
+        queues = r.json()["queues"]
+        assert [q["name"] for q in queues] == ["db"]
+        q = queues[0]
+        assert q["events"] == ["create"] and q["ordered"] is False
+        assert q["max_attempts"] == 10 and q["ack_timeout"] == 30 and q["retention_days"] == 7
+        assert q["may_publish"] and q["may_subscribe"]
+
+    def test_an_outsider_sees_none_and_an_operator_all(self, outsider, operator_client, make_queue):
+        make_queue("a")
+        make_queue("b")
+        assert client_for(outsider).get("/api/queues").json() == {"queues": []}
+        assert [q["name"] for q in operator_client.get("/api/queues").json()["queues"]] == ["a", "b"]
+
+    def test_a_subscriber_with_every_queue_sees_every_queue(self, make_subscriber, make_queue):
+        make_queue("a")
+        make_queue("b")
+        everyone = make_subscriber("everyone", publish=("*",), subscribe=())
+        assert [q["name"] for q in client_for(everyone).get("/api/queues").json()["queues"]] == ["a", "b"]
+
+
+def test_a_key_is_kept_as_sent_and_unstorable_keys_get_400(logger):
+    c = client_for(logger)
+    r = c.post("/api/queues/db/messages", {"event": "e", "payload": 1, "key": "  "}, format="json")
+    assert r.status_code == 201  # whitespace is a key like any other, not trimmed to blank
+    assert Message.objects.get().key == "  "
+    r = c.post("/api/queues/db/messages", {"event": "e", "payload": 1, "key": "a\u0000b"}, format="json")
+    assert r.status_code == 400
+    raw = b'{"event": "e", "payload": 1, "key": "\\ud800x"}'
+    r = c.generic("POST", "/api/queues/db/messages", raw, content_type="application/json")
+    assert r.status_code == 400
+    assert Message.objects.count() == 1

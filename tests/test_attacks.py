@@ -1,0 +1,726 @@
+"""Attacks, item by item of the OWASP API Security Top 10 (2023); each test names its item.
+
+The personas (tests/conftest.py): the logger, who owns the objects under attack; a peer, a
+subscriber of the same queue who must never see or touch them; an outsider, who may use no
+queue; and an operator.
+"""
+
+import hashlib
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.apps import apps
+from django.db import models
+from django.test import override_settings
+from django.urls import reverse
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from delivery import ledger, webhooks
+from delivery.consumers import DeliveryConsumer
+from delivery.models import Delivery, Status
+from mqsite import urls as mqsite_urls
+from mqsite.asgi import application
+from queues import publishing
+from queues.models import Message
+from subscribers import subscribing
+from subscribers.models import Subscription
+from subscribers.provisioning import create_subscriber
+from tests.conftest import client_for
+from tests.servers import ROOT, start_daphne
+from tests.ssrf_urls import PRIVATE_NAMES, UNSAFE_URLS
+
+# --- the objects under attack -----------------------------------------------------------------
+
+
+class World:
+    """The logger's and the peer's subscriptions to db, each with deliveries: some waiting, some
+    leased to their owner (in flight)."""
+
+    def __init__(self, logger, peer, outsider, queue):
+        self.logger, self.peer, self.outsider, self.queue = logger, peer, outsider, queue
+        self.subscription = subscribing.subscribe(logger, queue)[0]
+        self.peer_subscription = subscribing.subscribe(peer, queue)[0]
+        publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(4)])
+        ledger.lease_deliveries(logger, limit=2)  # two in flight, two waiting
+        self.deliveries = list(Delivery.objects.filter(subscriber=logger).values_list("id", flat=True))
+
+    def statuses(self):
+        return sorted(Delivery.objects.filter(subscriber=self.logger).values_list("id", "status", "attempt"))
+
+
+@pytest.fixture
+def world(logger, peer, outsider, db_queue):
+    return World(logger, peer, outsider, db_queue)
+
+
+def api_routes():
+    """(url name, method) of every route under /api/, from the URLconf itself."""
+    found = []
+    for pattern in mqsite_urls.api:
+        view = getattr(pattern.callback, "view_class", None)
+        for method in ("get", "post", "put", "patch", "delete"):
+            if view is not None and hasattr(view, method):
+                found.append((pattern.name, method))
+    return found
+
+
+PUBLIC = {("schema", "get"), ("docs", "get")}
+EXAMPLE_ARGS = {"messages": {"queue": "db"}, "subscription-detail": {"pk": 1}, "delivery-nack": {"pk": 1}}
+
+
+def url_of(name, **kwargs):
+    return reverse(name, kwargs=kwargs or EXAMPLE_ARGS.get(name))
+
+
+# --- API1:2023 Broken Object Level Authorization ----------------------------------------------
+
+
+def peer_lists_subscriptions(w):
+    ids = [s["id"] for s in client_for(w.peer).get(url_of("subscription-list")).json()["subscriptions"]]
+    assert ids == [w.peer_subscription.pk]
+
+
+def peer_deletes_the_loggers_subscription(w):
+    r = client_for(w.peer).delete(url_of("subscription-detail", pk=w.subscription.pk))
+    assert r.status_code == 404
+    assert Subscription.objects.filter(pk=w.subscription.pk).exists()
+
+
+def peer_subscribes(w):
+    # The peer's own subscription comes back; the logger's is not touched or shown.
+    r = client_for(w.peer).post(url_of("subscription-list"), {"queue": "db"}, format="json")
+    assert r.status_code == 200 and r.json()["id"] == w.peer_subscription.pk
+
+
+def peer_pulls(w):
+    got = client_for(w.peer).get(url_of("delivery-list") + "?limit=1000").json()["deliveries"]
+    assert got and not {d["id"] for d in got} & set(w.deliveries)
+
+
+def peer_acks_the_loggers_deliveries(w):
+    r = client_for(w.peer).post(url_of("delivery-ack"), {"ids": w.deliveries}, format="json")
+    assert r.status_code == 200 and r.json() == {"acked": 0, "unknown": w.deliveries}
+
+
+def peer_nacks_the_loggers_delivery(w):
+    for delivery_id in w.deliveries:
+        r = client_for(w.peer).post(url_of("delivery-nack", pk=delivery_id), {}, format="json")
+        assert r.status_code == 404
+
+
+def outsider_lists_queues(w):
+    assert client_for(w.outsider).get(url_of("queue-list")).json() == {"queues": []}
+
+
+def outsider_publishes(w):
+    r = client_for(w.outsider).post(
+        url_of("messages", queue="db"), {"event": "x", "payload": 1}, format="json"
+    )
+    assert r.status_code == 403 and Message.objects.count() == 4
+
+
+def peer_lists_connections(w):
+    assert client_for(w.peer).get(url_of("connection-list")).status_code == 403
+
+
+ROUTE_ATTACKS = {
+    ("subscription-list", "get"): peer_lists_subscriptions,
+    ("subscription-list", "post"): peer_subscribes,
+    ("subscription-detail", "delete"): peer_deletes_the_loggers_subscription,
+    ("delivery-list", "get"): peer_pulls,
+    ("delivery-ack", "post"): peer_acks_the_loggers_deliveries,
+    ("delivery-nack", "post"): peer_nacks_the_loggers_delivery,
+    ("queue-list", "get"): outsider_lists_queues,
+    ("messages", "post"): outsider_publishes,
+    ("connection-list", "get"): peer_lists_connections,
+}
+
+
+def test_api1_the_matrix_covers_every_route():
+    """API1:2023 Broken Object Level Authorization: every route of the API is attacked below."""
+    assert set(api_routes()) - PUBLIC == set(ROUTE_ATTACKS)
+
+
+@pytest.mark.parametrize("route", sorted(ROUTE_ATTACKS), ids="-".join)
+def test_api1_a_subscriber_never_reaches_anothers_objects_over_rest(world, route):
+    """API1:2023 Broken Object Level Authorization: another's subscription or delivery is a
+    404 (or unknown), lists hold only the caller's rows, and nothing of the owner's moves."""
+    before = world.statuses()
+    ROUTE_ATTACKS[route](world)
+    assert world.statuses() == before
+    assert Subscription.objects.filter(pk=world.subscription.pk, subscriber=world.logger).exists()
+
+
+async def frame_attack(token, frames):
+    """Send each frame and read up to its answer (deliveries pushed meanwhile are kept too)."""
+    comm = WebsocketCommunicator(application, f"/ws/?token={token}")
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    answers = []
+    for frame in frames:
+        await comm.send_to(text_data=json.dumps(frame))
+        while True:
+            answers.append(json.loads(await comm.receive_from(timeout=3)))
+            if answers[-1]["type"] != "message":
+                break
+    await comm.disconnect()
+    return answers
+
+
+FRAME_ATTACKS = {
+    # frame type: (who sends it, what it carries, what it must answer)
+    "ack": ("peer", lambda w: {"type": "ack", "ids": w.deliveries}, "unknown_ids"),
+    "nack": ("peer", lambda w: {"type": "nack", "ids": w.deliveries}, "unknown_ids"),
+    "subscribe": ("outsider", lambda w: {"type": "subscribe", "queue": "db"}, "forbidden"),
+    "publish": (
+        "outsider",
+        lambda w: {"type": "publish", "queue": "db", "event": "x", "payload": 1},
+        "forbidden",
+    ),
+    "unsubscribe": ("outsider", lambda w: {"type": "unsubscribe", "queue": "db"}, "not_subscribed"),
+    "ping": ("peer", lambda w: {"type": "ping"}, "pong"),
+}
+
+
+def test_api1_the_frame_matrix_covers_every_frame():
+    """API1:2023 Broken Object Level Authorization: every client frame is attacked below."""
+    assert set(DeliveryConsumer.handlers) == set(FRAME_ATTACKS)
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("frame_type", sorted(FRAME_ATTACKS))
+async def test_api1_a_subscriber_never_reaches_anothers_objects_over_the_websocket(
+    logger, peer, outsider, db_queue, frame_type
+):
+    """API1:2023 Broken Object Level Authorization: frames naming another's deliveries, or a
+    queue the sender may not use, are refused and move nothing; the sender's socket carries
+    only its own deliveries."""
+    from channels.db import database_sync_to_async
+
+    w = await database_sync_to_async(World)(logger, peer, outsider, db_queue)
+    before = await database_sync_to_async(w.statuses)()
+    sender, frame, expected = FRAME_ATTACKS[frame_type]
+    token = {"peer": peer.token, "outsider": outsider.token}[sender]
+    answers = await frame_attack(token, [frame(w)])
+    # the peer's socket may first be handed its own deliveries: none is the logger's
+    pushed = [a for a in answers if a["type"] == "message"]
+    assert not {a["id"] for a in pushed} & set(w.deliveries)
+    last = answers[-1]
+    assert last.get("code", last["type"]) == expected, answers
+    assert await database_sync_to_async(w.statuses)() == before
+    assert await database_sync_to_async(Message.objects.count)() == 4
+
+
+# --- API2:2023 Broken Authentication ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", sorted(set(api_routes()) - PUBLIC), ids="-".join)
+@pytest.mark.parametrize("authorization", [None, "Bearer mq_not-a-real-token", "Bearer", "Basic b3A6b3A="])
+def test_api2_every_non_public_route_refuses_a_caller_without_a_valid_token(world, route, authorization):
+    """API2:2023 Broken Authentication: no token, a bad one, or another scheme: 401, with the
+    scheme to use, and nothing of the caller's doing happens."""
+    name, method = route
+    headers = {"HTTP_AUTHORIZATION": authorization} if authorization else {}
+    before = (Message.objects.count(), Subscription.objects.count(), world.statuses())
+    r = getattr(client_for(), method)(url_of(name), {}, format="json", **headers)
+    assert r.status_code == 401, r.content
+    assert r["WWW-Authenticate"].startswith("Bearer")
+    assert (Message.objects.count(), Subscription.objects.count(), world.statuses()) == before
+
+
+def test_api2_an_inactive_subscribers_token_is_refused(world):
+    """API2:2023 Broken Authentication: a deactivated subscriber's token stops working."""
+    world.logger.is_active = False
+    world.logger.save()
+    assert client_for(world.logger).get(url_of("delivery-list")).status_code == 401
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("query", ["", "?token=", "?token=mq_not-a-real-token"])
+async def test_api2_a_websocket_without_a_valid_token_is_closed_with_4401(query):
+    """API2:2023 Broken Authentication: the handshake is accepted and the socket closed at once."""
+    comm = WebsocketCommunicator(application, f"/ws/{query}")
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": 4401}
+
+
+def text_fields():
+    for model in apps.get_models():
+        for field in model._meta.get_fields():
+            if isinstance(field, models.CharField | models.TextField) and field.concrete:
+                yield model, field.name
+
+
+def test_api2_tokens_are_kept_hashed_never_in_plaintext(db, make_subscriber):
+    """API2:2023 Broken Authentication: after a subscriber is made (by the service or the
+    command), no column of any table holds its token; only its SHA-256."""
+    from django.core.management import call_command
+
+    tokens = [make_subscriber("by-service").token]
+    out = io.StringIO()
+    call_command("createsubscriber", "by-command", stdout=out)
+    tokens.append(out.getvalue().strip().splitlines()[-1])
+    for token in tokens:
+        assert token.startswith("mq_") and len(token) > 40
+        for model, name in text_fields():
+            assert not model._default_manager.filter(**{f"{name}__contains": token}).exists(), (model, name)
+    from subscribers.models import Subscriber
+
+    for name, token in zip(("by-service", "by-command"), tokens, strict=True):
+        assert Subscriber.objects.get(name=name).token_hash == hashlib.sha256(token.encode()).hexdigest()
+
+
+def test_api2_tokens_are_compared_in_constant_time(world, monkeypatch):
+    """API2:2023 Broken Authentication: the token is looked up by its hash and then compared
+    with hmac.compare_digest, so timing says nothing about how much of a guess was right."""
+    from subscribers import tokens
+
+    compared = []
+    real = tokens.hmac.compare_digest
+    monkeypatch.setattr(tokens.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
+    assert client_for(world.logger).get(url_of("subscription-list")).status_code == 200
+    digest = hashlib.sha256(world.logger.token.encode()).hexdigest()
+    assert compared == [(digest, digest)]
+
+
+# --- API3:2023 Broken Object Property Level Authorization -------------------------------------
+
+FORGED = {"id": 999, "seq": 999, "status": "acked", "attempt": 99, "subscriber": 1, "publisher": 1}
+
+
+def test_api3_a_publish_cannot_set_seq_status_attempt_or_subscriber(world):
+    """API3:2023 Broken Object Property Level Authorization: mass assignment has no effect."""
+    forged = {**FORGED, "subscriber": world.peer.pk, "publisher": world.peer.pk}
+    r = client_for(world.logger).post(
+        url_of("messages", queue="db"), {"event": "create", "payload": 1, **forged}, format="json"
+    )
+    assert r.status_code == 201
+    message = Message.objects.get(pk=r.json()["id"])
+    assert message.pk != 999 and message.seq == 5 and message.publisher == world.logger
+    fanned = Delivery.objects.filter(message=message)
+    assert {(d.status, d.attempt) for d in fanned} == {(Status.PENDING, 0)}
+    assert {d.subscriber_id for d in fanned} == {world.logger.pk, world.peer.pk}  # its subscribers, no more
+    batch = {"messages": [{"event": "create", "payload": 2, **forged}], **forged}
+    r = client_for(world.logger).post(url_of("messages", queue="db"), batch, format="json")
+    assert r.status_code == 201 and r.json()["messages"][0]["seq"] == 6
+
+
+def test_api3_a_subscription_cannot_be_made_for_someone_else(world):
+    """API3:2023 Broken Object Property Level Authorization: the subscriber is the caller."""
+    forged = {**FORGED, "subscriber": world.peer.pk, "id": world.peer_subscription.pk}
+    r = client_for(world.logger).post(
+        url_of("subscription-list"), {"queue": "db", "event": "other", **forged}, format="json"
+    )
+    assert r.status_code == 201
+    made = Subscription.objects.get(pk=r.json()["id"])
+    assert made.subscriber == world.logger and made.pk != world.peer_subscription.pk
+    assert list(world.peer.subscriptions.all()) == [world.peer_subscription]
+
+
+def test_api3_ack_and_nack_cannot_set_status_or_attempt(world):
+    """API3:2023 Broken Object Property Level Authorization: only the verb moves a delivery."""
+    inflight = Delivery.objects.filter(subscriber=world.logger, status=Status.INFLIGHT).first()
+    r = client_for(world.logger).post(
+        url_of("delivery-nack", pk=inflight.pk), {"retry_in": 60, **FORGED}, format="json"
+    )
+    assert r.status_code == 200
+    inflight.refresh_from_db()
+    assert inflight.status == Status.PENDING and inflight.attempt == 1 and inflight.subscriber == world.logger
+    pending = Delivery.objects.filter(subscriber=world.logger).exclude(pk=inflight.pk).first()
+    r = client_for(world.logger).post(url_of("delivery-ack"), {"ids": [pending.pk], **FORGED}, format="json")
+    pending.refresh_from_db()
+    assert r.json()["acked"] == 1 and pending.status == Status.ACKED and pending.subscriber == world.logger
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_api3_frames_cannot_set_seq_status_attempt_or_subscriber(logger, peer, outsider, db_queue):
+    """API3:2023 Broken Object Property Level Authorization, over the websocket."""
+    from channels.db import database_sync_to_async
+
+    w = await database_sync_to_async(World)(logger, peer, outsider, db_queue)
+    forged = {**FORGED, "subscriber": peer.pk}
+    answers = await frame_attack(
+        logger.token,
+        [
+            {"type": "publish", "queue": "db", "event": "create", "payload": 1, "ref": "r", **forged},
+            {"type": "subscribe", "queue": "db", "event": "other", **forged},
+        ],
+    )
+    published = next(a for a in answers if a["type"] == "published")
+    subscribed = next(a for a in answers if a["type"] == "subscribed")
+    assert published["seq"] == 5 and published["id"] != 999
+
+    def check():
+        message = Message.objects.get(pk=published["id"])
+        assert message.publisher_id == logger.pk
+        assert Subscription.objects.get(pk=subscribed["subscription"]).subscriber_id == logger.pk
+        assert set(Delivery.objects.filter(message=message).values_list("attempt", flat=True)) <= {0, 1}
+
+    await database_sync_to_async(check)()
+    assert w.deliveries
+
+
+def test_api3_answers_carry_no_other_subscribers_properties(world):
+    """API3:2023 Broken Object Property Level Authorization: a delivery shows the contract's
+    fields, never its subscriber, lease holder or errors; a queue never its subscribers."""
+    delivery = client_for(world.peer).get(url_of("delivery-list")).json()["deliveries"][0]
+    assert set(delivery) == {
+        "id",
+        "message_id",
+        "queue",
+        "event",
+        "seq",
+        "payload",
+        "attempt",
+        "published_at",
+        "ack_deadline",
+    }
+    body = client_for(world.peer).get(url_of("queue-list")).content.decode()
+    for secret in (world.logger.name, world.logger.token_hash, world.logger.webhook_secret):
+        assert secret not in body
+
+
+# --- API4:2023 Unrestricted Resource Consumption ----------------------------------------------
+
+
+@override_settings(MQ_MAX_BODY_BYTES=1000)
+def test_api4_a_body_over_the_limit_is_refused_before_it_is_parsed(world):
+    """API4:2023 Unrestricted Resource Consumption: a 413, not a 400, for a body that is not
+    even JSON: it was refused before being read and parsed."""
+    client = client_for(world.logger)
+    url = url_of("messages", queue="db")
+    r = client.generic("POST", url, b"{" * 5000, content_type="application/json")
+    assert r.status_code == 413
+    # a Content-Length that says more than the limit is refused on its word
+    r = client.generic("POST", url, b"{}", content_type="application/json", CONTENT_LENGTH="10000000")
+    assert r.status_code == 413
+    for name in ("delivery-ack", "subscription-list"):
+        assert (
+            client.generic("POST", url_of(name), b"[" * 5000, content_type="application/json").status_code
+            == 413
+        )
+
+
+def test_api4_json_nested_too_deep_is_refused(world):
+    """API4:2023 Unrestricted Resource Consumption: nesting past MQ_MAX_JSON_DEPTH is a 400."""
+    client = client_for(world.logger)
+
+    def nested(depth):
+        return {"event": "create", "payload": json.loads("[" * (depth - 1) + "]" * (depth - 1))}
+
+    assert client.post(url_of("messages", queue="db"), nested(64), format="json").status_code == 201
+    r = client.post(url_of("messages", queue="db"), nested(65), format="json")
+    assert r.status_code == 400 and "deeper" in r.json()["detail"]
+    deep = b'{"ids": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    assert (
+        client.generic("POST", url_of("delivery-ack"), deep, content_type="application/json").status_code
+        == 400
+    )
+
+
+@pytest.mark.parametrize(
+    "name, query, body",
+    [
+        ("delivery-list", "?limit=1001", None),
+        ("delivery-list", "?wait=31", None),
+        ("delivery-ack", "", {"ids": list(range(1, 10002))}),
+        ("messages", "", {"messages": [{"event": "e", "payload": 1}] * 1001}),
+    ],
+)
+def test_api4_every_size_a_client_chooses_is_capped(world, name, query, body):
+    """API4:2023 Unrestricted Resource Consumption: limit, wait, ids and batch sizes have caps."""
+    client = client_for(world.logger)
+    url = url_of(name) + query
+    r = client.get(url) if body is None else client.post(url, body, format="json")
+    assert r.status_code == 400
+
+
+@override_settings(MQ_THROTTLE_RATE="5/min")
+def test_api4_a_subscriber_over_its_rate_is_throttled_on_every_route(world):
+    """API4:2023 Unrestricted Resource Consumption: the rate counts every call of the caller."""
+    from django.core.cache import cache
+
+    cache.clear()
+    client = client_for(world.peer)
+    codes = [client.get(url_of("subscription-list")).status_code for _ in range(3)]
+    codes += [client.post(url_of("delivery-ack"), {"ids": [1]}, format="json").status_code for _ in range(3)]
+    cache.clear()
+    assert codes == [200, 200, 200, 200, 200, 429]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_an_oversized_websocket_frame_closes_the_socket_on_the_real_server(logger):
+    """API4:2023 Unrestricted Resource Consumption: Daphne itself, not a test double: the
+    socket is closed with 4413 (the standard 1009 is one Daphne refuses to send)."""
+    web = start_daphne({"MQ_MAX_BODY_BYTES": "1000"})
+    try:
+        with connect(f"{web.ws}?token={logger.token}") as ws:
+            ws.send("x" * 5000)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+        assert closed.value.rcvd.code == 4413
+    finally:
+        web.stop()
+
+
+# --- API5:2023 Broken Function Level Authorization --------------------------------------------
+
+
+def test_api5_operator_only_routes_refuse_a_subscriber_token(world):
+    """API5:2023 Broken Function Level Authorization: a subscriber's token opens no operator
+    route: the API answers 403, the admin and the dashboard send it to the login page."""
+    client = client_for(world.logger)
+    assert client.get(url_of("connection-list")).status_code == 403
+    for name, method in [
+        ("admin:index", "get"),
+        ("admin:delivery_delivery_changelist", "get"),
+        ("dashboard", "get"),
+        ("mq-head-of-line", "get"),
+        ("mq-publish", "post"),
+    ]:
+        r = getattr(client, method)(reverse(name))
+        assert r.status_code in (302, 403), (name, r.status_code)
+        if r.status_code == 302:
+            assert "/login/" in r["Location"]
+    d = world.deliveries[0]
+    Delivery.objects.filter(pk=d).update(status=Status.DEAD)
+    assert client.post(reverse("dashboard-redeliver", kwargs={"pk": d})).status_code in (302, 403)
+    assert Delivery.objects.get(pk=d).status == Status.DEAD
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_api5_the_operators_dashboard_socket_refuses_a_subscriber(logger):
+    """API5:2023 Broken Function Level Authorization: /ws/dashboard/ takes only a staff login."""
+    comm = WebsocketCommunicator(application, f"/ws/dashboard/?token={logger.token}")
+    connected, _ = await comm.connect(timeout=5)
+    assert not connected
+
+
+def test_api5_a_subscriber_may_not_publish_or_subscribe_beyond_its_rights(world, make_queue):
+    """API5:2023 Broken Function Level Authorization: rights are per queue and per verb."""
+    make_queue("secret")
+    client = client_for(world.logger)
+    assert (
+        client.post(
+            url_of("messages", queue="secret"), {"event": "e", "payload": 1}, format="json"
+        ).status_code
+        == 403
+    )
+    assert client.post(url_of("subscription-list"), {"queue": "secret"}, format="json").status_code == 403
+
+
+# --- API6:2023 Unrestricted Access to Sensitive Business Flows ---------------------------------
+
+
+def test_api6_a_replayed_publish_fans_out_once(world):
+    """API6:2023 Unrestricted Access to Sensitive Business Flows: a publish replayed with its
+    idempotency key (a retry, or a replay by someone who captured it) delivers nothing new."""
+    client = client_for(world.logger)
+    body = {"event": "create", "payload": {"order": 1}, "key": "order-1"}
+    first = client.post(url_of("messages", queue="db"), body, format="json")
+    deliveries = Delivery.objects.count()
+    for _ in range(5):
+        again = client.post(url_of("messages", queue="db"), body, format="json")
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert Delivery.objects.count() == deliveries
+
+
+def test_api6_subscribing_again_does_not_replay_history(world):
+    """API6:2023 Unrestricted Access to Sensitive Business Flows: unsubscribe and subscribe
+    again is no way to have messages delivered twice: a new subscription is owed only what is
+    published after it."""
+    client = client_for(world.peer)
+    client.post(
+        url_of("delivery-ack"), {"ids": list(Delivery.objects.values_list("id", flat=True))}, format="json"
+    )
+    client.delete(url_of("subscription-detail", pk=world.peer_subscription.pk))
+    client.post(url_of("subscription-list"), {"queue": "db"}, format="json")
+    assert client.get(url_of("delivery-list")).json()["deliveries"] == []
+
+
+# --- API7:2023 Server Side Request Forgery ------------------------------------------------------
+
+
+def test_api7_at_least_fifty_unsafe_webhook_urls_are_refused():
+    """API7:2023 Server Side Request Forgery: the literal URLs of tests/ssrf_urls.py are refused
+    by tests/test_webhooks.py::test_unsafe_webhook_urls_are_refused; the names, below."""
+    assert len(set(UNSAFE_URLS)) + len(PRIVATE_NAMES) >= 50
+
+
+@pytest.fixture
+def stub_dns(monkeypatch):
+    """Names resolve as tests/ssrf_urls.PRIVATE_NAMES says; addresses as they are."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host in PRIVATE_NAMES:
+            return [
+                (socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port))
+                for a in PRIVATE_NAMES[host]
+            ]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_NAMES))
+def test_api7_names_that_resolve_to_private_addresses_are_refused(stub_dns, settings, name):
+    """API7:2023 Server Side Request Forgery: a DNS name is judged by every address it
+    resolves to (one private answer among public ones is enough), at send time."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(webhooks.UnsafeURL, match="loopback, private or link-local"):
+        webhooks.resolve_safe(f"https://{name}/hook")
+
+
+def test_api7_a_private_webhook_url_is_refused_where_it_is_entered(db, settings, stub_dns):
+    """API7:2023 Server Side Request Forgery: making a subscriber with one fails."""
+    from django.core.exceptions import ValidationError
+
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = False
+    for i, url in enumerate(
+        ("http://metadata.google.internal/", "http://[::127.0.0.1]/", "http://db.internal/")
+    ):
+        with pytest.raises(ValidationError, match="private"):
+            create_subscriber(f"ssrf-{i}", webhook_url=url)
+
+
+# --- API8:2023 Security Misconfiguration --------------------------------------------------------
+
+
+def test_api8_the_deploy_check_is_clean_with_production_settings():
+    """API8:2023 Security Misconfiguration: `manage.py check --deploy` finds nothing with
+    SECRET_KEY set, DEBUG off and MQ_HTTPS on."""
+    env = {
+        **os.environ,
+        "SECRET_KEY": "k" * 20 + "-production-secret-of-sufficient-length-and-variety-8f3b2a",
+        "DEBUG": "false",
+        "MQ_HTTPS": "true",
+        "ALLOWED_HOSTS": "mq.example.com",
+    }
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues" in done.stdout
+
+
+def test_api8_the_defaults_serve_plain_http_for_make_run(settings):
+    """API8:2023 Security Misconfiguration: the HTTPS settings are opt-in, so that the
+    embedded mode on 127.0.0.1 works over http."""
+    assert not settings.SECURE_SSL_REDIRECT and not settings.SESSION_COOKIE_SECURE and not settings.DEBUG
+
+
+def test_api8_errors_say_what_is_wrong_without_a_traceback_and_with_safe_headers(world):
+    """API8:2023 Security Misconfiguration: JSON errors in words, hardened headers."""
+    client = client_for(world.logger)
+    for r in (
+        client.get("/api/nothing"),
+        client.post(url_of("messages", queue="db"), b"{", content_type="application/json"),
+        client.get(url_of("delivery-list") + "?limit=x"),
+    ):
+        assert r["Content-Type"] == "application/json" and r.status_code in (400, 404)
+        assert "Traceback" not in r.content.decode() and r.json()
+    ok = client.get(url_of("queue-list"))
+    assert ok["X-Content-Type-Options"] == "nosniff" and ok["X-Frame-Options"] == "DENY"
+    assert ok["Referrer-Policy"] == "same-origin"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api8_a_cross_origin_websocket_handshake_is_refused_by_the_real_server(logger):
+    """API8:2023 Security Misconfiguration: a page on another site cannot drive a browser's
+    websocket (Origin outside ALLOWED_HOSTS: refused); a service sending no Origin is let in."""
+    web = start_daphne()
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"{web.ws}?token={logger.token}", origin="http://evil.example")
+        assert refused.value.response.status_code == 403
+        with connect(f"{web.ws}?token={logger.token}", origin=f"http://localhost:{web.port}") as ws:
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "pong"
+    finally:
+        web.stop()
+
+
+# --- API9:2023 Improper Inventory Management ---------------------------------------------------
+
+
+def test_api9_the_schema_lists_every_api_route_and_no_other(db):
+    """API9:2023 Improper Inventory Management: no undocumented route, no documented ghost."""
+    schema = client_for().get("/api/schema/?format=json").json()
+    documented = {(path, method) for path, ops in schema["paths"].items() for method in ops}
+    routes = {p.name: "/api/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(p.pattern)) for p in mqsite_urls.api}
+    served = {(routes[name].replace("{pk}", "{id}"), method) for name, method in set(api_routes()) - PUBLIC}
+    assert documented == served
+
+
+# --- API10:2023 Unsafe Consumption of APIs ------------------------------------------------------
+
+
+class EndlessAnswer(BaseHTTPRequestHandler):
+    """A webhook endpoint that answers 500 and then never stops sending."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(500)
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b"A" * 65536)
+                time.sleep(0.01)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_api10_a_webhook_answer_is_read_capped_and_time_limited(settings, monkeypatch):
+    """API10:2023 Unsafe Consumption of APIs: what a subscriber's endpoint answers is not
+    trusted: the worker reads at most MAX_RESPONSE_BYTES of it, for at most the timeout,
+    keeps 200 characters of it, and follows no redirect (tests/test_webhooks.py)."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    monkeypatch.setattr(webhooks, "TIMEOUT_SECS", 2)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessAnswer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        frame = {"id": 1, "type": "message", "payload": None}
+        outcome = webhooks.post(
+            f"http://127.0.0.1:{server.server_address[1]}/hook", "whsec_" + "A" * 32, frame
+        )
+        assert time.monotonic() - started < 5
+        assert not outcome.ok and outcome.status == 500 and len(outcome.error) <= 220
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_api4_a_body_under_the_limit_but_over_djangos_default_is_taken(world):
+    """API4:2023 Unrestricted Resource Consumption: the limit is MQ_MAX_BODY_BYTES (32 MiB), not
+    Django's 2.5 MiB: a 3 MB batch is published (it was a 500)."""
+    batch = {"messages": [{"event": "create", "payload": "x" * 3000} for _ in range(1000)]}
+    r = client_for(world.logger).post(url_of("messages", queue="db"), batch, format="json")
+    assert r.status_code == 201 and len(r.json()["messages"]) == 1000

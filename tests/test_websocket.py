@@ -1,0 +1,371 @@
+"""The /ws/ consumer, frame by frame, through Channels' WebsocketCommunicator."""
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
+
+from delivery.models import Delivery, Status
+from mqsite.asgi import application
+from queues import publishing
+from queues.models import Queue
+from subscribers import subscribing
+from subscribers.models import Connection
+from subscribers.provisioning import create_subscriber
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+@database_sync_to_async
+def setup(ordered=False):
+    queue = Queue.objects.create(name="db", ordered=ordered)
+    Queue.objects.create(name="secret")
+    owner, owner_token = create_subscriber("owner", publish=["db"], subscribe=["db"])
+    peer, peer_token = create_subscriber("peer", publish=["db"], subscribe=["db"])
+    return queue, (owner, owner_token), (peer, peer_token)
+
+
+@database_sync_to_async
+def publish(queue, n, event="create", start=0):
+    return publishing.publish(queue, [publishing.prepare(event, {"n": start + i}) for i in range(n)])
+
+
+@database_sync_to_async
+def db(fn):
+    return fn()
+
+
+async def connect(token, headers=None):
+    comm = WebsocketCommunicator(application, f"/ws/?token={token}", headers=headers or [])
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    return comm
+
+
+async def send(comm, frame):
+    await comm.send_to(text_data=json.dumps(frame))
+
+
+async def recv(comm, timeout=3):
+    return json.loads(await comm.receive_from(timeout=timeout))
+
+
+async def recv_messages(comm, n, timeout=3):
+    frames = [await recv(comm, timeout) for _ in range(n)]
+    assert all(f["type"] == "message" for f in frames), frames
+    return frames
+
+
+async def test_a_bad_token_is_accepted_then_closed_with_4401():
+    await setup()
+    comm = WebsocketCommunicator(application, "/ws/?token=mq_wrong")
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    out = await comm.receive_output(timeout=3)
+    assert out == {"type": "websocket.close", "code": 4401}
+    assert await db(Connection.objects.count) == 0
+
+
+async def test_the_token_may_come_in_the_authorization_header():
+    _, (_, token), _ = await setup()
+    comm = WebsocketCommunicator(
+        application, "/ws/", headers=[(b"authorization", f"Bearer {token}".encode())]
+    )
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    await send(comm, {"type": "ping", "ref": 1})
+    assert await recv(comm) == {"type": "pong", "ref": 1}
+    await comm.disconnect()
+
+
+async def test_subscribe_answers_then_catches_up_then_goes_live():
+    queue, (_, token), _ = await setup()
+    await publish(queue, 2)  # before the subscription: not owed
+    comm = await connect(token)
+    await send(comm, {"type": "subscribe", "queue": "db", "event": "create"})
+    answer = await recv(comm)
+    assert answer["type"] == "subscribed" and answer["queue"] == "db" and answer["event"] == "create"
+    assert isinstance(answer["subscription"], int)
+    assert await comm.receive_nothing(timeout=0.3)
+    await publish(queue, 3)
+    frames = await recv_messages(comm, 3)
+    assert [f["seq"] for f in frames] == [3, 4, 5]
+    f = frames[0]
+    assert set(f) == {
+        "type",
+        "id",
+        "message_id",
+        "queue",
+        "event",
+        "seq",
+        "payload",
+        "attempt",
+        "published_at",
+    }
+    assert f["payload"] == {"n": 0} and f["attempt"] == 1 and f["queue"] == "db"
+    await comm.disconnect()
+
+
+async def test_a_reconnecting_subscriber_resumes_without_subscribing_again():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 3)  # while away
+    comm = await connect(token)
+    frames = await recv_messages(comm, 3)
+    assert [f["seq"] for f in frames] == [1, 2, 3]
+    await publish(queue, 1, start=3)
+    (live,) = await recv_messages(comm, 1)
+    assert live["seq"] == 4
+    await comm.disconnect()
+
+
+async def test_ack_frames_ack_and_unknown_ids_get_an_error_frame():
+    queue, (owner, token), (peer, peer_token) = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await db(lambda: subscribing.subscribe(peer, queue))
+    await publish(queue, 1)
+    comm = await connect(token)
+    (mine,) = await recv_messages(comm, 1)
+    peers = await db(lambda: list(Delivery.objects.filter(subscriber=peer).values_list("id", flat=True)))
+    await send(comm, {"type": "ack", "ids": [mine["id"], *peers]})
+    err = await recv(comm)
+    assert err["type"] == "error" and err["code"] == "unknown_ids" and err["ids"] == peers
+    statuses = await db(lambda: dict(Delivery.objects.values_list("subscriber__name", "status")))
+    assert statuses == {"owner": Status.ACKED, "peer": Status.PENDING}
+    await send(comm, {"type": "ack", "ids": [mine["id"]]})  # twice: harmless, no answer
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_a_nack_frame_gives_the_delivery_back_for_a_retry():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 1)
+    comm = await connect(token)
+    (first,) = await recv_messages(comm, 1)
+    await send(comm, {"type": "nack", "ids": [first["id"]], "retry_in": 0})
+    (again,) = await recv_messages(comm, 1)
+    assert again["id"] == first["id"] and again["attempt"] == 2
+    await send(comm, {"type": "nack", "ids": [999999]})
+    err = await recv(comm)
+    assert err["code"] == "unknown_ids"
+    await comm.disconnect()
+
+
+@override_settings(MQ_PREFETCH=3)
+async def test_no_more_than_the_prefetch_window_is_in_flight_on_a_connection():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 5)
+    comm = await connect(token)
+    frames = await recv_messages(comm, 3)
+    assert await comm.receive_nothing(timeout=0.5)
+    await send(comm, {"type": "ack", "ids": [frames[0]["id"]]})
+    (fourth,) = await recv_messages(comm, 1)
+    assert fourth["seq"] == 4
+    await comm.disconnect()
+
+
+async def test_an_ordered_queue_is_delivered_one_at_a_time_in_order():
+    queue, (owner, token), _ = await setup(ordered=True)
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 4)
+    comm = await connect(token)
+    seqs = []
+    for _ in range(4):
+        (f,) = await recv_messages(comm, 1)
+        assert await comm.receive_nothing(timeout=0.2)
+        seqs.append(f["seq"])
+        await send(comm, {"type": "ack", "ids": [f["id"]]})
+    assert seqs == [1, 2, 3, 4]
+    await comm.disconnect()
+
+
+async def test_two_connections_of_one_subscriber_share_its_deliveries():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    a, b = await connect(token), await connect(token)
+    await publish(queue, 40)
+    got = {"a": [], "b": []}
+    for _ in range(20):  # a receive that times out would end the consumer: look first
+        for name, comm in (("a", a), ("b", b)):
+            while not await comm.receive_nothing(timeout=0.05):
+                got[name].append((await recv(comm))["id"])
+    everything = got["a"] + got["b"]
+    assert len(everything) == 40 and len(set(everything)) == 40
+    await a.disconnect()
+    await b.disconnect()
+
+
+async def test_a_closed_socket_gives_back_what_it_held_at_once():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 3)
+    comm = await connect(token)
+    await recv_messages(comm, 3)
+    assert await db(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count()) == 3
+    await comm.disconnect()
+    assert await db(lambda: Delivery.objects.filter(status=Status.PENDING).count()) == 3
+    comm = await connect(token)
+    frames = await recv_messages(comm, 3)
+    assert [f["attempt"] for f in frames] == [1, 1, 1]  # a vanished socket does not use up attempts
+    await comm.disconnect()
+
+
+async def test_a_connection_that_fails_under_it_stops_leasing_and_gives_back_what_it_held(monkeypatch):
+    """The channel layer's Redis going away ends the consumer with an error, not a disconnect:
+    its pump must not live on, leasing deliveries for a socket that is gone until they die."""
+    import asyncio
+
+    from channels.layers import InMemoryChannelLayer
+
+    broken = asyncio.Event()
+
+    async def receive_until_broken(self, channel):
+        await broken.wait()
+        raise ConnectionError("the channel layer went away")
+
+    monkeypatch.setattr(InMemoryChannelLayer, "receive", receive_until_broken)
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 3)
+    comm = await connect(token)
+    await recv_messages(comm, 3)
+    broken.set()
+    with pytest.raises(ConnectionError):
+        await comm.receive_output(timeout=3)
+    assert await db(lambda: Delivery.objects.filter(status=Status.PENDING).count()) == 3
+    assert await db(Connection.objects.count) == 0
+    await publish(queue, 2, start=3)
+    await asyncio.sleep(2.5)  # longer than the pump's timer
+    assert await db(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count()) == 0
+
+
+async def test_publish_frames_publish_and_answer_with_the_ref():
+    queue, (owner, token), (peer, _) = await setup()
+    await db(lambda: subscribing.subscribe(peer, queue))
+    comm = await connect(token)
+    await send(comm, {"type": "publish", "queue": "db", "event": "create", "payload": {"x": 1}, "ref": "r1"})
+    answer = await recv(comm)
+    assert answer["type"] == "published" and answer["ref"] == "r1"
+    assert answer["seq"] == 1 and answer["deliveries"] == 1 and isinstance(answer["id"], int)
+    await send(
+        comm, {"type": "publish", "queue": "db", "event": "create", "payload": 2, "key": "k", "ref": 2}
+    )
+    first = await recv(comm)
+    await send(
+        comm, {"type": "publish", "queue": "db", "event": "create", "payload": 3, "key": "k", "ref": 3}
+    )
+    second = await recv(comm)
+    assert first["id"] == second["id"] and second["ref"] == 3
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize(
+    "frame, code",
+    [
+        ("not json", "bad_json"),
+        ("[1, 2]", "bad_frame"),
+        ('{"type": "dance"}', "unknown_type"),
+        ('{"no": "type"}', "unknown_type"),
+        ('{"type": "subscribe"}', "bad_frame"),
+        ('{"type": "subscribe", "queue": "nope"}', "not_found"),
+        ('{"type": "subscribe", "queue": "secret"}', "forbidden"),
+        ('{"type": "subscribe", "queue": "db", "event": "bad name"}', "bad_name"),
+        ('{"type": "unsubscribe", "queue": "db", "event": "never"}', "not_subscribed"),
+        ('{"type": "ack", "ids": "1"}', "bad_frame"),
+        ('{"type": "ack", "ids": [true]}', "bad_frame"),
+        ('{"type": "nack", "ids": [1], "retry_in": -5}', "bad_frame"),
+        ('{"type": "publish", "queue": "db", "event": "create"}', "bad_frame"),
+        ('{"type": "publish", "queue": "db", "event": "no way", "payload": 1}', "bad_message"),
+        ('{"type": "publish", "queue": "secret", "event": "x", "payload": 1, "ref": "q"}', "forbidden"),
+        ('{"type": "publish", "queue": "db", "event": "x", "payload": NaN}', "bad_json"),
+        (
+            '{"type": "publish", "queue": "db", "event": "x", "payload": ' + "[" * 100 + "]" * 100 + "}",
+            "bad_json",
+        ),
+    ],
+)
+async def test_a_bad_frame_gets_an_error_frame_and_the_socket_stays_open(frame, code):
+    await setup()
+    _, (_, token), _ = await db(
+        lambda: (None, (None, create_subscriber("x", publish=["db"], subscribe=["db"])[1]), None)
+    )
+    comm = await connect(token)
+    await comm.send_to(text_data=frame)
+    err = await recv(comm)
+    assert err["type"] == "error" and err["code"] == code, err
+    assert err["detail"]
+    if '"ref"' in frame:
+        assert err["ref"] == "q"
+    await send(comm, {"type": "ping"})
+    assert (await recv(comm))["type"] == "pong"
+    await comm.disconnect()
+
+
+@override_settings(MQ_MAX_PAYLOAD_BYTES=10)
+async def test_a_payload_over_the_limit_gets_too_large():
+    _, (_, token), _ = await setup()
+    comm = await connect(token)
+    await send(comm, {"type": "publish", "queue": "db", "event": "x", "payload": "x" * 20})
+    assert (await recv(comm))["code"] == "too_large"
+    await comm.disconnect()
+
+
+@override_settings(MQ_MAX_BODY_BYTES=1000)
+async def test_an_oversized_frame_closes_the_socket():
+    _, (_, token), _ = await setup()
+    comm = await connect(token)
+    await comm.send_to(text_data="x" * 2000)
+    assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": 4413}
+
+
+async def test_unsubscribe_answers_and_stops_deliveries():
+    queue, (_, token), _ = await setup()
+    comm = await connect(token)
+    await send(comm, {"type": "subscribe", "queue": "db"})
+    sub = await recv(comm)
+    await send(comm, {"type": "unsubscribe", "queue": "db"})
+    answer = await recv(comm)
+    assert answer == {
+        "type": "unsubscribed",
+        "subscription": sub["subscription"],
+        "queue": "db",
+        "event": None,
+    }
+    await publish(queue, 1)
+    assert await comm.receive_nothing(timeout=0.5)
+    await comm.disconnect()
+
+
+async def test_presence_lists_an_open_connection_and_forgets_it_on_close():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    comm = await connect(token)
+    await send(comm, {"type": "ping"})
+    await recv(comm)
+    rows = await db(lambda: list(Connection.objects.values_list("subscriber__name", flat=True)))
+    assert rows == ["owner"]
+    await comm.disconnect()
+    assert await db(Connection.objects.count) == 0
+
+
+@pytest.mark.parametrize(
+    "origin, allowed",
+    [
+        (None, True),
+        (b"http://127.0.0.1:8000", True),
+        (b"http://localhost", True),
+        (b"http://evil.example", False),
+    ],
+)
+async def test_a_cross_origin_handshake_is_refused(origin, allowed):
+    _, (_, token), _ = await setup()
+    headers = [(b"origin", origin)] if origin else []
+    comm = WebsocketCommunicator(application, f"/ws/?token={token}", headers=headers)
+    connected, _ = await comm.connect(timeout=5)
+    assert connected is allowed
+    if connected:
+        await comm.disconnect()

@@ -5,7 +5,10 @@ who must never see the logger's deliveries), `outsider` (may use no queue at all
 operator (a staff user).
 """
 
+from unittest import mock
+
 import pytest
+from django.db import close_old_connections
 from rest_framework.test import APIClient
 
 from queues.models import Queue
@@ -69,6 +72,17 @@ def operator_client(operator):
     client = APIClient(enforce_csrf_checks=False)
     client.force_login(operator)
     return client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _consumers_return_their_connections():
+    """Channels' WebsocketCommunicator turns `channels.db.close_old_connections` into a no-op
+    while a test awaits it, so that a TestCase's one shared connection survives. Our consumer
+    tests are transactional and each consumer thread has a connection of its own: with the
+    no-op those are never returned, and on PostgreSQL psycopg's pool (20) ran dry after
+    twenty websocket tests. Keep the real cleanup, as in production."""
+    with mock.patch("channels.testing.application.no_op", close_old_connections):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -58,6 +58,33 @@ def test_a_subscriber_over_its_rate_gets_429(logger):
     cache.clear()
 
 
+@override_settings(MQ_THROTTLE_RATE="1/min")
+def test_the_throttle_counts_in_redis_and_lets_calls_through_when_redis_is_down(logger, settings):
+    from subscribers import throttling
+
+    try:
+        settings.CACHES = {
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": "redis://127.0.0.1:6379/3",
+            }
+        }
+        throttling.counters.cache_clear()
+        throttling.counters().clear()
+        codes = [client_for(logger).get("/api/queues").status_code for _ in range(2)]
+        assert codes == [200, 429]  # counted in the machine's Redis, one process-wide client
+
+        settings.CACHES["default"]["LOCATION"] = "redis://127.0.0.1:1/0"  # nothing listens there
+        throttling.counters.cache_clear()
+        codes = [client_for(logger).get("/api/queues").status_code for _ in range(3)]
+        assert codes == [200, 200, 200]  # a Redis outage must not become an API outage
+    finally:
+        settings.CACHES["default"]["LOCATION"] = "redis://127.0.0.1:6379/3"
+        throttling.counters.cache_clear()
+        throttling.counters().clear()
+        throttling.counters.cache_clear()
+
+
 def test_healthz_is_503_when_what_carries_the_jobs_is_down(db, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     r = client_for().get("/healthz")

@@ -33,6 +33,7 @@ class Outgoing:
     event: str
     payload_json: str
     key: str | None
+    publisher: object = None  # a Subscriber; publish()'s `publisher` fills it in when None
 
 
 def prepare(event, payload, key=None):
@@ -120,7 +121,7 @@ def publish(queue, outgoing, publisher=None):
                     seq=first_seq + i,
                     payload_json=o.payload_json,
                     key=o.key,
-                    publisher=publisher,
+                    publisher=o.publisher or publisher,
                     created_at=now,
                 )
                 for i, o in enumerate(new)

@@ -5,7 +5,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from mqsite.api import BodyRequiredSchema, errors
-from queues import publishing
+from queues import group_commit, publishing
 from queues.models import Queue
 from subscribers.auth import subscriber_of
 
@@ -70,7 +70,7 @@ class MessagesView(APIView):
         serializer = (PublishBatchSerializer if batch else PublishSerializer)(data=request.data)
         serializer.is_valid(raise_exception=True)
         outgoing = serializer.validated_data["messages"] if batch else [serializer.validated_data]
-        answers = publishing.publish(queue, outgoing, publisher=subscriber)
+        answers = group_commit.publish(queue, outgoing, publisher=subscriber)
         created = any(new for _, new in answers)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         if batch:

@@ -3,7 +3,10 @@
 Notify-then-lease: the channel layer only says "subscriber N may have work"; the consumer
 then leases from the ledger up to its free prefetch window and sends what it got. It does so
 on connect (the catch-up: every subscription of the subscriber resumes by itself), on a
-wake-up, after an ack or nack frees room, and every RECHECK_SECS in case a wake-up was lost.
+wake-up, after an ack or nack frees room, and when a lease it holds runs out. In case a wake-up
+was lost, one loop per process asks the ledger every RECHECK_SECS which of its sockets'
+subscribers have work, in one query for all of them, and wakes those: an idle socket costs no
+query of its own (each used to make three every 2 s, which bounded how many one process held).
 Each operation is one database call (database_sync_to_async), so the event loop never waits
 on a query per row.
 """
@@ -24,7 +27,7 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from mqsite.api import is_db_id
 from mqsite.parsers import BadJSON, decode_json
-from queues import publishing
+from queues import group_commit, publishing
 from queues.names import BadName, clean_name
 from subscribers import presence, subscribing
 from subscribers.auth import subscriber_for_token
@@ -44,6 +47,7 @@ CLOSE_BAD_TOKEN = 4401
 CLOSE_TOO_BIG = 4413
 CLOSE_SERVER_ERROR = 4500
 MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
+PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
 
 
 def db(fn):
@@ -58,7 +62,7 @@ class FrameError(Exception):
         self.code, self.detail, self.extra = code, detail, extra
 
 
-_maintenance = None
+_maintenance = _recheck = None
 _open = weakref.WeakSet()  # the consumers of this process with a socket open
 
 
@@ -73,22 +77,43 @@ def open_sockets():
 
 
 def ensure_maintenance():
-    """One loop per server process: sweep connections whose server died (their heartbeat
-    stopped) and expire overdue leases, so that nothing waits on a socket that is gone, even
-    where no other sweeper runs (the embedded mode)."""
-    global _maintenance
+    """Two loops per server process. One refreshes the heartbeat of every socket of the process
+    (one UPDATE), sweeps connections whose server died (their heartbeat stopped) and expires
+    overdue leases, so that nothing waits on a socket that is gone, even where no other
+    sweeper runs (the embedded mode). The other wakes the sockets whose subscribers have work
+    (see the module's docstring)."""
+    global _maintenance, _recheck
     if _maintenance is None or _maintenance.done():
         _maintenance = asyncio.ensure_future(_maintain())
+    if _recheck is None or _recheck.done():
+        _recheck = asyncio.ensure_future(_wake_those_with_work())
 
 
 async def _maintain():
     while True:
         await asyncio.sleep(presence.HEARTBEAT_SECS)
         try:
+            await db(presence.heartbeat)([c.channel_name for c in list(_open)])
             await db(presence.sweep_stale_connections)()
             await db(ledger.expire_overdue_leases)()
         except Exception:
             log.exception("maintenance sweep failed; trying again in %s s", presence.HEARTBEAT_SECS)
+
+
+async def _wake_those_with_work():
+    while True:
+        await asyncio.sleep(RECHECK_SECS)
+        consumers = [c for c in list(_open) if not c.closing]
+        if not consumers:
+            continue
+        try:
+            due = await db(ledger.subscribers_with_work)({c.subscriber.pk for c in consumers})
+        except Exception:
+            log.exception("looking for work failed; trying again in %s s", RECHECK_SECS)
+            continue
+        for c in consumers:
+            if c.subscriber.pk in due:
+                c.wake.set()
 
 
 def token_from_scope(scope):
@@ -107,6 +132,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     subscriber = None
     pump_task = None
     ack_task = None
+    publish_task = None
     release_task = None
     closing = False
 
@@ -131,9 +157,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.held = {}  # delivery id -> monotonic time its lease ends
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
         self.ack_task = None
+        self.publish_buffer = []  # [(ref, queue name, outgoing)] not yet published
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
-        self.last_heartbeat = time.monotonic()
+        self.last_group_join = time.monotonic()
         await self.join_group()
         client = self.scope.get("client") or ("", 0)
         await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
@@ -168,6 +195,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 await self.ack_task  # acks sent before the close count: write them first
             except Exception:  # unwritten, they come back: at least once
                 log.warning("acks of %s were not written", self.channel_name, exc_info=True)
+        if self.publish_task is not None:
+            await self.publish_task  # publishes received before the close go in (it logs its errors)
         # What this socket held and had not acked is ready for another at once.
         await db(presence.close_connection)(self.channel_name)
         _open.discard(self)
@@ -178,7 +207,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def join_group(self):
         """Hear wake-ups. Without the channel layer (Redis away) the socket still works, on
-        its RECHECK_SECS timer: wake-ups are hints."""
+        the process's RECHECK_SECS loop: wake-ups are hints."""
         try:
             await self.channel_layer.group_add(group_name(self.subscriber.pk), self.channel_name)
         except Exception:
@@ -191,13 +220,13 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         try:
             while not self.closing:
                 try:
-                    await asyncio.wait_for(self.wake.wait(), timeout=RECHECK_SECS)
+                    await asyncio.wait_for(self.wake.wait(), timeout=self.until_a_lease_ends())
                 except TimeoutError:
                     pass
                 self.wake.clear()
                 if self.closing:
                     return
-                await self.heartbeat_if_due()
+                await self.rejoin_if_due()
                 await self.send_ready()
         except asyncio.CancelledError:
             raise
@@ -206,13 +235,17 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):  # the socket may be gone already
                 await self.close(code=CLOSE_SERVER_ERROR)
 
-    async def heartbeat_if_due(self):
-        if time.monotonic() - self.last_heartbeat < presence.HEARTBEAT_SECS:
-            return
-        self.last_heartbeat = time.monotonic()
-        await db(presence.heartbeat)(self.channel_name)
-        # Refresh the group membership too: channel layers expire groups after a while.
-        await self.join_group()
+    def until_a_lease_ends(self):
+        """Seconds until the first lease this socket holds runs out (its window opens then),
+        at most HEARTBEAT_SECS (the group membership is refreshed that often)."""
+        ends = min(self.held.values(), default=math.inf)
+        return min(max(ends - time.monotonic(), 0.05), presence.HEARTBEAT_SECS)
+
+    async def rejoin_if_due(self):
+        # Channel layers expire group memberships after a while: refresh ours now and then.
+        if time.monotonic() - self.last_group_join >= presence.HEARTBEAT_SECS:
+            self.last_group_join = time.monotonic()
+            await self.join_group()
 
     async def send_ready(self):
         async with self.sending:
@@ -367,6 +400,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             raise FrameError("already_settled", "These deliveries are already acked or dead.", ids=settled)
 
     async def on_publish(self, frame):
+        """Checked here, published in order by write_publishes: the frames that arrive while one
+        batch commits go together in the next (and, through group_commit, with other sockets'
+        and requests' publishes to the same queue), so a client may keep many in flight."""
         queue_name = frame.get("queue")
         if not isinstance(queue_name, str):
             raise FrameError("bad_frame", "publish needs a 'queue' name.")
@@ -378,23 +414,52 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             raise FrameError("too_large", str(exc)) from None
         except publishing.BadMessage as exc:
             raise FrameError("bad_message", str(exc)) from None
+        self.publish_buffer.append((frame.get("ref"), queue_name, outgoing))
+        if self.publish_task is None or self.publish_task.done():
+            self.publish_task = asyncio.ensure_future(self.write_publishes())
+        if len(self.publish_buffer) >= publishing.MAX_BATCH:
+            await asyncio.shield(self.publish_task)  # back-pressure: read no more until written
 
-        def publish():
-            queue = publishing.find_queue(queue_name)
+    async def write_publishes(self):
+        try:
+            while self.publish_buffer:
+                batch, self.publish_buffer = self.publish_buffer, []
+                for ref, answer in await db(self.publish_in_order)(batch):
+                    if isinstance(answer, FrameError):
+                        frame = {"type": "error", "code": answer.code, "detail": answer.detail}
+                    else:
+                        frame = {"type": "published", **{k: answer[k] for k in PUBLISHED_FIELDS}}
+                    await self.send_json({**frame, "ref": ref} if ref is not None else frame)
+        except Exception:
+            # Unanswered, these publishes may or may not be in: the client publishes them
+            # again (with their keys, once), as after any dropped connection.
+            log.exception("publishing for %s failed; closing the socket", self.channel_name)
+            with contextlib.suppress(Exception):
+                await self.close(code=CLOSE_SERVER_ERROR)
+
+    def publish_in_order(self, batch):
+        """[(ref, answer or FrameError)] for [(ref, queue name, outgoing)]: each run of frames
+        for one queue is one publish, so their seqs follow the order the frames came in."""
+        answers, start = [], 0
+        while start < len(batch):
+            name = batch[start][1]
+            end = start
+            while end < len(batch) and batch[end][1] == name:
+                end += 1
+            run = batch[start:end]
+            queue = publishing.find_queue(name)
             if queue is None:
-                raise FrameError("not_found", f"There is no queue named {queue_name!r}.")
-            if not self.subscriber.may_publish(queue):
-                raise FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
-            return publishing.publish(queue, [outgoing], publisher=self.subscriber)[0][0]
-
-        answer = await db(publish)()
-        await self.send_json(
-            {
-                "type": "published",
-                "ref": frame.get("ref"),
-                **{k: answer[k] for k in ("id", "queue", "event", "seq", "deliveries")},
-            }
-        )
+                error = FrameError("not_found", f"There is no queue named {name!r}.")
+            elif not self.subscriber.may_publish(queue):
+                error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
+            else:
+                error = None
+                published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
+                answers += [(ref, answer) for (ref, _, _), (answer, _) in zip(run, published, strict=True)]
+            if error is not None:
+                answers += [(ref, error) for ref, _, _ in run]
+            start = end
+        return answers
 
     async def on_ping(self, frame):
         await self.send_json({"type": "pong", **({"ref": frame["ref"]} if "ref" in frame else {})})

@@ -16,11 +16,11 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from subscribers.models import Subscription
+from subscribers.models import Subscriber, Subscription
 
 from . import wakeups
 from .models import Delivery, Status
@@ -219,6 +219,21 @@ def _describe(ids):
         }
         for r in rows
     ]
+
+
+def subscribers_with_work(subscriber_ids, now=None):
+    """Which of these subscribers have a delivery ready or a lease overdue: one query for all
+    the open sockets of a process (EXISTS stops at the first row of each)."""
+    now = now or timezone.now()
+    ready = Delivery.objects.filter(subscriber=OuterRef("pk"))
+    return set(
+        Subscriber.objects.filter(pk__in=subscriber_ids)
+        .filter(
+            Exists(ready.filter(status=Status.PENDING, next_attempt_at__lte=now))
+            | Exists(ready.filter(status=Status.INFLIGHT, ack_deadline__lte=now))
+        )
+        .values_list("pk", flat=True)
+    )
 
 
 def _anything_ready(sub_ids, event_ids, now):

@@ -502,7 +502,7 @@ def test_it_lists_who_is_connected_with_what_it_receives_and_its_backlog(staff, 
     # The logger's socket stopped beating a minute ago (its server died): it shows as stale.
     presence.open_connection(logger, "ws.logger.1")
     with ago(60):
-        presence.heartbeat("ws.logger.1")
+        presence.heartbeat(["ws.logger.1"])
 
     r = staff.get(changelist(Connection))
     assert r.status_code == 200

@@ -243,6 +243,22 @@ async def test_a_connection_that_fails_under_it_stops_leasing_and_gives_back_wha
     assert await db(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count()) == 0
 
 
+async def test_what_becomes_ready_without_a_wake_up_comes_within_the_recheck():
+    """A nacked delivery's retry falls due with nobody publishing: no wake-up is sent, and the
+    process's recheck loop (one query for all its sockets) must find it and wake the socket."""
+    from delivery.consumers import RECHECK_SECS
+
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    comm = await connect(token)
+    await publish(queue, 1)
+    [first] = await recv_messages(comm, 1)
+    await send(comm, {"type": "nack", "ids": [first["id"]], "retry_in": 0.3})
+    [again] = await recv_messages(comm, 1, timeout=RECHECK_SECS * 2 + 1)
+    assert (again["id"], again["attempt"]) == (first["id"], 2)
+    await comm.disconnect()
+
+
 async def test_publish_frames_publish_and_answer_with_the_ref():
     queue, (owner, token), (peer, _) = await setup()
     await db(lambda: subscribing.subscribe(peer, queue))
@@ -260,6 +276,24 @@ async def test_publish_frames_publish_and_answer_with_the_ref():
     )
     second = await recv(comm)
     assert first["id"] == second["id"] and second["ref"] == 3
+    await comm.disconnect()
+
+
+async def test_publish_frames_in_flight_together_are_published_in_the_order_sent():
+    """A client need not wait for each `published`: frames keep their order in seq, and a bad
+    one among them (a queue it may not use) gets its own error without stopping the rest."""
+    queue, (owner, token), _ = await setup()
+    comm = await connect(token)
+    for i in range(60):
+        target = "secret" if i == 30 else "db"
+        await send(comm, {"type": "publish", "queue": target, "event": "create", "payload": i, "ref": i})
+    answers = [await recv(comm) for _ in range(60)]
+    assert [a["ref"] for a in answers] == list(range(60))  # answered in the order sent
+    assert answers[30]["type"] == "error" and answers[30]["code"] == "forbidden"
+    published = [a for a in answers if a["type"] == "published"]
+    assert [a["seq"] for a in published] == list(range(1, 60))
+    stored = await db(lambda: list(queue.messages.order_by("seq").values_list("payload_json", flat=True)))
+    assert stored == [str(i) for i in range(60) if i != 30]
     await comm.disconnect()
 
 

@@ -3,6 +3,7 @@
 import logging
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from django.views import defaults
 from rest_framework.views import exception_handler
@@ -13,6 +14,15 @@ log = logging.getLogger(__name__)
 def api_exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):  # Django's own cap, should anything read the body
         return JsonResponse({"detail": "The request body is too large."}, status=413)
+    if isinstance(exc, OperationalError | InterfaceError):
+        # The database restarting, failing over, or locked past the busy timeout: nothing was
+        # done (the transaction rolled back), so the client may simply try again.
+        log.warning("database unavailable in %s: %s", context["view"].__class__.__name__, exc)
+        return JsonResponse(
+            {"detail": "The database is unavailable for a moment; nothing was done. Try again."},
+            status=503,
+            headers={"Retry-After": "1"},
+        )
     response = exception_handler(exc, context)
     if response is None:
         # Not an API error: a bug or an outage. Log it whole; tell the client little.

@@ -1,7 +1,10 @@
 """/healthz, /api/schema/, /api/docs/, throttling, and errors that stay JSON."""
 
 import re
+import sqlite3
 
+import psycopg
+import pytest
 from django.core.cache import cache
 from django.test import override_settings
 
@@ -42,6 +45,46 @@ def test_the_docs_page_serves_its_own_assets(db):
         assert client_for().get(asset).status_code == 200, asset
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_while_the_database_is_away_is_a_503_to_retry_and_leaves_nothing(logger):
+    """PostgreSQL: the server ends our session (a restart, a failover). SQLite: another writer
+    holds the lock past the busy timeout. Either way 503 with Retry-After, never a 500."""
+    from django.db import connection
+
+    from queues.models import Message
+
+    client = client_for(logger)
+    body = {"event": "create", "payload": {"n": 1}}
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        pid = connection.connection.info.backend_pid
+        with psycopg.connect(_admin_url(connection), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        r = client.post("/api/queues/db/messages", body, format="json")
+        connection.close()  # as the end of a request does with a broken connection
+    else:
+        other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("PRAGMA busy_timeout = 50")
+            r = client.post("/api/queues/db/messages", body, format="json")
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+            connection.close()  # the next connection gets the configured timeout back
+    assert r.status_code == 503, r.content
+    assert r["Retry-After"] == "1" and "try again" in r.json()["detail"].lower()
+    assert Message.objects.count() == 0
+    r = client_for(logger).post("/api/queues/db/messages", body, format="json")
+    assert r.status_code == 201  # and once it is back, the same call goes through
+
+
+def _admin_url(connection):
+    s = connection.settings_dict
+    return f"host={s['HOST'] or '127.0.0.1'} port={s['PORT'] or 5432} user={s['USER']} dbname={s['NAME']}"
+
+
 def test_an_unknown_api_path_is_a_json_404(db):
     r = client_for().get("/api/nothing-here")
     assert r.status_code == 404
@@ -58,10 +101,10 @@ def test_a_subscriber_over_its_rate_gets_429(logger):
     cache.clear()
 
 
-@override_settings(MQ_THROTTLE_RATE="1/min")
 def test_the_throttle_counts_in_redis_and_lets_calls_through_when_redis_is_down(logger, settings):
     from subscribers import throttling
 
+    settings.MQ_THROTTLE_RATE = "1/min"  # (not override_settings: stacked with `settings`, it leaks)
     try:
         settings.CACHES = {
             "default": {

@@ -135,7 +135,9 @@ def run(config):
         nemesis.start()
         # Publish for the window; the nemesis gets at least one round of every fault, even if
         # that outlasts the publishing (it then hits the deliveries still under way).
-        while (time.monotonic() < publish_end and not workload.publishing_done()) or (
+        # A publisher slowed by the faults goes on past publish_end, up to the end: the run is
+        # to publish every message it set out to, and the drain below still gets its time.
+        while (time.monotonic() < end and not workload.publishing_done()) or (
             not nemesis.round_done.is_set() and time.monotonic() < end - config.min_drain_secs
         ):
             time.sleep(0.5)

@@ -358,6 +358,27 @@ def test_it_reuses_a_subscription_to_every_event(logger, db_queue):
     assert dict(Delivery.objects.values_list("seq", "status")) == {1: Status.PENDING, 2: Status.ACKED}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_reuses_a_subscription_to_every_event_for_an_event_never_published(logger, db_queue):
+    subscribing.subscribe(logger, db_queue)
+
+    def publish_later():
+        time.sleep(0.5)  # listen is waiting by then, the event still unknown to the queue
+        try:
+            publish(db_queue, "brandnew", 1)
+        finally:
+            connection.close()
+
+    publisher = threading.Thread(target=publish_later)
+    publisher.start()
+    got = listen("logger", "db", "brandnew", "--count", "1")
+    publisher.join()
+
+    assert [d["payload"] for d in got] == [1]
+    assert Subscription.objects.filter(subscriber=logger).count() == 1  # no second copy of each message
+    assert Delivery.objects.filter(subscriber=logger).count() == 1
+
+
 def test_it_never_shows_another_subscribers_deliveries(logger, peer, db_queue):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)

@@ -98,13 +98,18 @@ class Command(BaseCommand):
             covered = subs.filter(event__isnull=True).exists()
         else:
             event = Event.objects.filter(queue=queue, name=event_name).first()
-            # A subscription to every event covers this one: a second would deliver it twice.
-            covered = event is not None and subs.filter(Q(event__isnull=True) | Q(event=event)).exists()
+            # A subscription to every event covers this one, even an event never published
+            # yet: a second subscription would deliver it twice.
+            covered = subs.filter(Q(event__isnull=True) | Q(event=event)).exists()
         if not covered:
             if not subscriber.may_subscribe(queue):
                 raise CommandError(f"{subscriber.name} may not subscribe to {queue.name}")
             subscription, _ = subscribing.subscribe(subscriber, queue, event_name)
             event = subscription.event
+        if event_name is not None and event is None:
+            # Covered by the every-event subscription, and never published: the event is made
+            # now (as a publish would make it) so that the lease can be narrowed to it.
+            event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
         return None if event_name is None else [event.pk]
 
 

@@ -28,7 +28,7 @@ from rest_framework.utils.encoders import JSONEncoder
 from mqsite.api import is_db_id
 from mqsite.parsers import BadJSON, decode_json
 from queues import group_commit, publishing
-from queues.names import BadName, clean_name
+from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
 from subscribers import presence, subscribing
 from subscribers.auth import subscriber_for_token
 from subscribers.models import Subscription
@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 # How often an idle connection looks at the ledger without a wake-up: the most a lost
 # wake-up (or one from a process the channel layer does not reach) can delay a delivery.
 RECHECK_SECS = 2.0
+# A socket hands out nothing in its first moments: a client that reconnects and sends its
+# subscribe frames again gets each "subscribed" answer before the catch-up, in the order of
+# the contract, rather than racing the automatic resume. Short, since it delays every resume.
+RESUME_GRACE_SECS = 0.2
 CLOSE_BAD_TOKEN = 4401
 # Daphne (autobahn) lets an application close only with 1000 or 3000-4999: the standard 1009
 # (too big) and 1011 (server error) raise instead of closing, so these mirror HTTP's codes.
@@ -161,6 +165,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.last_group_join = time.monotonic()
+        self.resume_at = time.monotonic() + RESUME_GRACE_SECS
         await self.join_group()
         client = self.scope.get("client") or ("", 0)
         await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
@@ -227,6 +232,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 if self.closing:
                     return
                 await self.rejoin_if_due()
+                grace = self.resume_at - time.monotonic()
+                if grace > 0:
+                    await asyncio.sleep(grace)
+                    if self.closing:
+                        return
                 await self.send_ready()
         except asyncio.CancelledError:
             raise
@@ -447,8 +457,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             while end < len(batch) and batch[end][1] == name:
                 end += 1
             run = batch[start:end]
-            queue = publishing.find_queue(name)
-            if queue is None:
+            queue = publishing.find_queue(name) if INPUT_RE.match(name) else None
+            if not INPUT_RE.match(name):
+                error = FrameError("bad_name", f"queue {name!r} is not valid: {NAME_HELP}")
+            elif queue is None:
                 error = FrameError("not_found", f"There is no queue named {name!r}.")
             elif not self.subscriber.may_publish(queue):
                 error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
@@ -485,6 +497,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 event = clean_name(event, "event")
             except BadName as exc:
                 raise FrameError("bad_name", str(exc)) from None
+        try:
+            clean_name(name, "queue")
+        except BadName as exc:
+            raise FrameError("bad_name", str(exc)) from None
         queue = await db(publishing.find_queue)(name)
         if queue is None:
             raise FrameError("not_found", f"There is no queue named {name!r}.")

@@ -238,6 +238,13 @@ def test_an_unknown_queue_is_404_whatever_the_permissions(logger, outsider):
         assert "nope" in r.json()["detail"]
 
 
+def test_a_queue_name_that_breaks_the_naming_rule_is_400_not_404(logger):
+    r = publish(logger, {"event": "create", "payload": 1}, queue="Bad!name")
+    assert r.status_code == 400
+    assert "is not valid" in r.json()["queue"][0]
+    assert Message.objects.count() == 0
+
+
 def test_a_subscriber_without_publish_rights_gets_403(outsider, db_queue):
     r = publish(outsider, {"event": "create", "payload": 1})
     assert r.status_code == 403

@@ -108,6 +108,19 @@ async def test_subscribe_answers_then_catches_up_then_goes_live():
     await comm.disconnect()
 
 
+async def test_a_reconnecting_subscriber_that_subscribes_again_gets_the_answer_before_the_catch_up():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue, "create"))
+    await publish(queue, 3)  # while away
+    comm = await connect(token)
+    await send(comm, {"type": "subscribe", "queue": "db", "event": "create"})
+    answer = await recv(comm)
+    assert answer["type"] == "subscribed"
+    frames = await recv_messages(comm, 3)
+    assert [f["seq"] for f in frames] == [1, 2, 3]
+    await comm.disconnect()
+
+
 async def test_a_reconnecting_subscriber_resumes_without_subscribing_again():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
@@ -306,6 +319,10 @@ async def test_publish_frames_in_flight_together_are_published_in_the_order_sent
         ('{"no": "type"}', "unknown_type"),
         ('{"type": "subscribe"}', "bad_frame"),
         ('{"type": "subscribe", "queue": "nope"}', "not_found"),
+        ('{"type": "subscribe", "queue": "no way"}', "bad_name"),
+        ('{"type": "publish", "queue": "nope", "event": "x", "payload": 1}', "not_found"),
+        ('{"type": "publish", "queue": "no way", "event": "x", "payload": 1}', "bad_name"),
+        ('{"type": "nack", "ids": [987654321]}', "unknown_ids"),
         ('{"type": "subscribe", "queue": "secret"}', "forbidden"),
         ('{"type": "subscribe", "queue": "db", "event": "bad name"}', "bad_name"),
         ('{"type": "unsubscribe", "queue": "db", "event": "never"}', "not_subscribed"),

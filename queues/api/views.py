@@ -7,6 +7,7 @@ from rest_framework.views import APIView
 from mqsite.api import BodyRequiredSchema, errors
 from queues import group_commit, publishing
 from queues.models import Queue
+from queues.names import BadName, clean_name
 from subscribers.auth import subscriber_of
 
 from .serializers import (
@@ -19,6 +20,12 @@ from .serializers import (
 
 
 def queue_or_404(name):
+    """The queue of that name; a name that breaks the naming rule is a 400 (the contract), one
+    that could exist but does not a 404."""
+    try:
+        clean_name(name, "queue")
+    except BadName as exc:
+        raise exceptions.ValidationError({"queue": [str(exc)]}) from None
     queue = publishing.find_queue(name)
     if queue is None:
         raise Http404(f"There is no queue named {name!r}.")

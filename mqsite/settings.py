@@ -264,7 +264,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["subscribers.auth.IsSubscriberOrOperator"],
-    "DEFAULT_PARSER_CLASSES": ["mqsite.parsers.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["mqsite.parsers.BoundedJSONParser", "mqsite.parsers.AnyTypeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_THROTTLE_CLASSES": ["subscribers.throttling.ClientRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -283,6 +283,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "PARSER_WHITELIST": ["mqsite.parsers.BoundedJSONParser"],
 }
 
 LOGGING = {

@@ -1,5 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.renderers import (
+    OpenApiJsonRenderer,
+    OpenApiJsonRenderer2,
+    OpenApiYamlRenderer,
+    OpenApiYamlRenderer2,
+)
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dashboard.urls import admin_tools
@@ -10,6 +16,11 @@ from subscribers.api.views import ConnectionListView, SubscriptionDetailView, Su
 
 from .health import healthz
 
+# JSON unless YAML is asked for (Accept or ?format=yaml): what most clients parse first.
+schema_view = SpectacularAPIView.as_view(
+    renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2]
+)
+
 api = [
     path("queues", QueueListView.as_view(), name="queue-list"),
     path("queues/<str:queue>/messages", MessagesView.as_view(), name="messages"),
@@ -19,7 +30,7 @@ api = [
     path("deliveries/ack", AckView.as_view(), name="delivery-ack"),
     path("deliveries/<int:pk>/nack", NackView.as_view(), name="delivery-nack"),
     path("connections", ConnectionListView.as_view(), name="connection-list"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", schema_view, name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]
 

@@ -34,6 +34,13 @@ def test_the_schema_is_public_openapi_3_and_names_every_call(db):
         assert path in schema["paths"], path
 
 
+def test_the_schema_is_json_unless_yaml_is_asked_for(db):
+    r = client_for().get("/api/schema/")
+    assert r.status_code == 200 and r.json()["openapi"].startswith("3.")
+    r = client_for().get("/api/schema/?format=yaml")
+    assert r.status_code == 200 and r.content.startswith(b"openapi: 3.")
+
+
 def test_the_docs_page_serves_its_own_assets(db):
     r = client_for().get("/api/docs/")
     assert r.status_code == 200

@@ -238,6 +238,26 @@ def test_an_unknown_queue_is_404_whatever_the_permissions(logger, outsider):
         assert "nope" in r.json()["detail"]
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", ""])
+def test_a_json_body_is_read_as_json_whatever_its_declared_type(logger, db_queue, content_type):
+    body = json.dumps({"event": "create", "payload": {"id": 7}})
+    r = client_for(logger).generic("POST", "/api/queues/db/messages", body, content_type=content_type)
+    assert r.status_code == 201, r.content
+    assert Message.objects.get().payload_json == '{"id":7}'
+
+
+def test_a_body_that_is_not_json_is_400_whatever_its_declared_type(logger, db_queue):
+    r = client_for(logger).generic(
+        "POST",
+        "/api/queues/db/messages",
+        "event=create&payload=1",
+        content_type="application/x-www-form-urlencoded",
+    )
+    assert r.status_code == 400
+    assert "not valid JSON" in r.json()["detail"]
+    assert Message.objects.count() == 0
+
+
 def test_a_queue_name_that_breaks_the_naming_rule_is_400_not_404(logger):
     r = publish(logger, {"event": "create", "payload": 1}, queue="Bad!name")
     assert r.status_code == 400

@@ -1,5 +1,5 @@
 from django.http import Http404
-from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -7,7 +7,7 @@ from rest_framework.views import APIView
 from mqsite.api import BodyRequiredSchema, errors
 from queues import group_commit, publishing
 from queues.models import Queue
-from queues.names import BadName, clean_name
+from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
 from subscribers.auth import subscriber_of
 
 from .serializers import (
@@ -45,6 +45,11 @@ class MessagesView(APIView):
 
     @extend_schema(
         summary="Publish one message, or a batch of up to 1000 (all or nothing)",
+        parameters=[
+            OpenApiParameter(
+                "queue", str, OpenApiParameter.PATH, pattern=INPUT_RE.pattern, description=NAME_HELP
+            )
+        ],
         request=PolymorphicProxySerializer(
             component_name="PublishRequest",
             serializers=[PublishSerializer, PublishBatchSerializer],

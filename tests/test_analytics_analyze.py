@@ -6,18 +6,19 @@ plain Python from the rows before any of it moved."""
 import io
 import json
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from analytics import archive
+from analytics import archive, extract, load
 from analytics.models import EventRate, EventStats, SubscriberStats
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
+from tests.analytics import history
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.analytics.history import within_rank
 from tests.conftest_spark import spark  # noqa: F401
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.django_db
 
 EVENT_KEYS = {"queue", "event", "messages", "deliveries", "acked", "dead", "latency_ms", "attempts_mean"}
 SUBSCRIBER_KEYS = {"subscriber", "pending", "oldest_pending_age_s", "acked", "dead"}
+# The job's other figures, added beside the contract's (API.md allows adding fields).
+EVENT_EXTRA_KEYS = set(load.EVENT_EXTRAS) | {"first_published_at", "last_published_at"}
+SUBSCRIBER_EXTRA_KEYS = set(load.SUBSCRIBER_EXTRAS)
 
 
 @pytest.fixture
@@ -109,12 +113,13 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     after = timezone.now()
     result = json.loads(out.getvalue())
 
-    # Then: exactly the contract's object
+    # Then: the contract's object, with the extra figures beside its fields
     assert set(result) == {"events", "subscribers"}
     assert all(
-        set(e) == EVENT_KEYS and set(e["latency_ms"]) == {"p50", "p95", "p99"} for e in result["events"]
+        set(e) == EVENT_KEYS | EVENT_EXTRA_KEYS and set(e["latency_ms"]) == {"p50", "p95", "p99"}
+        for e in result["events"]
     )
-    assert all(set(s) == SUBSCRIBER_KEYS for s in result["subscribers"])
+    assert all(set(s) == SUBSCRIBER_KEYS | SUBSCRIBER_EXTRA_KEYS for s in result["subscribers"])
     # ... and every figure as counted before anything moved
     assert [(e["queue"], e["event"]) for e in result["events"]] == sorted(events)
     for e in result["events"]:
@@ -157,6 +162,63 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     # When it runs again, it replaces its results instead of adding to them
     call_command("analyze", stdout=io.StringIO())
     assert EventStats.objects.count() == len(events)
+
+
+def test_analyze_json_adds_rates_fanout_dead_letters_backlog_and_lag(
+    spark,  # noqa: F811
+    archive_dir,
+    monkeypatch,
+):
+    # Given the generated history (tests/analytics/history.py): archived batches, the recent
+    # rows, and the duplicates a crash leaves; its recent part is what the extract step finds
+    h = history.generate()
+
+    def extract_generated(root):
+        history.write(h, str(archive_dir), root)
+
+    monkeypatch.setattr(extract, "extract_recent", extract_generated)
+
+    # When
+    out = io.StringIO()
+    before = timezone.now()
+    call_command("analyze", "--json", stdout=out)
+    after = timezone.now()
+    result = json.loads(out.getvalue())
+
+    # Then each event's extra figures are those computed in plain Python from the unique rows
+    events = history.expected_events(h)
+    assert [(e["queue"], e["event"]) for e in result["events"]] == sorted(events)
+    for e in result["events"]:
+        want = events[(e["queue"], e["event"])]
+        where = (e["queue"], e["event"])
+        assert (e["messages"], e["deliveries"], e["dead"]) == (
+            want["messages"],
+            want["deliveries"],
+            want["dead"],
+        ), where
+        assert (e["pending"], e["inflight"]) == (want["pending"], want["inflight"]), where
+        assert (e["peak_per_minute"], e["peak_per_hour"]) == (
+            want["peak_per_minute"],
+            want["peak_per_hour"],
+        ), where
+        for name in ("fanout", "dead_letter_rate", "messages_per_minute", "messages_per_hour"):
+            assert e[name] == pytest.approx(want[name], rel=1e-9), (where, name)
+        for name in ("first_published_at", "last_published_at"):
+            assert datetime.fromisoformat(e[name]) == want[name], (where, name)
+    # ... and each subscriber's backlog (pending and in flight) and lag (the age of its oldest
+    # pending delivery when the run began)
+    subscribers = history.expected_subscribers(h)
+    assert [s["subscriber"] for s in result["subscribers"]] == sorted(subscribers)
+    for s in result["subscribers"]:
+        want = subscribers[s["subscriber"]]
+        assert s["deliveries"] == want["deliveries"]
+        assert (s["pending"], s["inflight"]) == (want["pending"], want["inflight"])
+        assert s["backlog"] == want["pending"] + want["inflight"] > 0
+        # `want` is the lag at history.NOW; the run measured it at its own now, in [before, after].
+        lag_at_now = want["oldest_pending_age_s"]
+        shift = (before - history.NOW).total_seconds(), (after - history.NOW).total_seconds()
+        assert lag_at_now + shift[0] <= s["lag_s"] <= lag_at_now + shift[1], s["subscriber"]
+        assert s["lag_s"] == s["oldest_pending_age_s"]
 
 
 def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):  # noqa: F811

@@ -4,18 +4,20 @@ Nothing here changes anything, and nothing here is on the publish path. A snapsh
 handful of aggregate queries, however many rows there are: counts per queue and event
 (delivery.stats), rates and latency over the last minutes (range scans over the indexes on
 Message.created_at and Delivery.acked_at), the subscribers with their backlog, the newest
-messages and the newest dead letters. The dashboard consumer shares one overview between
-the dashboards open in a process and adds each one's own feed.
+messages and the newest dead letters, and the results of the last `manage.py analyze` (three
+small reads of its tables). The dashboard consumer shares one overview between the dashboards
+open in a process and adds each one's own feed.
 """
 
 import json
 import math
 from datetime import timedelta
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
+from analytics.models import EventRate, EventStats, SubscriberStats
 from queues.models import Message
 from subscribers.models import Connection, Subscription
 
@@ -35,6 +37,10 @@ FEED_LIMIT = 30
 DEAD_LIMIT = 20
 SUBSCRIBERS_LIMIT = 100
 PAYLOAD_PREVIEW_CHARS = 300
+# The analytics panel: its hourly chart covers the last this many hours of the analyzed
+# history (ending at its newest message), and its tables at most this many rows each.
+HISTORY_HOURS = 48
+HISTORY_ROWS_LIMIT = 100
 
 
 def overview(now=None):
@@ -60,6 +66,7 @@ def overview(now=None):
         "series": series,
         "subscribers": subscribers,
         "dead_letters": newest_dead_letters(),
+        "history": analytics_history(),
     }
 
 
@@ -170,6 +177,84 @@ def _series(now):
             "latency_p95_ms": rounded(percentile(recent, 0.95)),
             "latency_samples": len(recent),
         },
+    }
+
+
+# --- the analytics: what the last `manage.py analyze` computed over the whole history ---------
+
+EVENT_HISTORY_FIELDS = (
+    "queue",
+    "event",
+    "messages",
+    "deliveries",
+    "pending",
+    "inflight",
+    "acked",
+    "dead",
+    "fanout",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "attempts_mean",
+    "dead_letter_rate",
+    "messages_per_minute",
+    "messages_per_hour",
+    "peak_per_minute",
+    "peak_per_hour",
+    "computed_at",
+)
+
+
+def analytics_history():
+    """The stored results of the last analytics run (analytics.load), for the dashboard's
+    history panel; `computed_at` None when `analyze` has not stored any yet. Three queries,
+    however long the history: the event and subscriber rows (bounded), and the messages per
+    hour summed over events for the newest HISTORY_HOURS hours that had any."""
+    events = list(
+        EventStats.objects.order_by("queue", "event").values(*EVENT_HISTORY_FIELDS)[:HISTORY_ROWS_LIMIT]
+    )
+    subscribers = [
+        {
+            "subscriber": s["subscriber"],
+            "deliveries": s["deliveries"],
+            "pending": s["pending"],
+            "inflight": s["inflight"],
+            "backlog": s["pending"] + s["inflight"],
+            "dead": s["dead"],
+            "lag_s": s["oldest_pending_age_s"],
+            "computed_at": s["computed_at"],
+        }
+        for s in SubscriberStats.objects.order_by("-pending", "-inflight", "subscriber").values(
+            "subscriber", "deliveries", "pending", "inflight", "dead", "oldest_pending_age_s", "computed_at"
+        )[:HISTORY_ROWS_LIMIT]
+    ]
+    hours = dict(
+        EventRate.objects.order_by()
+        .values_list("hour")
+        .annotate(n=Sum("messages"))
+        .order_by("-hour")[:HISTORY_HOURS]
+    )
+    # One run writes all three tables in one transaction; the rows name when it ran.
+    stamps = [r.pop("computed_at") for r in events + subscribers]
+    return {
+        "computed_at": max(stamps) if stamps else None,
+        "events": events,
+        "subscribers": subscribers,
+        "hourly": _hourly(hours),
+    }
+
+
+def _hourly(per_hour):
+    """{hour: n} as consecutive hours from the oldest given to the newest (at most
+    HISTORY_HOURS of them, ending at the newest), the hours without messages as 0."""
+    if not per_hour:
+        return {"start": None, "messages": []}
+    last = max(per_hour)
+    start = max(min(per_hour), last - timedelta(hours=HISTORY_HOURS - 1))
+    count = int((last - start) / timedelta(hours=1)) + 1
+    return {
+        "start": start,
+        "messages": [per_hour.get(start + timedelta(hours=i), 0) for i in range(count)],
     }
 
 

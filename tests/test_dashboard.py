@@ -17,6 +17,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from analytics.models import EventRate, EventStats, SubscriberStats
 from dashboard import consumers
 from delivery import dashboard, ledger
 from delivery.models import Delivery, Status
@@ -129,6 +130,14 @@ async def test_it_sends_staff_a_snapshot_that_matches_the_database(staff_user):
     assert subscribers["logger"]["pending"] == 2
     assert subscribers["logger"]["subscriptions"] == [{"queue": "db", "event": None}]
 
+    # No analytics run yet: the page says how to make one.
+    assert snap["history"] == {
+        "computed_at": None,
+        "events": [],
+        "subscribers": [],
+        "hourly": {"start": None, "messages": []},
+    }
+
     [dead] = snap["dead_letters"]
     dead_row = await database_sync_to_async(Delivery.objects.get)(status=Status.DEAD)
     assert (dead["id"], dead["subscriber"], dead["last_error"]) == (dead_row.pk, "peer", "poison")
@@ -221,6 +230,109 @@ def test_it_computes_latency_percentiles_and_rates_from_the_acks():
     assert all(100.0 <= v <= 2000.0 for v in p95)
 
 
+def store_analytics(computed_at, events=(("db", "create"),), subscribers=("logger",), hours=()):
+    """Rows as analytics.load stores them after a run of the job."""
+    for i, (queue, event) in enumerate(events):
+        EventStats.objects.create(
+            queue=queue,
+            event=event,
+            messages=30 + i,
+            deliveries=60,
+            pending=2,
+            inflight=1,
+            acked=54,
+            dead=3,
+            fanout=2.0,
+            latency_p50_ms=12.5,
+            latency_p95_ms=80.0,
+            latency_p99_ms=140.25,
+            attempts_mean=1.4,
+            dead_letter_rate=0.05,
+            messages_per_minute=0.5,
+            messages_per_hour=30.0,
+            peak_per_minute=7,
+            peak_per_hour=30,
+            computed_at=computed_at,
+        )
+        for hour, n in hours:
+            EventRate.objects.create(queue=queue, event=event, hour=hour, messages=n, computed_at=computed_at)
+    for name in subscribers:
+        SubscriberStats.objects.create(
+            subscriber=name,
+            deliveries=60,
+            pending=2,
+            inflight=1,
+            acked=54,
+            dead=3,
+            oldest_pending_age_s=42.5,
+            computed_at=computed_at,
+        )
+
+
+@pytest.mark.django_db
+def test_it_shows_the_last_analytics_run_beside_the_live_figures():
+    make_world()
+    # Given no run of `analyze` yet: an empty panel, which the page explains
+    assert dashboard.snapshot()["history"]["computed_at"] is None
+
+    # Given a run that found two events, one subscriber, and messages in three hours (none
+    # in the one between the second and the third)
+    computed_at = timezone.now().replace(microsecond=0)
+    hour = computed_at.replace(minute=0, second=0) - timedelta(hours=5)
+    store_analytics(
+        computed_at,
+        events=[("db", "create"), ("network", "error")],
+        subscribers=["logger", "monitor"],
+        hours=[(hour, 4), (hour + timedelta(hours=1), 6), (hour + timedelta(hours=3), 1)],
+    )
+    SubscriberStats.objects.filter(subscriber="monitor").update(
+        pending=0, inflight=0, oldest_pending_age_s=None
+    )
+
+    # When
+    history = dashboard.snapshot()["history"]
+
+    # Then: when it ran, and its figures per queue and event ...
+    assert history["computed_at"] == computed_at
+    assert [(e["queue"], e["event"]) for e in history["events"]] == [("db", "create"), ("network", "error")]
+    create = history["events"][0]
+    assert (create["messages"], create["deliveries"], create["acked"], create["dead"]) == (30, 60, 54, 3)
+    assert (create["latency_p50_ms"], create["latency_p95_ms"], create["latency_p99_ms"]) == (
+        12.5,
+        80.0,
+        140.25,
+    )
+    assert (create["attempts_mean"], create["dead_letter_rate"], create["fanout"]) == (1.4, 0.05, 2.0)
+    assert (create["messages_per_minute"], create["messages_per_hour"], create["peak_per_minute"]) == (
+        0.5,
+        30.0,
+        7,
+    )
+    # ... per subscriber, the most owed first: backlog (pending and in flight) and lag ...
+    assert history["subscribers"] == [
+        {
+            "subscriber": "logger",
+            "deliveries": 60,
+            "pending": 2,
+            "inflight": 1,
+            "backlog": 3,
+            "dead": 3,
+            "lag_s": 42.5,
+        },
+        {
+            "subscriber": "monitor",
+            "deliveries": 60,
+            "pending": 0,
+            "inflight": 0,
+            "backlog": 0,
+            "dead": 3,
+            "lag_s": None,
+        },
+    ]
+    # ... and the messages per hour over both events, the empty hour as 0
+    assert history["hourly"] == {"start": hour, "messages": [8, 12, 0, 2]}
+
+
 @pytest.mark.django_db
 def test_it_asks_the_same_number_of_queries_for_many_rows(django_assert_max_num_queries):
     world = make_world()
@@ -233,6 +345,13 @@ def test_it_asks_the_same_number_of_queries_for_many_rows(django_assert_max_num_
         presence.open_connection(s, f"specific.extra-{i}")
     publish(world["queue"], [prepare("create", {"i": i}) for i in range(30)])
     ledger.kill_deliveries(Delivery.objects.filter(subscriber__name="extra1"))
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    store_analytics(
+        timezone.now(),
+        events=[("db", f"e{i}") for i in range(10)],
+        subscribers=[f"s{i}" for i in range(10)],
+        hours=[(hour - timedelta(hours=h), 3) for h in range(100)],
+    )
     shown = list(Message.objects.values_list("id", flat=True))
     with django_assert_max_num_queries(baseline):
         dashboard.snapshot(shown_message_ids=shown)

@@ -127,6 +127,7 @@
     renderFeed(s.feed, s.feed_status);
     renderDead(s.dead_letters, t.dead);
     drawCharts(s.series);
+    renderHistory(s.history);
     $("updated").textContent = "last snapshot " + clock(s.at);
   }
 
@@ -333,6 +334,138 @@
     box.replaceChildren(svg);
   }
 
-  window.addEventListener("resize", () => { if (lastSnapshot) drawCharts(lastSnapshot.series); });
+  // --- history: what the last `manage.py analyze` computed over the whole history ----------------
+
+  let historyShown = null; // the computed_at drawn: the panel is redrawn only when a run lands
+
+  function percent(v) {
+    if (v === null || v === undefined) return "–";
+    if (v === 0) return "0 %";
+    return (100 * v < 0.1 ? "<0.1" : (100 * v).toFixed(100 * v >= 10 ? 0 : 1)) + " %";
+  }
+  function fixed(v, digits) { return v === null || v === undefined ? "–" : v.toFixed(digits); }
+  function when(iso) {
+    const d = new Date(iso);
+    return d.toLocaleString([], { hour12: false, year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  }
+
+  function renderHistory(hist) {
+    const note = $("history-note");
+    if (!hist || !hist.computed_at) {
+      note.textContent = "no analytics results yet";
+      if (historyShown !== "none") {
+        historyShown = "none";
+        $("history-body").replaceChildren(h("p", { class: "history-empty" },
+          "No analytics results yet: run ", h("code", {}, "manage.py analyze"),
+          " to compute, over the whole history (the Parquet archive and the hot tables), each queue's and event's volume and rates, fan-out, publish → ack latency p50 / p95 / p99, attempts and dead-letter rate, and each subscriber's backlog and lag."));
+      }
+      return;
+    }
+    const ago = (Date.now() - new Date(hist.computed_at).getTime()) / 1000;
+    note.textContent = "last analyze at " + when(hist.computed_at) + " (" + age(ago) + " ago) · archive and hot tables together";
+    if (historyShown === hist.computed_at) return;
+    historyShown = hist.computed_at;
+    const maxP99 = Math.max(0, ...hist.events.map((e) => e.latency_p99_ms || 0));
+    const latencyBar = (e) => {
+      if (!maxP99 || e.latency_p99_ms === null) return null;
+      const w = (v) => (100 * (v || 0) / maxP99).toFixed(2) + "%";
+      return h("div", { class: "lat-bar", title: "p50 " + ms(e.latency_p50_ms) + " · p95 " + ms(e.latency_p95_ms) + " · p99 " + ms(e.latency_p99_ms) },
+        h("span", { class: "p99", style: "width:" + w(e.latency_p99_ms) }),
+        h("span", { class: "p95", style: "width:" + w(e.latency_p95_ms) }),
+        h("span", { class: "p50", style: "width:" + w(e.latency_p50_ms) }));
+    };
+    let last = null;
+    const events = hist.events.map((e) => {
+      const first = e.queue !== last;
+      last = e.queue;
+      return h("tr", { class: first ? "queue-start" : "", "data-queue": e.queue, "data-event": e.event },
+        h("td", { class: "qname" }, first ? e.queue : ""),
+        h("td", {}, e.event),
+        h("td", { class: "n" }, num(e.messages)),
+        h("td", { class: "n", title: "busiest minute: " + num(e.peak_per_minute) }, rate(e.messages_per_minute), h("span", { class: "peak" }, " ↑" + num(e.peak_per_minute))),
+        h("td", { class: "n", title: "busiest hour: " + num(e.peak_per_hour) }, rate(e.messages_per_hour), h("span", { class: "peak" }, " ↑" + num(e.peak_per_hour))),
+        h("td", { class: "n" }, fixed(e.fanout, 2)),
+        h("td", { class: "n" }, ms(e.latency_p50_ms)),
+        h("td", { class: "n" }, ms(e.latency_p95_ms)),
+        h("td", { class: "n" }, ms(e.latency_p99_ms)),
+        h("td", {}, latencyBar(e)),
+        h("td", { class: "n" }, fixed(e.attempts_mean, 2)),
+        h("td", { class: "n" + (e.dead_letter_rate ? " num-dead" : " zero") }, percent(e.dead_letter_rate)));
+    });
+    if (!events.length) events.push(h("tr", { class: "empty" }, h("td", { colspan: 12 }, "The last run found no message.")));
+    const subscribers = hist.subscribers.map((s) =>
+      h("tr", { "data-subscriber": s.subscriber },
+        h("td", { class: "qname" }, s.subscriber),
+        h("td", { class: "n" }, num(s.deliveries)),
+        cell(s.backlog, "pending"),
+        cell(s.dead, "dead"),
+        h("td", { class: "n" + (s.lag_s > 60 ? " late" : s.lag_s === null ? " zero" : "") }, s.lag_s === null ? "none" : age(s.lag_s))));
+    if (!subscribers.length) subscribers.push(h("tr", { class: "empty" }, h("td", { colspan: 5 }, "No delivery in the history.")));
+    const head = (...cols) => h("thead", {}, h("tr", {}, cols.map(([text, cls, title]) => h("th", { class: cls || null, title: title || null }, text))));
+    const chartBox = h("div", { class: "chart hourly", id: "chart-hourly" });
+    $("history-body").replaceChildren(
+      h("div", { class: "history-grid" },
+        h("div", { class: "history-chart" },
+          h("div", { class: "sub-head" }, "Messages per hour", h("span", { class: "muted" }, " all queues, the newest hours of the history")),
+          chartBox),
+        h("div", {},
+          h("div", { class: "sub-head" }, "Per subscriber"),
+          h("table", { class: "grid", id: "history-subscribers" },
+            head(["subscriber"], ["deliveries", "n"], ["backlog", "n", "pending and in flight at the run"], ["dead", "n"], ["lag at the run", "n", "age of its oldest pending delivery when analyze ran"]),
+            h("tbody", {}, subscribers)))),
+      h("div", { class: "sub-head" }, "Per queue and event"),
+      h("table", { class: "grid", id: "history-events" },
+        head(["queue"], ["event"], ["messages", "n"], ["per min ↑peak", "n", "mean over the minutes from the first message to the last; ↑ the busiest minute"], ["per hour ↑peak", "n", "mean over the hours from the first message to the last; ↑ the busiest hour"], ["fan-out", "n", "deliveries per message"], ["p50", "n", "publish → ack"], ["p95", "n"], ["p99", "n"], ["latency", "bar-col", "p50 · p95 · p99, to the scale of the slowest p99"], ["attempts", "n", "mean attempts of acked and dead deliveries"], ["dead-letter rate", "n", "dead / deliveries"]),
+        h("tbody", {}, events)));
+    drawHourly(hist.hourly);
+  }
+
+  function drawHourly(hourly) {
+    const box = $("chart-hourly");
+    if (!box) return;
+    const values = (hourly && hourly.messages) || [];
+    if (!values.length) { box.replaceChildren(h("p", { class: "history-empty" }, "No message in the history.")); return; }
+    const W = Math.max(box.clientWidth, 200), H = Math.max(box.clientHeight, 100);
+    const pad = { l: 44, r: 8, t: 8, b: 20 };
+    const top = niceMax(Math.max(...values));
+    const n = values.length;
+    const slot = (W - pad.l - pad.r) / n;
+    const y = (v) => pad.t + (H - pad.t - pad.b) * (1 - v / top);
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    const add = (tag, attrs, text) => {
+      const el = document.createElementNS(SVG, tag);
+      for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+      if (text !== undefined) el.textContent = text;
+      svg.appendChild(el);
+      return el;
+    };
+    for (let k = 0; k <= 2; k++) {
+      const v = (top * k) / 2;
+      add("line", { x1: pad.l, x2: W - pad.r, y1: y(v), y2: y(v), class: "grid-line" });
+      add("text", { x: pad.l - 6, y: y(v) + 3.5, "text-anchor": "end", class: "axis-label" }, num(v));
+    }
+    const start = new Date(hourly.start).getTime();
+    const every = Math.max(1, Math.ceil(n / Math.max(1, Math.floor((W - pad.l) / 60))));
+    values.forEach((v, i) => {
+      const t = new Date(start + i * 3600 * 1000);
+      const x = pad.l + i * slot;
+      const bar = add("rect", { x: (x + slot * 0.12).toFixed(1), y: y(v).toFixed(1), width: Math.max(slot * 0.76, 1).toFixed(1), height: (y(0) - y(v)).toFixed(1), class: "hour-bar" });
+      const title = document.createElementNS(SVG, "title");
+      title.textContent = when(t.toISOString()) + ": " + num(v) + " messages";
+      bar.appendChild(title);
+      if (i % every === 0) {
+        const label = t.getHours() === 0 || i === 0 ? t.toLocaleDateString([], { month: "short", day: "numeric" }) : String(t.getHours()).padStart(2, "0") + ":00";
+        add("text", { x: (x + slot / 2).toFixed(1), y: H - 5, "text-anchor": "middle", class: "axis-label" }, label);
+      }
+    });
+    box.replaceChildren(svg);
+  }
+
+  window.addEventListener("resize", () => {
+    if (!lastSnapshot) return;
+    drawCharts(lastSnapshot.series);
+    if (lastSnapshot.history && lastSnapshot.history.computed_at) drawHourly(lastSnapshot.history.hourly);
+  });
   connect();
 })();

@@ -164,10 +164,23 @@ def test_it_refuses_an_unknown_queue_and_makes_nothing(db_queue):
     assert not Subscriber.objects.exists()
 
 
-def test_it_refuses_a_name_in_use(logger):
-    with pytest.raises(CommandError, match="already exists"):
-        run("createsubscriber", "logger", "--subscribe", "db")
+def test_run_again_it_sets_the_subscriber_as_asked_with_a_new_token(logger, db_queue, make_queue):
+    make_queue("net")
+    subscribing.subscribe(logger, db_queue)
+    old_token = run("createsubscriber", "logger", "--publish", "net").splitlines()[-1]
+    secret = Subscriber.objects.get(name="logger").webhook_secret
+
+    out = run("createsubscriber", "logger", "--subscribe", "db", "net", "--webhook", "https://example.com/h")
+
+    s = Subscriber.objects.get(name="logger")
     assert Subscriber.objects.filter(name="logger").count() == 1
+    assert "updated subscriber logger" in out
+    assert set(s.subscribe_queues.values_list("name", flat=True)) == {"db", "net"}
+    assert not s.publish_queues.exists()  # as the command says, not added to what it had
+    assert s.webhook_url == "https://example.com/h" and s.webhook_secret == secret
+    assert Subscription.objects.filter(subscriber=s).count() == 1  # its subscriptions stay
+    assert subscriber_for_token(out.splitlines()[-1]) == s
+    assert subscriber_for_token(old_token) is None
 
 
 def test_it_refuses_a_malformed_webhook_url(db):

@@ -1,16 +1,22 @@
 """createsubscriber NAME [--publish QUEUE ...] [--subscribe QUEUE ...] [--webhook URL]
 
 The token is printed alone on the last line of stdout, so scripts can take it with `tail -n1`.
+Like createqueue it may be run again: an existing subscriber is set as the command says (its
+subscriptions and webhook secret kept) and gets a new token, since only a hash of the old is
+kept; the old token stops working.
 """
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from subscribers.provisioning import ALL, UnknownQueues, create_subscriber
+from subscribers.provisioning import ALL, UnknownQueues, provision_subscriber
 
 
 class Command(BaseCommand):
-    help = "Make a subscriber and print its API token (shown this once) on the last line."
+    help = (
+        "Make a subscriber, or set an existing one as given, and print a new API token (shown "
+        "this once) on the last line."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name")
@@ -34,11 +40,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            subscriber, token = create_subscriber(
+            subscriber, token, created = provision_subscriber(
                 options["name"],
                 publish=options["publish"],
                 subscribe=options["subscribe"],
                 webhook_url=options["webhook"],
+                update=True,
             )
         except UnknownQueues as exc:
             raise CommandError(f"unknown queue(s): {exc}") from None
@@ -46,8 +53,12 @@ class Command(BaseCommand):
             raise CommandError(
                 "; ".join(f"{field}: {' '.join(m)}" for field, m in exc.message_dict.items())
             ) from None
+        if not created:
+            self.stderr.write(
+                f"{subscriber.name} existed: it has a new token, and its old one no longer works"
+            )
         self.stdout.write(
-            f"created subscriber {subscriber.name} "
+            f"{'created' if created else 'updated'} subscriber {subscriber.name} "
             f"(publish: {_scope(options['publish'])}; subscribe: {_scope(options['subscribe'])})"
         )
         if subscriber.webhook_url:

@@ -4,14 +4,14 @@ Nothing here changes a delivery; every query is one grouped statement or a corre
 subquery, so a list page asks the same number of queries for ten rows as for a hundred.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.db.models import Count, DateTimeField, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from subscribers.models import Subscription
+from subscribers.models import Connection, Subscription
 
 from .models import Delivery, DeliveryAttempt, Status
 
@@ -92,14 +92,49 @@ def dead_letters(deliveries=None):
 
 
 @dataclass(frozen=True)
+class Reason:
+    """Why some of what a subscription is owed waits, in an operator's words. `code` names the
+    kind (REASONS); `until` is when that wait ends, if it has an end; `error` the last one."""
+
+    code: str
+    words: str
+    until: datetime | None = None
+    error: str = ""
+
+
+# The kinds of Reason, most telling first.
+REASONS = (
+    "inactive",  # the subscriber's token is refused, its webhook not called: it takes nothing
+    "orphaned",  # pending without a subscription (left by an unsubscribe): never handed out
+    "paused",  # the queue hands out nothing
+    "blocked",  # an ordered subscription waits for its head (in flight or waiting for a retry)
+    "retrying",  # pending, but not before next_attempt_at (a nack, a failed push, a lost lease)
+    "inflight",  # handed out, until acked or the ack deadline
+    "pulled",  # ready, and nothing pushes it: no open websocket, no webhook
+    "pushed",  # ready, and an open websocket or the webhook worker takes it next
+    "dead",  # given up on after the queue's max_attempts
+)
+
+
+@dataclass(frozen=True)
 class Owed:
-    """What one subscription is owed. `subscription` is None for deliveries left without one."""
+    """What one subscription is owed. `subscription` is None for deliveries left without one.
+
+    Of the pending ones, `ready` may be handed out now and `retrying` wait until their
+    next_attempt_at (the earliest: `next_retry_at`, with that one's `retry_error`).
+    `reasons` say why each part waits (Reason, in REASONS order)."""
 
     subscription: Subscription | None
     pending: int = 0
     inflight: int = 0
     dead: int = 0
     oldest_pending_at: datetime | None = None
+    ready: int = 0
+    retrying: int = 0
+    next_retry_at: datetime | None = None
+    retry_error: str = ""
+    inflight_until: datetime | None = None
+    reasons: tuple[Reason, ...] = ()
 
     def oldest_pending_age(self, now=None) -> timedelta | None:
         if self.oldest_pending_at is None:
@@ -107,12 +142,17 @@ class Owed:
         return (now or timezone.now()) - self.oldest_pending_at
 
 
-def owed_to_subscriber(subscriber):
+def owed_to_subscriber(subscriber, now=None):
     """Per subscription of the subscriber (every one, owed something or not): its pending,
-    in-flight and dead deliveries and when the oldest pending one was published.
+    in-flight and dead deliveries, when the oldest pending one was published, and why they
+    wait (why_owed).
 
-    One grouped query over the (subscriber, status) index, one for the subscriptions.
+    Three queries however much is owed: one grouped over the (subscriber, status) index, one
+    for the subscriptions (with the error of each one's next retry, a correlated subquery),
+    one for whether the subscriber has a websocket open.
     """
+    now = now or timezone.now()
+    waiting = Q(status=Status.PENDING, next_attempt_at__gt=now)
     rows = (
         Delivery.objects.filter(subscriber=subscriber, status__in=UNSETTLED)
         .order_by()
@@ -122,17 +162,84 @@ def owed_to_subscriber(subscriber):
             inflight=Count("pk", filter=Q(status=Status.INFLIGHT)),
             dead=Count("pk", filter=Q(status=Status.DEAD)),
             oldest_pending_at=Min("created_at", filter=Q(status=Status.PENDING)),
+            retrying=Count("pk", filter=waiting),
+            next_retry_at=Min("next_attempt_at", filter=waiting),
+            inflight_until=Max("ack_deadline", filter=Q(status=Status.INFLIGHT)),
         )
     )
     counts = {r.pop("subscription_id"): r for r in rows}
-    subscriptions = subscriber.subscriptions.select_related("queue", "event").order_by(
-        "queue__name", "event__name", "id"
+    next_retry_error = (
+        Delivery.objects.filter(subscription=OuterRef("pk"), status=Status.PENDING, next_attempt_at__gt=now)
+        .order_by("next_attempt_at", "id")
+        .values("last_error")[:1]
     )
-    owed = [Owed(s, **counts.pop(s.pk, {})) for s in subscriptions]
+    subscriptions = (
+        subscriber.subscriptions.select_related("queue", "event")
+        .annotate(retry_error=Subquery(next_retry_error))
+        .order_by("queue__name", "event__name", "id")
+    )
+    connected = Connection.objects.filter(subscriber=subscriber).exists()
+    owed = []
+    for s in subscriptions:
+        found = counts.pop(s.pk, {})
+        if found.get("retrying"):
+            found["retry_error"] = s.retry_error or ""
+        owed.append(_with_reasons(Owed(s, **found), subscriber, connected))
     # Whatever is left belongs to no subscription of this subscriber any more.
     for leftover in counts.values():
-        owed.append(Owed(None, **leftover))
+        owed.append(_with_reasons(Owed(None, **leftover), subscriber, connected))
     return owed
+
+
+def _with_reasons(owed, subscriber, connected):
+    ready = owed.pending - owed.retrying
+    return replace(owed, ready=ready, reasons=tuple(why_owed(owed, ready, subscriber, connected)))
+
+
+def why_owed(owed, ready, subscriber, connected):
+    """The Reasons what `owed` counts waits, in REASONS order; none when it is owed nothing.
+    `ready`: its pending deliveries that may be handed out now; `connected`: whether the
+    subscriber has a websocket open."""
+    subscription = owed.subscription
+    queue = subscription.queue if subscription is not None else None
+    if not (owed.pending or owed.inflight or owed.dead):
+        return
+    stopped = False  # nothing is handed out, whatever the transport
+    if not subscriber.is_active:
+        stopped = True
+        yield Reason(
+            "inactive",
+            "the subscriber is inactive: its token is refused and its webhook not called, so it gets nothing",
+        )
+    if subscription is None and owed.pending:
+        stopped = True
+        yield Reason("orphaned", f"{owed.pending} left without a subscription: never handed out")
+    if queue is not None and queue.paused and owed.pending:
+        stopped = True
+        yield Reason("paused", f"the queue {queue.name} is paused: it hands out nothing until resumed")
+    if queue is not None and queue.ordered and (owed.inflight or owed.retrying) and ready:
+        yield Reason("blocked", f"{ready} blocked behind the head of line (ordered: one at a time)")
+        ready = 0
+    if owed.retrying:
+        yield Reason(
+            "retrying",
+            f"{owed.retrying} waiting for a retry",
+            until=owed.next_retry_at,
+            error=owed.retry_error,
+        )
+    if owed.inflight:
+        yield Reason("inflight", f"{owed.inflight} in flight, to be acked", until=owed.inflight_until)
+    if ready and not stopped:
+        if connected:
+            yield Reason("pushed", f"{ready} ready: its open websocket takes them as its window frees")
+        elif subscriber.webhook_url:
+            yield Reason(
+                "pushed", f"{ready} ready: the webhook worker posts them to {subscriber.webhook_url}"
+            )
+        else:
+            yield Reason("pulled", f"{ready} waiting to be pulled: no open websocket and no webhook")
+    if owed.dead:
+        yield Reason("dead", f"{owed.dead} dead after the queue's last attempt: redeliver them to try again")
 
 
 def not_acked(message, limit=200):

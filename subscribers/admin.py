@@ -345,7 +345,7 @@ class SubscriberAdmin(
 
         body = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
                     admin_link(o.subscription, f"{o.subscription.queue.name}/{_event_name(o.subscription)}")
@@ -355,15 +355,59 @@ class SubscriberAdmin(
                     cell(o.inflight, Status.INFLIGHT, o.subscription),
                     cell(o.dead, Status.DEAD, o.subscription),
                     age(o.oldest_pending_age()),
+                    why_owed_html(obj, o),
                 )
                 for o in rows
             ),
         )
         return format_html(
             '<table class="mq-owed"><thead><tr><th>subscription</th><th>pending</th><th>in flight</th>'
-            "<th>dead</th><th>oldest pending</th></tr></thead><tbody>{}</tbody></table>",
+            "<th>dead</th><th>oldest pending</th><th>why</th></tr></thead><tbody>{}</tbody></table>",
             body,
         )
+
+
+def why_owed_html(subscriber, owed):
+    """The reasons of delivery.owed.why_owed as a list, each with when its wait ends, the last
+    error, and for a blocked ordered subscription a link to its head of line."""
+    if not owed.reasons:
+        return "nothing owed"
+    now = timezone.now()
+    return format_html(
+        '<ul class="mq-why">{}</ul>',
+        format_html_join(
+            "",
+            '<li data-reason="{}">{}{}{}{}</li>',
+            (
+                (
+                    r.code,
+                    r.words,
+                    _until(r.until, now),
+                    format_html("; last error: <code>{}</code>", r.error[:300]) if r.error else "",
+                    _head_of_line_link(subscriber, owed) if r.code == "blocked" else "",
+                )
+                for r in owed.reasons
+            ),
+        ),
+    )
+
+
+def _until(at, now):
+    if at is None:
+        return ""
+    when = display_for_value(at, "-")
+    if at >= now:
+        return format_html(" until {} (in {})", when, age(at - now))
+    return format_html(" until {} (overdue by {}: the sweep takes it back)", when, age(now - at))
+
+
+def _head_of_line_link(subscriber, owed):
+    url = (
+        reverse("mq-head-of-line")
+        + "?"
+        + urlencode({"subscriber": subscriber.pk, "queue": owed.subscription.queue_id})
+    )
+    return format_html(' (<a href="{}">head of line: retry it now or skip it</a>)', url)
 
 
 def _event_name(subscription):

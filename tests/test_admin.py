@@ -229,6 +229,95 @@ def test_it_shows_what_a_subscriber_is_owed(staff, world):
     assert (owed.pending, owed.inflight, owed.dead) == (1, 0, 0)
 
 
+def reasons(subscriber):
+    """{subscription: [(reason code, words, until, error)]} as owed_to_subscriber says."""
+    return {
+        o.subscription: [(r.code, r.words, r.until, r.error) for r in o.reasons]
+        for o in owed_to_subscriber(subscriber)
+    }
+
+
+def why_cell(staff, subscriber):
+    """The "why" cells of the subscriber's owed table, one per subscription."""
+    table = section(staff.get(change(subscriber)).content.decode(), "mq-owed")
+    return re.findall(r'<ul class="mq-why">(.*?)</ul>', table, re.S)
+
+
+def test_it_says_why_what_a_subscriber_is_owed_waits(staff, world, django_assert_num_queries):
+    peer, sub = world["peer"], world["peer_sub"]
+    publish_one(world["queue"], "delete")
+
+    # Two ready, and nothing would push them: they wait for the peer to pull.
+    assert reasons(peer) == {
+        sub: [("pulled", "2 waiting to be pulled: no open websocket and no webhook", None, "")]
+    }
+    # One taken and being worked on; the other refused with an error, retried in a minute.
+    first, second = ledger.lease_deliveries(peer, limit=10)
+    retried = ledger.nack_delivery(peer, second["id"], retry_in=60, error="peer: disk full")
+    with django_assert_num_queries(3):  # however much is owed, to however many subscriptions
+        owed = reasons(peer)
+    assert owed == {
+        sub: [
+            ("retrying", "1 waiting for a retry", retried.next_attempt_at, "peer: disk full"),
+            ("inflight", "1 in flight, to be acked", first["ack_deadline"], ""),
+        ]
+    }
+    [why] = why_cell(staff, peer)
+    assert 'data-reason="retrying"' in why and "last error: <code>peer: disk full</code>" in why
+    assert 'data-reason="inflight"' in why and re.search(r"until .* \(in (29|30) s\)", why)
+
+    # A ready one, with a websocket open: it is pushed; with a webhook and none, posted.
+    ledger.ack_deliveries(peer, [first["id"]])
+    publish_one(world["queue"], "update")
+    presence.open_connection(peer, "ws.peer.1")
+    assert [r[0] for r in reasons(peer)[sub]] == ["retrying", "pushed"]
+    presence.close_connection("ws.peer.1")
+    Subscriber.objects.filter(pk=peer.pk).update(webhook_url="https://hooks.example.com/peer")
+    peer.refresh_from_db()
+    assert reasons(peer)[sub][-1][:2] == (
+        "pushed",
+        "1 ready: the webhook worker posts them to https://hooks.example.com/peer",
+    )
+
+    # A paused queue, an inactive subscriber: nothing is handed out, whatever the transport.
+    Queue.objects.filter(pk=world["queue"].pk).update(paused=True)
+    Subscriber.objects.filter(pk=peer.pk).update(is_active=False)
+    peer.refresh_from_db()
+    assert [r[0] for r in reasons(peer)[sub]] == ["inactive", "paused", "retrying"]
+
+    # What is dead says so; the logger, owed nothing more once it acks, has no reasons.
+    ledger.kill_deliveries(Delivery.objects.filter(pk=retried.pk))
+    assert reasons(peer)[sub][-1][0] == "dead"
+    Queue.objects.filter(pk=world["queue"].pk).update(paused=False)
+    ledger.ack_deliveries(
+        world["logger"], [d["id"] for d in ledger.lease_deliveries(world["logger"], limit=10)]
+    )
+    assert reasons(world["logger"]) == {world["logger_sub"]: []}
+    assert "nothing owed" in section(staff.get(change(world["logger"])).content.decode(), "mq-owed")
+
+
+def test_it_says_what_blocks_an_ordered_subscription_and_links_its_head(staff, world, make_queue):
+    peer = world["peer"]
+    orders = make_queue("orders", ordered=True)
+    Subscriber.objects.get(pk=peer.pk).subscribe_queues.add(orders)
+    sub, _ = subscribing.subscribe(peer, orders)
+    for n in range(3):
+        publish_one(orders, "paid", {"order": n})
+    head = next(d for d in ledger.lease_deliveries(peer, limit=10) if d["queue"] == "orders")
+
+    assert reasons(peer)[sub] == [
+        ("blocked", "2 blocked behind the head of line (ordered: one at a time)", None, ""),
+        ("inflight", "1 in flight, to be acked", head["ack_deadline"], ""),
+    ]
+    why = why_cell(staff, peer)[1]  # db/*, then orders/*
+    link = f"{reverse('mq-head-of-line')}?subscriber={peer.pk}&amp;queue={orders.pk}"
+    assert f'<a href="{link}">head of line' in why
+
+    # The head refused and waiting for its retry still holds the others back.
+    ledger.nack_delivery(peer, head["id"], retry_in=120, error="shop: 503")
+    assert [(r[0], r[3]) for r in reasons(peer)[sub]] == [("blocked", ""), ("retrying", "shop: 503")]
+
+
 def test_it_unsubscribes_a_subscription_deleted_in_the_admin(staff, world):
     r = staff.post(
         reverse("admin:subscribers_subscription_delete", args=[world["peer_sub"].pk]),

@@ -97,8 +97,8 @@ HOSTS = ["api.internal", "db-1.internal", "cache-2.internal", "10.0.3.17", "mail
 ERRORS = ["ECONNRESET", "ETIMEDOUT", "ECONNREFUSED", "TLS handshake failed", "502 from upstream"]
 
 
-# Why the monitor refuses a report. Over the real transports a nack carries no reason, so the
-# dead letter reads the server's "nacked by the client" there.
+# Why the monitor refuses a report: the reason its nacks give (the `error` of a nack), which the
+# dead letter shows.
 POISON_ERROR = "monitor: malformed error report"
 
 
@@ -437,7 +437,7 @@ class WebsocketSubscriber(RemoteSubscriber):
             ws.send(json.dumps({"type": "ack", "ids": acks}))
             self.acked += len(acks)
         if nacks:
-            ws.send(json.dumps({"type": "nack", "ids": nacks}))
+            ws.send(json.dumps({"type": "nack", "ids": nacks, "error": POISON_ERROR}))
             self.nacked += len(nacks)
 
 
@@ -463,7 +463,7 @@ class PullingSubscriber(RemoteSubscriber):
             self.check(r, "POST /api/deliveries/ack")
             self.acked += r.json()["acked"]
         for delivery_id in nacks:
-            r = self.server.post(f"/api/deliveries/{delivery_id}/nack", self.token, {})
+            r = self.server.post(f"/api/deliveries/{delivery_id}/nack", self.token, {"error": POISON_ERROR})
             if r.status_code not in (404, 409):  # gone, or settled since: nothing to give back
                 self.check(r, "POST /api/deliveries/{id}/nack")
                 self.nacked += 1

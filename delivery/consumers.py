@@ -25,7 +25,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
-from mqsite.api import is_db_id
+from mqsite.api import is_db_id, storable_text
 from mqsite.parsers import BadJSON, decode_json
 from queues import group_commit, publishing
 from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
@@ -34,6 +34,7 @@ from subscribers.auth import subscriber_for_token
 from subscribers.models import Subscription
 
 from . import ledger
+from .api.serializers import MAX_NACK_ERROR_CHARS
 from .wakeups import group_name
 
 log = logging.getLogger(__name__)
@@ -386,6 +387,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             or not math.isfinite(retry_in)
         ):
             raise FrameError("bad_frame", "retry_in must be a number of seconds from 0 to 604800.")
+        error = frame.get("error")
+        if error is not None and (
+            not isinstance(error, str) or len(error) > MAX_NACK_ERROR_CHARS or not storable_text(error)
+        ):
+            raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
 
         def nack():
             unknown, settled = [], []
@@ -393,7 +399,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 try:
                     if not is_db_id(i):
                         raise ledger.NotOwned(i)
-                    ledger.nack_delivery(self.subscriber, i, retry_in=retry_in)
+                    ledger.nack_delivery(
+                        self.subscriber, i, retry_in=retry_in, error=ledger.nack_reason(error)
+                    )
                 except ledger.NotOwned:
                     unknown.append(i)
                 except ledger.AlreadySettled:

@@ -271,6 +271,14 @@ def ack_deliveries(subscriber, ids, now=None):
     return acked, [i for i in ids if i not in mine]
 
 
+NACKED = "nacked by the client"
+
+
+def nack_reason(error):
+    """The last error a nack leaves: the client's own words when it gave any."""
+    return f"{NACKED}: {error}" if error else NACKED
+
+
 class NotOwned(LookupError):
     """The delivery does not exist or belongs to another subscriber (the caller sees 404)."""
 
@@ -279,7 +287,7 @@ class AlreadySettled(Exception):
     """The delivery is acked or dead; a nack cannot move it."""
 
 
-def nack_delivery(subscriber, delivery_id, retry_in=None, now=None, error="nacked by the client"):
+def nack_delivery(subscriber, delivery_id, retry_in=None, now=None, error=NACKED):
     """Give a delivery back: pending again after `retry_in` seconds or its backoff, or dead if
     that was its last attempt. Returns the updated Delivery."""
     with transaction.atomic():

@@ -28,6 +28,17 @@ def is_db_id(value):
     return isinstance(value, int) and 0 < value <= BIGINT_MAX
 
 
+def storable_text(text):
+    """Whether a database can store this text: no NUL, no lone surrogate (JSON allows both)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class StrictCharField(serializers.CharField):
     """A CharField that refuses numbers and booleans instead of turning them into text."""
 

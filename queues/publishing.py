@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from delivery import ledger, wakeups
+from mqsite.api import storable_text
 
 from .models import Event, Message, Queue
 from .names import BadName, clean_name
@@ -46,7 +47,7 @@ def prepare(event, payload, key=None):
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise BadMessage(f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
         # Databases cannot store NUL in text, nor a lone surrogate as UTF-8: refuse, don't fail.
-        if "\x00" in key or _not_utf8(key):
+        if not storable_text(key):
             raise BadMessage("key may not contain NUL or invalid Unicode")
     try:
         # allow_nan=False: NaN and Infinity are not JSON, and other clients could not read them.
@@ -61,14 +62,6 @@ def prepare(event, payload, key=None):
             f"payload is {size} bytes of JSON, over the limit of {settings.MQ_MAX_PAYLOAD_BYTES}"
         )
     return Outgoing(event, text, key)
-
-
-def _not_utf8(text):
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def publish(queue, outgoing, publisher=None):

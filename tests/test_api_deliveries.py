@@ -143,6 +143,18 @@ def test_nack_with_retry_in_zero_is_ready_at_once_and_keeps_the_id(owner):
     assert again["id"] == d["id"] and again["attempt"] == 2
 
 
+def test_a_nack_may_say_why_and_the_reason_is_kept_for_the_operator(owner, db_queue):
+    db_queue.max_attempts = 1
+    db_queue.save()
+    publish_many(owner, 1)
+    (d,) = pull(owner)
+    r = client_for(owner).post(
+        f"/api/deliveries/{d['id']}/nack", {"error": "no such customer"}, format="json"
+    )
+    assert r.status_code == 200 and r.json()["status"] == "dead"
+    assert Delivery.objects.get(pk=d["id"]).last_error.startswith("nacked by the client: no such customer")
+
+
 def test_nack_without_a_body_is_accepted(owner):
     publish_many(owner, 1)
     (d,) = pull(owner)
@@ -150,7 +162,17 @@ def test_nack_without_a_body_is_accepted(owner):
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize("body", [{"retry_in": -1}, {"retry_in": "soon"}, {"retry_in": 10**9}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"retry_in": -1},
+        {"retry_in": "soon"},
+        {"retry_in": 10**9},
+        {"error": 5},
+        {"error": "x" * 1001},
+        {"error": "a\x00"},
+    ],
+)
 def test_a_malformed_nack_gets_400(owner, body):
     publish_many(owner, 1)
     (d,) = pull(owner)

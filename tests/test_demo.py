@@ -207,7 +207,7 @@ def test_beside_a_running_server_the_demo_subscribers_are_its_connected_clients(
     assert set(dead.values_list("subscriber__name", "queue__name", "event__name")) == {
         ("monitor", "network", "error")
     }
-    assert all(d.attempt == 3 for d in dead)
+    assert all(d.attempt == 3 and "nacked by the client: monitor: malformed" in d.last_error for d in dead)
     assert summary["nacked"] == 3 * dead.count()
     # And the sockets closed with the demo: nobody shows as connected any more.
     deadline = time.monotonic() + 10

@@ -158,9 +158,11 @@ async def test_a_nack_frame_gives_the_delivery_back_for_a_retry():
     await publish(queue, 1)
     comm = await connect(token)
     (first,) = await recv_messages(comm, 1)
-    await send(comm, {"type": "nack", "ids": [first["id"]], "retry_in": 0})
+    await send(comm, {"type": "nack", "ids": [first["id"]], "retry_in": 0, "error": "disk full"})
     (again,) = await recv_messages(comm, 1)
     assert again["id"] == first["id"] and again["attempt"] == 2
+    row = await db(lambda: Delivery.objects.get(pk=first["id"]))
+    assert row.last_error == "nacked by the client: disk full"
     await send(comm, {"type": "nack", "ids": [999999]})
     err = await recv(comm)
     assert err["code"] == "unknown_ids"
@@ -329,6 +331,8 @@ async def test_publish_frames_in_flight_together_are_published_in_the_order_sent
         ('{"type": "ack", "ids": "1"}', "bad_frame"),
         ('{"type": "ack", "ids": [true]}', "bad_frame"),
         ('{"type": "nack", "ids": [1], "retry_in": -5}', "bad_frame"),
+        ('{"type": "nack", "ids": [1], "error": 7}', "bad_frame"),
+        ('{"type": "nack", "ids": [1], "error": "a\\ud800"}', "bad_frame"),
         ('{"type": "publish", "queue": "db", "event": "create"}', "bad_frame"),
         ('{"type": "publish", "queue": "db", "event": "no way", "payload": 1}', "bad_message"),
         ('{"type": "publish", "queue": "secret", "event": "x", "payload": 1, "ref": "q"}', "forbidden"),

@@ -1,11 +1,12 @@
 from rest_framework import serializers
 
-from mqsite.api import NameField, StrictFloatField, StrictIntegerField
+from mqsite.api import NameField, StrictCharField, StrictFloatField, StrictIntegerField
 
 MAX_LIMIT = 1000
 MAX_WAIT_SECS = 30
 MAX_RETRY_IN_SECS = 7 * 24 * 3600
 MAX_ACK_IDS = 10000
+MAX_NACK_ERROR_CHARS = 1000
 
 
 class LeaseQuerySerializer(serializers.Serializer):
@@ -49,6 +50,9 @@ class AckResultSerializer(serializers.Serializer):
 
 class NackSerializer(serializers.Serializer):
     retry_in = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_RETRY_IN_SECS)
+    # An extension of the contract: why the client gives it back, kept as the delivery's last
+    # error, so that an operator reading a dead letter sees the client's reason.
+    error = StrictCharField(required=False, allow_blank=True, max_length=MAX_NACK_ERROR_CHARS)
 
 
 class NackResultSerializer(serializers.Serializer):

@@ -118,7 +118,12 @@ class NackView(APIView):
         if not is_db_id(pk):
             raise Http404("You have no delivery with that id.")
         try:
-            delivery = ledger.nack_delivery(subscriber_of(request), pk, retry_in=retry_in)
+            delivery = ledger.nack_delivery(
+                subscriber_of(request),
+                pk,
+                retry_in=retry_in,
+                error=ledger.nack_reason(body.validated_data.get("error")),
+            )
         except ledger.NotOwned:
             raise Http404("You have no delivery with that id.") from None
         except ledger.AlreadySettled as exc:

@@ -333,7 +333,11 @@ def _fail(delivery, error, retry_in, now):
     delivery.ack_deadline = None
     delivery.lease_holder = ""
     delivery.save(update_fields=["status", "next_attempt_at", "ack_deadline", "lease_holder", "last_error"])
-    if delivery.status == Status.PENDING:
+    # Wake only for what is ready now: a retry after a backoff is found by the sweeper and the
+    # waiters' own timers when it falls due (and a wake-up now would start a webhook job that
+    # finds nothing to post). A dead head of an ordered queue lets the next one go now.
+    ready_now = delivery.status == Status.PENDING and delivery.next_attempt_at <= now
+    if ready_now or (delivery.status == Status.DEAD and delivery.queue.ordered):
         wakeups.notify_after_commit([delivery.subscriber_id])
 
 
@@ -444,24 +448,27 @@ def drop_undelivered(subscription):
     Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED).delete()
 
 
-def release_held(holders):
-    """Deliveries held by these lease holders (closed websockets) go back to pending, ready at
-    once: the client is gone, so there is nothing to wait for."""
+def release_held(holders, reason="the connection holding it closed", wake=True):
+    """Deliveries held by these lease holders go back to pending, ready at once, their attempt
+    given back: a closed websocket (the client is gone, there is nothing to wait for), or a
+    webhook job's batch left untried when its endpoint failed (`reason` says which; `wake=False`
+    leaves them to the sweeper rather than wake a job that would only find it failing)."""
     held = Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT)
     with transaction.atomic():
         subscriber_ids = list(held.order_by().values_list("subscriber_id", flat=True).distinct())
         count = held.update(
             status=Status.PENDING,
-            # The client vanished; whether it saw the message cannot be known. Give the attempt
-            # back, so that a subscriber whose connection drops often does not see its
-            # deliveries die of attempts that never reached it.
+            # Whether the client saw the message cannot be known (or it was never sent). Give
+            # the attempt back, so that a subscriber whose connection drops often does not see
+            # its deliveries die of attempts that never reached it.
             attempt=Greatest(F("attempt") - 1, 0),
             next_attempt_at=timezone.now(),
             ack_deadline=None,
             lease_holder="",
-            last_error="the connection holding it closed",
+            last_error=reason,
         )
-    wakeups.notify_after_commit(subscriber_ids)
+    if wake:
+        wakeups.notify_after_commit(subscriber_ids)
     return count
 
 

@@ -4,7 +4,13 @@ Tasks take ids, re-read the database and are harmless when run twice: a webhook 
 before it posts (SKIP LOCKED), so two jobs for one subscriber share the work instead of
 doubling it; a job lost with a killed worker or a restarted Redis leaves its deliveries in
 flight until their ack deadline, and the sweeper finds them again. Retries are scheduled by
-`next_attempt_at` in the database, never by Celery countdowns.
+`next_attempt_at` in the database, never by Celery countdowns: the sweeper (every second)
+enqueues a job for work due before its next run, and a job waits, reading the ledger, for work
+due that soon, so a retry goes out when the ledger says and not up to a sweep later.
+
+One job per subscriber at a time: a claim in the cache, taken when a job is enqueued (wake-up
+or sweeper) and held while it runs, keeps wake-ups from piling jobs up in the broker. The claim
+is only a limit: a job run twice still shares the work, and a claim left by a lost job expires.
 """
 
 import logging
@@ -12,6 +18,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import httpx
 from celery import shared_task
@@ -33,8 +40,20 @@ WEBHOOK_PARALLEL_POSTS = 8
 # A job posts for at most this long, then leaves the rest to the next job: one slow
 # subscriber must not hold a worker for ever.
 WEBHOOK_JOB_BUDGET_SECS = 60
-# The sweeper enqueues at most one job per subscriber per this many seconds.
-ENQUEUE_DEBOUNCE_SECS = 5
+# How far ahead the sweeper looks for due work, and how long a job waits for it: a little
+# more than the sweeper's period (CELERY_BEAT_SCHEDULE, 1 s; measured 1.00-1.05 s apart), so
+# that a retry due between two sweeps is waited for by a job, not left to the next sweep.
+RETRY_LOOKAHEAD_SECS = 1.5
+# A claim of a job still in the broker lasts this long: a free worker takes a job in
+# milliseconds; when every worker is busy, the sweeper may add one more per this many seconds
+# (the two share the work). In the embedded mode the cache is per process, so a claim taken by
+# the web server is never released by the worker's job and only rate-limits its wake-ups.
+CLAIM_QUEUED_SECS = 2
+# A running job renews its claim before each batch and each wait: one batch may post for up to
+# the webhook timeout. A claim of a killed worker's job stops holding others back after this.
+CLAIM_RUNNING_SECS = webhooks.TIMEOUT_SECS + 5
+# Why a delivery of a job's batch went back untried (operators read it as its last error).
+NOT_POSTED = "not posted: the webhook failed on an earlier delivery of the batch"
 FRAME_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
 # Set when the worker is told to stop (SIGTERM, a warm shutdown): a job finishes and acks the
 # batch it is posting, then stops leasing, so the worker exits within its grace and holds
@@ -56,18 +75,49 @@ def webhook_subscribers(subscriber_ids):
     )
 
 
+def claim_key(subscriber_id):
+    return f"webhook-job:{subscriber_id}"
+
+
 def enqueue_webhooks(subscriber_ids):
+    """Enqueue a webhook job for each of these subscribers that has none queued or running."""
+    enqueued = 0
     for sid in webhook_subscribers(subscriber_ids):
-        deliver_webhooks.delay(sid)
+        # cache.add is atomic: of the wake-ups and sweeps that race here, one enqueues.
+        if cache.add(claim_key(sid), "queued", timeout=CLAIM_QUEUED_SECS):
+            deliver_webhooks.delay(sid)
+            enqueued += 1
+    return enqueued
 
 
 @shared_task(acks_late=True)
 def deliver_webhooks(subscriber_id):
-    """Post the subscriber's ready deliveries to its webhook until none is ready."""
+    """Post the subscriber's ready deliveries to its webhook until none is ready or due within
+    RETRY_LOOKAHEAD_SECS; stop at the first failure (the rest waits for the sweeper)."""
+    holder = f"webhook:{uuid.uuid4().hex[:12]}"
+    if str(_cache_call(cache.get, claim_key(subscriber_id)) or "").startswith("running:"):
+        return 0  # another job serves this subscriber (it leases until nothing is ready)
+    try:
+        return _post_ready(subscriber_id, holder)
+    finally:
+        # Only our own claim: a job that outlived its claim must not drop its successor's.
+        if _cache_call(cache.get, claim_key(subscriber_id)) == f"running:{holder}":
+            _cache_call(cache.delete, claim_key(subscriber_id))
+
+
+def _cache_call(method, *args, **kwargs):
+    """A claim is a limit, not a lock: with the cache down (Redis restarting) the job goes on."""
+    try:
+        return method(*args, **kwargs)
+    except Exception:
+        log.warning("webhook job claim: the cache failed", exc_info=True)
+        return None
+
+
+def _post_ready(subscriber_id, holder):
     subscriber = Subscriber.objects.filter(pk=subscriber_id, is_active=True).exclude(webhook_url="").first()
     if subscriber is None or subscriber.connections.exists():
         return 0
-    holder = f"webhook:{uuid.uuid4().hex[:12]}"
     posted = 0
     deadline = time.monotonic() + WEBHOOK_JOB_BUDGET_SECS
     with (
@@ -75,16 +125,25 @@ def deliver_webhooks(subscriber_id):
         ThreadPoolExecutor(max_workers=WEBHOOK_PARALLEL_POSTS) as pool,
     ):
         while time.monotonic() < deadline and not stopping.is_set():
+            _cache_call(cache.set, claim_key(subscriber_id), f"running:{holder}", timeout=CLAIM_RUNNING_SECS)
             leased = ledger.lease_deliveries(subscriber, limit=WEBHOOK_BATCH, holder=holder)
             if not leased:
-                break
+                due_at = next_due_at(subscriber_id)
+                if due_at is None:
+                    break
+                # A retry due in a moment: wait for it here (the ledger's time, re-read when
+                # leasing), rather than end and leave it to a sweep up to a second later.
+                stopping.wait(max((due_at - timezone.now()).total_seconds(), 0))
+                continue
             # The first goes alone, as a probe: an endpoint that is down gets one request a
             # batch, and the rest go back untried (their attempts not spent).
             probe = post_one(subscriber, leased[0], client)
             if not probe.ok:
                 record_attempts(leased[:1], [probe])
                 ledger.fail_delivery(leased[0]["id"], holder, probe.error)
-                ledger.release_held([holder])
+                # Ready at once but no wake-up: the next sweep takes them, within a second,
+                # rather than a job now that would only find the endpoint still failing.
+                ledger.release_held([holder], reason=NOT_POSTED, wake=False)
                 log.info("webhook of %s failed (%s); the rest waits", subscriber, probe.error)
                 break
             # The rest at once; safe for ordered queues too, since the ledger leases at most one
@@ -103,6 +162,23 @@ def deliver_webhooks(subscriber_id):
                 log.info("webhook of %s failed %d times (%s)", subscriber, len(failed), failed[0][1].error)
                 break
     return posted
+
+
+def next_due_at(subscriber_id, now=None):
+    """When the subscriber's next pending delivery falls due, if within RETRY_LOOKAHEAD_SECS."""
+    now = now or timezone.now()
+    return (
+        Delivery.objects.filter(
+            subscriber_id=subscriber_id,
+            status=Status.PENDING,
+            next_attempt_at__gt=now,
+            next_attempt_at__lte=now + timedelta(seconds=RETRY_LOOKAHEAD_SECS),
+            queue__paused=False,
+        )
+        .order_by("next_attempt_at")
+        .values_list("next_attempt_at", flat=True)
+        .first()
+    )
 
 
 def post_one(subscriber, delivery, client):
@@ -130,21 +206,15 @@ def record_attempts(deliveries, outcomes):
 def sweep():
     """On beat, every second: expire overdue leases (back to pending with backoff, or dead
     after the last attempt), remove connections whose server died, and enqueue webhook jobs
-    for subscribers that have due work."""
+    for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
     stale = presence.sweep_stale_connections()
-    now = timezone.now()
+    soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
-        Delivery.objects.filter(status=Status.PENDING, next_attempt_at__lte=now, queue__paused=False)
+        Delivery.objects.filter(status=Status.PENDING, next_attempt_at__lte=soon, queue__paused=False)
         .exclude(subscriber__webhook_url="")
         .order_by()
         .values_list("subscriber_id", flat=True)
         .distinct()
     )
-    enqueued = 0
-    for sid in webhook_subscribers(due):
-        # cache.add is atomic: only one sweep in ENQUEUE_DEBOUNCE_SECS enqueues for a subscriber.
-        if cache.add(f"webhook-enqueued:{sid}", 1, timeout=ENQUEUE_DEBOUNCE_SECS):
-            deliver_webhooks.delay(sid)
-            enqueued += 1
-    return {"expired": expired, "stale_connections": stale, "webhook_jobs": enqueued}
+    return {"expired": expired, "stale_connections": stale, "webhook_jobs": enqueue_webhooks(due)}

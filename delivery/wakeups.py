@@ -2,8 +2,9 @@
 
 Three kinds of waiter hear them: long-polling requests of this process (a condition
 variable), websocket consumers of any process (the channel layer group `subscriber.<id>`) and,
-for subscribers with a webhook and no socket, a Celery job. A lost wake-up costs latency,
-never a message: every waiter also looks at the ledger on a timer (the sweeper, for webhooks).
+for subscribers with a webhook and no socket, a Celery job (unless one is already queued or
+running for the subscriber: see delivery.tasks). A lost wake-up costs latency, never a message:
+every waiter also looks at the ledger on a timer (the sweeper, for webhooks).
 """
 
 import asyncio

@@ -1,5 +1,6 @@
 """Celery delivery end to end: a real worker (with beat) on a private Redis, a real Daphne in
-the services mode, a real receiver; workers killed with SIGKILL and Redis restarted empty."""
+the services mode, a real receiver; retries on the backoff schedule through the real beat
+sweeper; workers killed with SIGKILL and Redis restarted empty."""
 
 import json
 import signal
@@ -26,10 +27,19 @@ def receiver():
 
 
 @pytest.fixture
-def services(receiver, settings):
+def backoff_base_secs():
+    return "0.2"  # short, so that the fault tests' retries come soon; a test may parametrize it
+
+
+@pytest.fixture
+def services(receiver, settings, backoff_base_secs):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     redis = start_redis()
-    env = {"REDIS_URL": redis.url, "MQ_WEBHOOK_ALLOW_PRIVATE": "true", "MQ_BACKOFF_BASE_SECS": "0.2"}
+    env = {
+        "REDIS_URL": redis.url,
+        "MQ_WEBHOOK_ALLOW_PRIVATE": "true",
+        "MQ_BACKOFF_BASE_SECS": backoff_base_secs,
+    }
     queue = Queue.objects.create(name="db", ack_timeout=2)
     monitor, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)
     subscribing.subscribe(monitor, queue)
@@ -70,6 +80,30 @@ def test_a_worker_posts_published_messages_to_the_webhook(services, receiver):
     publish(services, 5)
     assert wait_all_acked(5), services["worker"].output()[-3000:]
     assert set(received_payloads(receiver)) == set(range(5))
+
+
+@pytest.mark.parametrize("backoff_base_secs", ["1.0"])  # the contract's default: 1 s, 2 s, 4 s ...
+def test_failed_posts_are_retried_on_the_backoff_schedule_by_the_beat_sweeper(services, receiver):
+    receiver.script = [(500, 0), (503, 0), (200, 0)]
+    # beat is sweeping (its first sweep may come seconds after the worker is up)
+    deadline = time.monotonic() + 30
+    while "Sending due task sweep" not in services["worker"].output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    publish(services, 1)
+    assert wait_all_acked(1, timeout=30), services["worker"].output()[-3000:]
+    times = [t for t, *_ in receiver.requests]
+    assert len(times) == 3
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    print(f"retry gaps: {gaps[0]:.3f} s, {gaps[1]:.3f} s")
+    # 1 s, then doubled: each retry goes when the ledger says, not when a sweep happens by
+    for gap, expected in zip(gaps, (1.0, 2.0), strict=True):
+        assert 0.8 * expected <= gap <= 2 * expected + 1, gaps
+    assert Delivery.objects.get().attempt == 3
+    # One job per subscriber at a time, none for work not yet due: the failures did not set
+    # off jobs that find nothing to post (the wake-up's job, then one per retry).
+    time.sleep(0.5)  # the log catches up
+    jobs = services["worker"].output().count("Task delivery.tasks.deliver_webhooks[")
+    assert jobs <= 2 * (len(times) + 1), services["worker"].output()[-3000:]  # received, succeeded
 
 
 def test_a_worker_killed_mid_post_loses_nothing(services, receiver):

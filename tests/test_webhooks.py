@@ -6,8 +6,10 @@ import hashlib
 import hmac
 import json
 import time
+from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.test import override_settings
 from django.utils import timezone
 from standardwebhooks import Webhook
@@ -109,13 +111,95 @@ def test_it_is_dead_after_max_attempts_with_the_reason_kept(hooked, db_queue, re
     assert len(receiver.requests) == 3  # nothing more once dead
 
 
-def test_a_failing_endpoint_stops_the_job_and_gives_back_the_rest(hooked, db_queue, receiver):
+@pytest.fixture
+def enqueued(monkeypatch):
+    """The webhook jobs enqueued (subscriber ids), none of them run; no claim left over."""
+    jobs = []
+    monkeypatch.setattr(tasks.deliver_webhooks, "delay", jobs.append)
+    cache.clear()
+    yield jobs
+    cache.clear()
+
+
+def test_a_failing_endpoint_stops_the_job_and_gives_back_the_rest(
+    hooked, db_queue, receiver, enqueued, django_capture_on_commit_callbacks
+):
     receiver.default = (500, 0)
     publish(db_queue, 5)
-    tasks.deliver_webhooks(hooked.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.deliver_webhooks(hooked.pk)
     assert len(receiver.requests) == 1
-    statuses = sorted(Delivery.objects.values_list("attempt", "status"))
-    assert statuses == [(0, "pending")] * 4 + [(1, "pending")]
+    rows = sorted(Delivery.objects.values_list("attempt", "status", "last_error"))
+    assert rows[:4] == [(0, "pending", tasks.NOT_POSTED)] * 4  # not blamed on a closed connection
+    assert rows[4][:2] == (1, "pending") and "HTTP 500" in rows[4][2]
+    # Neither the failure (its retry is not due) nor the untried rest set off another job
+    # now: the sweeper takes them when due, one job at a time.
+    assert enqueued == []
+
+
+def test_it_enqueues_one_job_per_subscriber_at_a_time(hooked, db_queue, enqueued):
+    tasks.enqueue_webhooks([hooked.pk])
+    tasks.enqueue_webhooks([hooked.pk])  # another wake-up while the job waits in the broker
+    assert tasks.sweep()["webhook_jobs"] == 0
+    assert enqueued == [hooked.pk]
+    tasks.deliver_webhooks(hooked.pk)  # the job runs and ends: its claim goes with it
+    tasks.enqueue_webhooks([hooked.pk])
+    assert enqueued == [hooked.pk, hooked.pk]
+
+
+def test_a_job_leaves_the_subscriber_to_the_job_already_running(hooked, db_queue, receiver):
+    cache.set(tasks.claim_key(hooked.pk), "running:webhook:other", timeout=5)
+    try:
+        publish(db_queue)
+        assert tasks.deliver_webhooks(hooked.pk) == 0
+        assert receiver.requests == [] and Delivery.objects.get().status == Status.PENDING
+        assert cache.get(tasks.claim_key(hooked.pk)) == "running:webhook:other"  # not ours to drop
+    finally:
+        cache.clear()
+
+
+def test_a_job_waits_for_a_retry_due_within_the_lookahead(hooked, db_queue, receiver):
+    publish(db_queue)
+    due = timezone.now() + timedelta(seconds=0.6)
+    Delivery.objects.update(next_attempt_at=due)
+    assert tasks.deliver_webhooks(hooked.pk) == 1
+    assert len(receiver.requests) == 1
+    assert DeliveryAttempt.objects.get().at >= due  # not before the ledger said
+    assert Delivery.objects.get().status == Status.ACKED
+    # due later than the lookahead: the job ends, and the sweeper will enqueue one in time
+    publish(db_queue)
+    Delivery.objects.filter(status=Status.PENDING).update(
+        next_attempt_at=timezone.now() + timedelta(seconds=tasks.RETRY_LOOKAHEAD_SECS + 2)
+    )
+    started = time.monotonic()
+    assert tasks.deliver_webhooks(hooked.pk) == 0
+    assert time.monotonic() - started < 0.5
+
+
+def test_the_sweeper_enqueues_for_work_due_before_its_next_run(hooked, db_queue, enqueued):
+    publish(db_queue)
+    later = timezone.now() + timedelta(seconds=tasks.RETRY_LOOKAHEAD_SECS + 2)
+    Delivery.objects.update(next_attempt_at=later)
+    assert tasks.sweep()["webhook_jobs"] == 0
+    Delivery.objects.update(next_attempt_at=timezone.now() + timedelta(seconds=0.5))
+    assert tasks.sweep()["webhook_jobs"] == 1 and enqueued == [hooked.pk]
+
+
+def test_a_nack_with_a_backoff_wakes_nobody_and_one_due_now_does(
+    hooked, db_queue, monkeypatch, django_capture_on_commit_callbacks
+):
+    from delivery import ledger, wakeups
+
+    woken = []
+    monkeypatch.setattr(wakeups, "notify", woken.append)
+    publish(db_queue, 2)
+    first, second = ledger.lease_deliveries(hooked, limit=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger.nack_delivery(hooked, first["id"])  # retried after its backoff: nothing to do now
+    assert woken == []
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger.nack_delivery(hooked, second["id"], retry_in=0)
+    assert woken == [[hooked.pk]]
 
 
 def test_no_answer_within_the_timeout_is_a_failed_attempt(hooked, db_queue, receiver, monkeypatch):
@@ -149,17 +233,12 @@ def test_a_subscriber_with_a_live_socket_is_not_posted_to(hooked, db_queue, rece
     assert receiver.requests == []
 
 
-def test_the_sweeper_expires_leases_and_enqueues_due_webhook_jobs(hooked, db_queue, monkeypatch):
-    enqueued = []
-    monkeypatch.setattr(tasks.deliver_webhooks, "delay", lambda sid: enqueued.append(sid))
-    from django.core.cache import cache
-
-    cache.clear()
+def test_the_sweeper_expires_leases_and_enqueues_due_webhook_jobs(hooked, db_queue, enqueued):
     publish(db_queue)
     result = tasks.sweep()
     assert enqueued == [hooked.pk] and result["webhook_jobs"] == 1
     tasks.sweep()
-    assert enqueued == [hooked.pk]  # debounced
+    assert enqueued == [hooked.pk]  # the job is still queued: not a second one
     # an overdue lease comes back to pending
     Delivery.objects.update(status=Status.INFLIGHT, attempt=1, ack_deadline=timezone.now())
     assert tasks.sweep()["expired"] == 1

@@ -24,10 +24,11 @@ import httpx
 from celery import shared_task
 from celery.signals import worker_shutting_down
 from django.core.cache import cache
+from django.db import connection
 from django.utils import timezone
 
 from subscribers import presence
-from subscribers.models import Subscriber
+from subscribers.models import Connection, Subscriber
 
 from . import ledger, webhooks
 from .models import Delivery, DeliveryAttempt, Status
@@ -67,12 +68,23 @@ def _stop_leasing(**kwargs):
 
 
 def webhook_subscribers(subscriber_ids):
-    """Of these subscribers, those whose deliveries go by webhook now: a URL, and no socket."""
-    return list(
-        Subscriber.objects.filter(pk__in=subscriber_ids, is_active=True, connections__isnull=True)
-        .exclude(webhook_url="")
-        .values_list("pk", flat=True)
-    )
+    """Of these subscribers, those whose deliveries go by webhook now: a URL, and no socket.
+
+    Asked after every publish: plain SQL, since building the ORM's query cost more than
+    running it."""
+    ids = list(subscriber_ids)
+    if not ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT s.id FROM {Subscriber._meta.db_table} s
+            WHERE s.id IN ({", ".join(["%s"] * len(ids))}) AND s.is_active = %s AND s.webhook_url <> ''
+              AND NOT EXISTS (SELECT 1 FROM {Connection._meta.db_table} c WHERE c.subscriber_id = s.id)
+            """,
+            [*ids, True],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def claim_key(subscriber_id):

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from delivery import ledger, wakeups
@@ -73,6 +73,17 @@ def publish(queue, outgoing, publisher=None):
     """
     if not outgoing:
         return []
+    try:
+        return _publish(queue, outgoing, publisher)
+    except IntegrityError:
+        # A remembered event deleted since: look them up again (outside a caller's own
+        # transaction, which is broken now and must fail as it is).
+        if not _forget_events(queue.pk) or connection.in_atomic_block:
+            raise
+        return _publish(queue, outgoing, publisher)
+
+
+def _publish(queue, outgoing, publisher):
     now = timezone.now()
     with transaction.atomic():
         events = _events(queue, {o.event for o in outgoing})
@@ -130,14 +141,44 @@ def publish(queue, outgoing, publisher=None):
     ]
 
 
+# Events of a queue, by (queue id, name), as committed: a row never changes its name or queue,
+# so a publish need not look its event up each time (the lookup was about a seventh of a
+# single publish's cost). Filled only after a commit, so that a rolled-back transaction leaves
+# nothing here; an event deleted since (the admin) fails the publish's foreign key at commit,
+# and publish() forgets the queue's events and tries again.
+_known_events = {}
+KNOWN_EVENTS_MAX = 10_000
+
+
 def _events(queue, names):
     """The queue's Event rows for these names, made where missing (race-safe)."""
-    found = {e.name: e for e in Event.objects.filter(queue=queue, name__in=names)}
+    found = {n: e for n in names if (e := _known_events.get((queue.pk, n))) is not None}
     missing = names - found.keys()
     if missing:
-        Event.objects.bulk_create([Event(queue=queue, name=n) for n in missing], ignore_conflicts=True)
-        found = {e.name: e for e in Event.objects.filter(queue=queue, name__in=names)}
+        looked_up = {e.name: e for e in Event.objects.filter(queue=queue, name__in=missing)}
+        if missing - looked_up.keys():
+            Event.objects.bulk_create(
+                [Event(queue=queue, name=n) for n in missing - looked_up.keys()], ignore_conflicts=True
+            )
+            looked_up = {e.name: e for e in Event.objects.filter(queue=queue, name__in=missing)}
+        found.update(looked_up)
+        transaction.on_commit(lambda: _remember_events(queue.pk, looked_up.values()))
     return found
+
+
+def _remember_events(queue_id, events):
+    if len(_known_events) > KNOWN_EVENTS_MAX:
+        _known_events.clear()
+    for e in events:
+        _known_events[(queue_id, e.name)] = e
+
+
+def _forget_events(queue_id):
+    """Drop the remembered events of a queue; whether there were any."""
+    keys = [k for k in list(_known_events) if k[0] == queue_id]
+    for k in keys:
+        _known_events.pop(k, None)
+    return bool(keys)
 
 
 def _take_seqs(queue, count):

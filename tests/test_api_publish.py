@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 
 from delivery.models import Delivery, Status
-from queues.models import Message
+from queues.models import Event, Message
 from tests.conftest import client_for
 
 
@@ -301,6 +301,35 @@ def test_publish_inside_the_callers_transaction_exists_only_if_it_commits(db_que
     with transaction.atomic():
         publishing.publish(db_queue, [publishing.prepare("create", 1)])
     assert Message.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_event_made_in_a_rolled_back_transaction_is_not_taken_for_made(db_queue):
+    from django.db import transaction
+
+    from queues import publishing
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publishing.publish(db_queue, [publishing.prepare("brandnew", 1)])
+        raise RuntimeError("the caller's own work failed")
+    # In a transaction of the caller's, a publish cannot try again: the event must be made anew.
+    with transaction.atomic():
+        ((answer, created),) = publishing.publish(db_queue, [publishing.prepare("brandnew", 2)])
+    assert created and answer["event"] == "brandnew"
+    assert Event.objects.filter(queue=db_queue, name="brandnew").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_to_an_event_deleted_since_it_was_last_used_makes_it_again(db_queue):
+    from queues import publishing
+
+    publishing.publish(db_queue, [publishing.prepare("create", 1)])
+    Event.objects.filter(queue=db_queue, name="create").delete()  # an operator, in the admin
+
+    ((answer, created),) = publishing.publish(db_queue, [publishing.prepare("create", 2)])
+
+    assert created and answer["event"] == "create"
+    assert Message.objects.get().event == Event.objects.get(queue=db_queue, name="create")
 
 
 class TestQueueList:

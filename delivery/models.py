@@ -20,9 +20,16 @@ class Delivery(models.Model):
         on_delete=models.SET_NULL,  # acked history outlives an unsubscribe, for the analytics
         null=True,
         related_name="deliveries",
+        # No index of its own: delivery_lease and the unique (subscription, message) lead with
+        # it. Every lease and ack writes an entry into each index of this table, and an index
+        # that no query needs made both slower (bench/PROFILE.md); it also misled the planner.
+        db_index=False,
     )
     subscriber = models.ForeignKey(
-        "subscribers.Subscriber", on_delete=models.CASCADE, related_name="deliveries"
+        "subscribers.Subscriber",
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        db_index=False,  # delivery_by_subscriber leads with it (see above)
     )
     message = models.ForeignKey("queues.Message", on_delete=models.CASCADE, related_name="deliveries")
     queue = models.ForeignKey("queues.Queue", on_delete=models.CASCADE, related_name="+")

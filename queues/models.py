@@ -62,7 +62,9 @@ class Event(models.Model):
 class Message(models.Model):
     """One published (queue, event, payload). Immutable once written."""
 
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="messages")
+    # No index of its own: the unique (queue, seq) leads with it, and a second index misled the
+    # planner into reading a whole queue's messages for one seq (bench/PROFILE.md).
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="messages", db_index=False)
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="messages")
     seq = models.BigIntegerField(editable=False)
     # The payload's JSON text as published: stored as text, not jsonb, so that any JSON value

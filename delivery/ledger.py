@@ -260,15 +260,30 @@ def ack_deliveries(subscriber, ids, now=None):
     """
     now = now or timezone.now()
     ids = list(dict.fromkeys(ids))
-    with transaction.atomic():
-        mine = set(Delivery.objects.filter(id__in=ids, subscriber=subscriber).values_list("id", flat=True))
-        acked = (
-            Delivery.objects.filter(id__in=mine)
-            .exclude(status=Status.ACKED)
-            .update(status=Status.ACKED, acked_at=now, ack_deadline=None, lease_holder="")
+    if not ids:
+        return 0, []
+    # One statement, compare-and-set on the owner and the status; plain SQL for its RETURNING
+    # (PostgreSQL, SQLite 3.35+). Only when it did not ack them all is a second query needed,
+    # to tell ids acked before from ids that are not the subscriber's.
+    table = Delivery._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
+            WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
+            RETURNING id
+            """,
+            [Status.ACKED, connection.ops.adapt_datetimefield_value(now), *ids, subscriber.pk, Status.ACKED],
+        )
+        acked = {row[0] for row in cursor.fetchall()}
+    mine = acked
+    if len(acked) < len(ids):
+        rest = [i for i in ids if i not in acked]
+        mine = acked | set(
+            Delivery.objects.filter(id__in=rest, subscriber=subscriber).values_list("id", flat=True)
         )
     # No wake-up: the acking client leases next itself (its consumer wakes on its own acks).
-    return acked, [i for i in ids if i not in mine]
+    return len(acked), [i for i in ids if i not in mine]
 
 
 NACKED = "nacked by the client"

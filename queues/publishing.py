@@ -173,6 +173,10 @@ def _remember_events(queue_id, events):
         _known_events[(queue_id, e.name)] = e
 
 
+def forget_all_events():
+    _known_events.clear()
+
+
 def _forget_events(queue_id):
     """Drop the remembered events of a queue; whether there were any."""
     keys = [k for k in list(_known_events) if k[0] == queue_id]

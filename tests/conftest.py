@@ -11,6 +11,7 @@ import pytest
 from django.db import close_old_connections
 from rest_framework.test import APIClient
 
+from queues import publishing
 from queues.models import Queue
 from subscribers.provisioning import create_subscriber
 
@@ -83,6 +84,15 @@ def _consumers_return_their_connections():
     twenty websocket tests. Keep the real cleanup, as in production."""
     with mock.patch("channels.testing.application.no_op", close_old_connections):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _forget_remembered_events():
+    """Each test starts from an empty database, whose ids the next test uses again: events
+    remembered by publishing (after a commit) must not outlive the test that made them. A
+    server's database never goes back like this."""
+    yield
+    publishing.forget_all_events()
 
 
 @pytest.fixture(scope="session", autouse=True)

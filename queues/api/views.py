@@ -7,7 +7,7 @@ from rest_framework.views import APIView
 from mqsite.api import BodyRequiredSchema, errors
 from queues import group_commit, publishing
 from queues.models import Queue
-from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
+from queues.names import NAME_HELP, SCHEMA_PATTERN, BadName, clean_name
 from subscribers.auth import subscriber_of
 
 from .serializers import (
@@ -47,7 +47,7 @@ class MessagesView(APIView):
         summary="Publish one message, or a batch of up to 1000 (all or nothing)",
         parameters=[
             OpenApiParameter(
-                "queue", str, OpenApiParameter.PATH, pattern=INPUT_RE.pattern, description=NAME_HELP
+                "queue", str, OpenApiParameter.PATH, pattern=SCHEMA_PATTERN, description=NAME_HELP
             )
         ],
         request=PolymorphicProxySerializer(

@@ -284,14 +284,8 @@
     return 10 * p;
   }
 
-  function chart(box, series, lines, format) {
-    const W = Math.max(box.clientWidth, 200), H = Math.max(box.clientHeight, 120);
-    const pad = { l: 52, r: 10, t: 8, b: 22 };
-    const n = series.published.length;
-    const all = lines.flatMap((l) => l.values.filter((v) => v !== null));
-    const top = niceMax(Math.max(0, ...all) * 1.1);
-    const x = (i) => pad.l + (W - pad.l - pad.r) * (n <= 1 ? 1 : i / (n - 1));
-    const y = (v) => pad.t + (H - pad.t - pad.b) * (1 - v / top);
+  // An SVG of W x H and a function that appends an element to it (the charts' one way to draw).
+  function svgCanvas(W, H) {
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     const add = (tag, attrs, text) => {
@@ -301,11 +295,28 @@
       svg.appendChild(el);
       return el;
     };
-    for (let k = 0; k <= 4; k++) {
-      const v = (top * k) / 4;
+    return [svg, add];
+  }
+
+  // Horizontal grid lines from 0 to `top` in `steps`, each labelled on the left.
+  function gridLines(add, pad, W, y, top, steps, format) {
+    for (let k = 0; k <= steps; k++) {
+      const v = (top * k) / steps;
       add("line", { x1: pad.l, x2: W - pad.r, y1: y(v), y2: y(v), class: "grid-line" });
       add("text", { x: pad.l - 6, y: y(v) + 3.5, "text-anchor": "end", class: "axis-label" }, format(v));
     }
+  }
+
+  function chart(box, series, lines, format) {
+    const W = Math.max(box.clientWidth, 200), H = Math.max(box.clientHeight, 120);
+    const pad = { l: 52, r: 10, t: 8, b: 22 };
+    const n = series.published.length;
+    const all = lines.flatMap((l) => l.values.filter((v) => v !== null));
+    const top = niceMax(Math.max(0, ...all) * 1.1);
+    const x = (i) => pad.l + (W - pad.l - pad.r) * (n <= 1 ? 1 : i / (n - 1));
+    const y = (v) => pad.t + (H - pad.t - pad.b) * (1 - v / top);
+    const [svg, add] = svgCanvas(W, H);
+    gridLines(add, pad, W, y, top, 4, format);
     const step = series.step_secs;
     for (let i = 0; i < n - 1; i++) {
       const secsAgo = (n - 1 - i) * step;
@@ -431,20 +442,8 @@
     const n = values.length;
     const slot = (W - pad.l - pad.r) / n;
     const y = (v) => pad.t + (H - pad.t - pad.b) * (1 - v / top);
-    const svg = document.createElementNS(SVG, "svg");
-    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
-    const add = (tag, attrs, text) => {
-      const el = document.createElementNS(SVG, tag);
-      for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-      if (text !== undefined) el.textContent = text;
-      svg.appendChild(el);
-      return el;
-    };
-    for (let k = 0; k <= 2; k++) {
-      const v = (top * k) / 2;
-      add("line", { x1: pad.l, x2: W - pad.r, y1: y(v), y2: y(v), class: "grid-line" });
-      add("text", { x: pad.l - 6, y: y(v) + 3.5, "text-anchor": "end", class: "axis-label" }, num(v));
-    }
+    const [svg, add] = svgCanvas(W, H);
+    gridLines(add, pad, W, y, top, 2, num);
     const start = new Date(hourly.start).getTime();
     const every = Math.max(1, Math.ceil(n / Math.max(1, Math.floor((W - pad.l) / 60))));
     values.forEach((v, i) => {

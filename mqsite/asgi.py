@@ -5,9 +5,13 @@ import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+import django  # noqa: E402
 
-django_http = get_asgi_application()  # sets Django up before the consumers are imported
+django.setup(set_prefix=False)  # as get_asgi_application() does, before the consumers are imported
+
+from mqsite.asgi_handler import SyncChainASGIHandler  # noqa: E402
+
+django_http = SyncChainASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

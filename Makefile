@@ -44,8 +44,13 @@ lint: install
 test-sqlite: install $(CHROMIUM)
 	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 $(BIN)/pytest -q --create-db
 
+# pytest-django cannot drop its database while a connection of a child process lingers (it
+# warns and leaves it): drop it here, keeping pytest's exit status.
 test-postgres: install $(CHROMIUM)
-	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db
+	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db; status=$$?; \
+	psql "$(dir $(PG_TEST_URL))postgres" -qc 'DROP DATABASE IF EXISTS "test_$(notdir $(PG_TEST_URL))" WITH (FORCE)' \
+		>/dev/null 2>&1 || true; \
+	exit $$status
 
 test: lint test-sqlite test-postgres
 

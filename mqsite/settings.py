@@ -250,7 +250,7 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "mqsite.beat:OperatorEditableScheduler"
 CELERY_BEAT_SCHEDULE = {
     # Every second: retries are due by the second (backoff starts at 1 s).
     "sweep": {"task": "delivery.tasks.sweep", "schedule": 1.0},

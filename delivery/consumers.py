@@ -28,7 +28,7 @@ from rest_framework.utils.encoders import JSONEncoder
 from mqsite.api import is_db_id, storable_text
 from mqsite.parsers import BadJSON, decode_json
 from queues import group_commit, publishing
-from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
+from queues.names import BadName, clean_name
 from subscribers import presence, subscribing
 from subscribers.auth import subscriber_for_token
 from subscribers.models import Subscription
@@ -465,18 +465,16 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             while end < len(batch) and batch[end][1] == name:
                 end += 1
             run = batch[start:end]
-            queue = publishing.find_queue(name) if INPUT_RE.match(name) else None
-            if not INPUT_RE.match(name):
-                error = FrameError("bad_name", f"queue {name!r} is not valid: {NAME_HELP}")
-            elif queue is None:
+            error = _bad_queue_name(name)
+            queue = publishing.find_queue(name) if error is None else None
+            if error is None and queue is None:
                 error = FrameError("not_found", f"There is no queue named {name!r}.")
-            elif not self.subscriber.may_publish(queue):
+            elif error is None and not self.subscriber.may_publish(queue):
                 error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
-            else:
-                error = None
+            if error is None:
                 published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
                 answers += [(ref, answer) for (ref, _, _), (answer, _) in zip(run, published, strict=True)]
-            if error is not None:
+            else:
                 answers += [(ref, error) for ref, _, _ in run]
             start = end
         return answers
@@ -505,10 +503,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 event = clean_name(event, "event")
             except BadName as exc:
                 raise FrameError("bad_name", str(exc)) from None
-        try:
-            clean_name(name, "queue")
-        except BadName as exc:
-            raise FrameError("bad_name", str(exc)) from None
+        error = _bad_queue_name(name)
+        if error is not None:
+            raise error
         queue = await db(publishing.find_queue)(name)
         if queue is None:
             raise FrameError("not_found", f"There is no queue named {name!r}.")
@@ -527,3 +524,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def send_json(self, content):
         await self.send(text_data=json.dumps(content, cls=JSONEncoder))
+
+
+def _bad_queue_name(name):
+    """The error frame for a queue name that breaks the naming rule, or None."""
+    try:
+        clean_name(name, "queue")
+    except BadName as exc:
+        return FrameError("bad_name", str(exc))
+    return None

@@ -239,7 +239,7 @@ def main():
             ),
             "history_lease_100": lambda: ledger.lease_deliveries(hist, limit=100, holder="specific.trace!h2"),
             "history_ack_100": lambda: ledger.ack_deliveries(hist, held),
-            "history_idle_recheck": lambda: ledger._anything_ready(hist_subs, None, timezone.now()),
+            "history_idle_recheck": lambda: ledger._readiness(hist_subs, None, timezone.now()),
         }
     plans = {name: explain_all(captured_rolled_back(fn)) for name, fn in runs.items()}
     if history is not None:

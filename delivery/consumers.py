@@ -356,6 +356,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.ack_buffer += [i for i in ids if is_db_id(i)]
         for i in ids:
             self.held.pop(i, None)
+        # The window has room now: lease the next ones while the acks are written, not after
+        # (they are other rows; a catch-up waited a round trip per window for nothing).
+        self.wake.set()
         if self.ack_task is None or self.ack_task.done():
             self.ack_task = asyncio.ensure_future(self.write_acks())
         if unknown:
@@ -366,7 +369,6 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         while self.ack_buffer:
             ids, self.ack_buffer = self.ack_buffer, []
             _, unknown = await db(ledger.ack_deliveries)(self.subscriber, ids)
-            self.wake.set()  # the window has room again
             if unknown:
                 await self.send_json(
                     {

@@ -65,30 +65,39 @@ def backoff_secs(attempt):
 def fan_out(queue_id, first_seq, last_seq, now):
     """Insert one pending delivery per (message, matching subscription) for a range of seqs.
 
-    One INSERT ... SELECT for the whole range, called inside the publisher's transaction. A
-    subscription matches when it is for the message's queue and for its event or all events.
+    One INSERT ... SELECT for the whole range, called inside the publisher's transaction.
     Returns ({message_id: deliveries made}, {subscriber ids owed something}), from the
     INSERT's own RETURNING: no second query.
     """
-    table = Delivery._meta.db_table
+    sql, params = fan_out_statement("queues_message m", "m.queue_id = %s AND m.seq BETWEEN %s AND %s", now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, queue_id, first_seq, last_seq])
+        return fanned_out(cursor.fetchall())
+
+
+def fan_out_statement(messages, where, now):
+    """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
+    queue_id, event_id, seq) where `where` holds, and its leading parameters (the caller's for
+    `where` follow). A subscription matches a message when it is for the message's queue and
+    for its event or all events. It returns (message id, subscriber id) per delivery made."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {table}
-                (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-                 attempt, next_attempt_at, created_at, lease_holder, last_error)
-            SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
-            FROM queues_message m
-            JOIN subscribers_subscription s
-              ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
-            WHERE m.queue_id = %s AND m.seq BETWEEN %s AND %s
-            RETURNING message_id, subscriber_id
-            """,
-            [Status.PENDING, at, at, queue_id, first_seq, last_seq],
-        )
-        rows = cursor.fetchall()
+    sql = f"""
+        INSERT INTO {Delivery._meta.db_table}
+            (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
+             attempt, next_attempt_at, created_at, lease_holder, last_error)
+        SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
+        FROM {messages}
+        JOIN {Subscription._meta.db_table} s
+          ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
+        WHERE {where}
+        RETURNING message_id, subscriber_id
+    """
+    return sql, [Status.PENDING, at, at]
+
+
+def fanned_out(rows):
+    """({message_id: deliveries made}, {subscriber ids owed something}) from the fan-out's rows."""
     counts = defaultdict(int)
     for message_id, _ in rows:
         counts[message_id] += 1

@@ -1,6 +1,6 @@
 """The websocket at /ws/: live delivery, with the same ledger as pull.
 
-Notify-then-lease: the channel layer only says "subscriber N may have work"; the consumer
+Notify-then-lease: a wake-up (delivery.wakeups) only says "subscriber N may have work"; the consumer
 then leases from the ledger up to its free prefetch window and sends what it got. It does so
 on connect (the catch-up: every subscription of the subscriber resumes by itself), on a
 wake-up, after an ack or nack frees room, and when a lease it holds runs out. In case a wake-up
@@ -17,9 +17,11 @@ import json
 import logging
 import math
 import time
+import uuid
 import weakref
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -33,9 +35,8 @@ from subscribers import presence, subscribing
 from subscribers.auth import subscriber_for_token
 from subscribers.models import Subscription
 
-from . import ledger
+from . import ledger, wakeups
 from .api.serializers import MAX_NACK_ERROR_CHARS
-from .wakeups import group_name
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class FrameError(Exception):
         self.code, self.detail, self.extra = code, detail, extra
 
 
-_maintenance = _recheck = None
+_maintenance = _recheck = _listener = None
 _open = weakref.WeakSet()  # the consumers of this process with a socket open
 
 
@@ -82,16 +83,18 @@ def open_sockets():
 
 
 def ensure_maintenance():
-    """Two loops per server process. One refreshes the heartbeat of every socket of the process
+    """Loops of a server process. One refreshes the heartbeat of every socket of the process
     (one UPDATE), sweeps connections whose server died (their heartbeat stopped) and expires
     overdue leases, so that nothing waits on a socket that is gone, even where no other
-    sweeper runs (the embedded mode). The other wakes the sockets whose subscribers have work
-    (see the module's docstring)."""
-    global _maintenance, _recheck
+    sweeper runs (the embedded mode). One wakes the sockets whose subscribers have work (see
+    the module's docstring). In the services mode, one hears the other processes' wake-ups."""
+    global _maintenance, _recheck, _listener
     if _maintenance is None or _maintenance.done():
         _maintenance = asyncio.ensure_future(_maintain())
     if _recheck is None or _recheck.done():
         _recheck = asyncio.ensure_future(_wake_those_with_work())
+    if settings.REDIS_URL and (_listener is None or _listener.done()):
+        _listener = asyncio.ensure_future(wakeups.listen())
 
 
 async def _maintain():
@@ -134,6 +137,10 @@ def token_from_scope(scope):
 
 
 class DeliveryConsumer(AsyncWebsocketConsumer):
+    # No channel layer: nothing is sent to a socket through it (wake-ups go through
+    # delivery.wakeups), and with channels_redis every socket held a Redis connection blocked
+    # in BZPOPMIN for nothing, which capped how many idle sockets a process could hold.
+    channel_layer_alias = None
     subscriber = None
     pump_task = None
     ack_task = None
@@ -144,6 +151,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     # --- life of a connection ---
 
     async def __call__(self, scope, receive, send):
+        # The connection's name, as the presence table and a lease's holder know it.
+        self.channel_name = f"ws.{uuid.uuid4().hex}"
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -165,9 +174,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.publish_buffer = []  # [(ref, queue name, outgoing)] not yet published
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
-        self.last_group_join = time.monotonic()
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
-        await self.join_group()
+        self.watching = wakeups.watch(self.subscriber.pk, self.wake)
         client = self.scope.get("client") or ("", 0)
         await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
         self.pump_task = asyncio.ensure_future(self.pump())
@@ -206,21 +214,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         # What this socket held and had not acked is ready for another at once.
         await db(presence.close_connection)(self.channel_name)
         _open.discard(self)
-        try:
-            await self.channel_layer.group_discard(group_name(self.subscriber.pk), self.channel_name)
-        except Exception:  # the channel layer (Redis) is away: the group expires by itself
-            log.warning("could not leave the group of %s", self.channel_name, exc_info=True)
-
-    async def join_group(self):
-        """Hear wake-ups. Without the channel layer (Redis away) the socket still works, on
-        the process's RECHECK_SECS loop: wake-ups are hints."""
-        try:
-            await self.channel_layer.group_add(group_name(self.subscriber.pk), self.channel_name)
-        except Exception:
-            log.warning("could not join the group of %s; on the timer only", self.channel_name, exc_info=True)
-
-    async def mq_wake(self, event):
-        self.wake.set()
+        wakeups.unwatch(self.subscriber.pk, self.watching)
 
     async def pump(self):
         try:
@@ -232,7 +226,6 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 self.wake.clear()
                 if self.closing:
                     return
-                await self.rejoin_if_due()
                 grace = self.resume_at - time.monotonic()
                 if grace > 0:
                     await asyncio.sleep(grace)
@@ -248,15 +241,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     def until_a_lease_ends(self):
         """Seconds until the first lease this socket holds runs out (its window opens then),
-        at most HEARTBEAT_SECS (the group membership is refreshed that often)."""
+        at most HEARTBEAT_SECS."""
         ends = min(self.held.values(), default=math.inf)
         return min(max(ends - time.monotonic(), 0.05), presence.HEARTBEAT_SECS)
-
-    async def rejoin_if_due(self):
-        # Channel layers expire group memberships after a while: refresh ours now and then.
-        if time.monotonic() - self.last_group_join >= presence.HEARTBEAT_SECS:
-            self.last_group_join = time.monotonic()
-            await self.join_group()
 
     async def send_ready(self):
         async with self.sending:
@@ -272,6 +259,15 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             for d in leased:
                 self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
                 await self.send_json({"type": "message", **{k: d[k] for k in MESSAGE_FIELDS}})
+
+    async def dispatch(self, message):
+        # As Channels' own, without its close_old_connections() before every frame: that ran in
+        # the one thread shared by every socket of the process, a thread hop per frame. Each
+        # database call here is a db() call, which does the same in its own thread.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     # --- frames ---
 

@@ -1,19 +1,30 @@
 """Wake-ups: "subscriber N may have work". They carry no message, only a hint to lease now.
 
-Three kinds of waiter hear them: long-polling requests of this process (a condition
-variable), websocket consumers of any process (the channel layer group `subscriber.<id>`) and,
-for subscribers with a webhook and no socket, a Celery job (unless one is already queued or
-running for the subscriber: see delivery.tasks). A lost wake-up costs latency, never a message:
-every waiter also looks at the ledger on a timer (the sweeper, for webhooks).
+Four kinds of waiter hear them: long-polling requests of this process (a condition variable),
+websocket consumers of this process (their asyncio.Event, set directly), websocket consumers
+and long polls of the other server processes (one Redis PUBLISH per commit, heard by one
+listener per process, in the services mode) and, for subscribers with a webhook and no socket,
+a Celery job (unless one is already queued or running for the subscriber: see delivery.tasks).
+A lost wake-up costs latency, never a message: every waiter also looks at the ledger on a
+timer (the sweeper, for webhooks).
+
+Why not the channel layer's groups (`subscriber.<id>`), as the design sketch has it: a
+group_send costs several Redis round trips per subscriber, run through async_to_sync from the
+publisher's thread onto the event loop, and every socket kept a group membership to refresh.
+That was most of a publish's cost once the publish itself was one statement (bench/PROFILE.md,
+section 8). A PUBLISH names every subscriber of a commit in one round trip, and a process's
+own sockets are woken without Redis at all.
 """
 
 import asyncio
+import functools
 import logging
+import os
 import threading
+import uuid
 from collections import defaultdict
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 log = logging.getLogger(__name__)
@@ -21,27 +32,23 @@ log = logging.getLogger(__name__)
 _lock = threading.Condition()
 _generation = defaultdict(int)  # subscriber id -> how many wake-ups it has had
 _stopping = threading.Event()  # the server is shutting down: waiters stop waiting
-WAKE = {"type": "mq.wake"}
-
-
-def group_name(subscriber_id):
-    return f"subscriber.{subscriber_id}"
+_sockets = defaultdict(set)  # subscriber id -> {(event loop, asyncio.Event)} of this process
+# Tells this process's own PUBLISHes from the others' (its sockets were woken directly).
+_PROCESS = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+LISTEN_RETRY_SECS = 1.0
 
 
 def notify(subscriber_ids):
     ids = list(subscriber_ids)
     if not ids:
         return
-    with _lock:
-        for sid in ids:
-            _generation[sid] += 1
-        _lock.notify_all()
-    layer = get_channel_layer()
-    if layer is not None:
+    _wake_here(ids)
+    client = _redis()
+    if client is not None:
         try:
-            async_to_sync(_send_all)(layer, ids)
+            client.publish(channel(), f"{_PROCESS} {' '.join(map(str, ids))}")
         except Exception:  # a wake-up is a hint: losing one costs latency, not a message
-            log.warning("could not send wake-ups to %s", ids, exc_info=True)
+            log.warning("could not publish wake-ups for %s", ids, exc_info=True)
     from .tasks import enqueue_webhooks  # here: tasks import the ledger, which imports us
 
     try:
@@ -50,8 +57,25 @@ def notify(subscriber_ids):
         log.warning("could not enqueue webhook jobs for %s; the sweeper will", ids, exc_info=True)
 
 
-async def _send_all(layer, ids):
-    await asyncio.gather(*(layer.group_send(group_name(sid), WAKE) for sid in ids))
+def _wake_here(ids):
+    """Wake this process's long polls and sockets of these subscribers."""
+    with _lock:
+        for sid in ids:
+            _generation[sid] += 1
+        _lock.notify_all()
+        waiters = [w for sid in ids for w in _sockets.get(sid, ())]
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # a sync thread (a request, a Celery task)
+        running = None
+    for loop, event in waiters:
+        if loop is running:
+            event.set()
+        else:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: its socket is gone
+                pass
 
 
 def notify_after_commit(subscriber_ids):
@@ -59,6 +83,75 @@ def notify_after_commit(subscriber_ids):
     ids = list(subscriber_ids)
     if ids:
         transaction.on_commit(lambda: notify(ids))
+
+
+def watch(subscriber_id, event):
+    """Set `event` (an asyncio.Event of the running loop) at every wake-up of the subscriber,
+    until unwatch() with what this returns."""
+    waiter = (asyncio.get_running_loop(), event)
+    with _lock:
+        _sockets[subscriber_id].add(waiter)
+    return waiter
+
+
+def unwatch(subscriber_id, waiter):
+    with _lock:
+        waiters = _sockets.get(subscriber_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del _sockets[subscriber_id]
+
+
+# --- across processes (the services mode) ----------------------------------------------------
+
+
+@functools.cache
+def _redis():
+    """One client for the process, or None without Redis (the embedded mode: one process)."""
+    if not settings.REDIS_URL:
+        return None
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+
+
+def channel():
+    """The PUBLISH channel. Pub/sub ignores Redis's database numbers, so the channel names the
+    database: two deployments on one Redis (or the tests beside a server) do not wake each
+    other's subscribers."""
+    from redis.connection import parse_url
+
+    return f"mq.wake.{parse_url(settings.REDIS_URL).get('db', 0)}"
+
+
+async def listen():
+    """Hear the other processes' wake-ups, for as long as the process runs (one task per
+    process; see consumers.ensure_maintenance). Reconnects after Redis goes away."""
+    import redis.asyncio
+
+    while True:
+        # No read timeout: the subscription is quiet for as long as nothing is published.
+        client = redis.asyncio.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=None, health_check_interval=30
+        )
+        try:
+            async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                await pubsub.subscribe(channel())
+                async for message in pubsub.listen():
+                    sender, _, ids = message["data"].decode().partition(" ")
+                    if sender != _PROCESS:
+                        _wake_here([int(i) for i in ids.split()])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("lost the wake-ups of other processes; listening again", exc_info=True)
+        finally:
+            await client.aclose()
+        await asyncio.sleep(LISTEN_RETRY_SECS)
+
+
+# --- long polls ---------------------------------------------------------------------------------
 
 
 def generation(subscriber_id):

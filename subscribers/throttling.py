@@ -3,6 +3,7 @@ import logging
 
 from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import SimpleRateThrottle
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,26 @@ def counters():
     seventh of the CPU of a publish, bench/PROFILE.md). redis-py's pool is thread-safe, and
     LocMemCache instances of one name share their storage, so sharing one is safe for both."""
     return caches.create_connection("default")
+
+
+def count_request(cache, key, timeout):
+    """Add one to the counter `key` (made with a lifetime of `timeout` seconds); its new value.
+
+    On Redis, one round trip: INCR makes a missing key at 1, and EXPIRE NX (Redis 7) gives it
+    its lifetime only when it has none. Django's add() and incr() took three (SET NX, then
+    EXISTS and INCR), a fifth of a single publish's CPU in Daphne (bench/PROFILE.md)."""
+    if isinstance(cache, RedisCache):
+        key = cache.make_and_validate_key(key)
+        pipe = cache._cache.get_client(key, write=True).pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, timeout, nx=True)
+        return pipe.execute()[0]
+    cache.add(key, 0, timeout=timeout)
+    try:
+        return cache.incr(key)
+    except ValueError:  # the window expired between add and incr
+        cache.set(key, 1, timeout=timeout)
+        return 1
 
 
 class ClientRateThrottle(SimpleRateThrottle):
@@ -47,14 +68,8 @@ class ClientRateThrottle(SimpleRateThrottle):
         self.now = self.timer()
         window = int(self.now // self.duration)
         window_key = f"{key}:{window}"
-        cache = counters()
         try:
-            cache.add(window_key, 0, timeout=self.duration + 1)
-            try:
-                count = cache.incr(window_key)
-            except ValueError:  # the window expired between add and incr
-                cache.set(window_key, 1, timeout=self.duration + 1)
-                count = 1
+            count = count_request(counters(), window_key, self.duration + 1)
         except Exception:
             # The cache (Redis) is down: let the request through. Refusing every publish
             # because the rate counter is unreachable would turn a cache outage into an outage.

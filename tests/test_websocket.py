@@ -230,25 +230,23 @@ async def test_a_closed_socket_gives_back_what_it_held_at_once():
 
 
 async def test_a_connection_that_fails_under_it_stops_leasing_and_gives_back_what_it_held(monkeypatch):
-    """The channel layer's Redis going away ends the consumer with an error, not a disconnect:
-    its pump must not live on, leasing deliveries for a socket that is gone until they die."""
+    """An error under the consumer (here in handling a frame) ends it with an error, not a
+    disconnect: its pump must not live on, leasing deliveries for a socket that is gone until
+    they die."""
     import asyncio
 
-    from channels.layers import InMemoryChannelLayer
+    from delivery.consumers import DeliveryConsumer
 
-    broken = asyncio.Event()
+    async def broken_transport(self, message):
+        raise ConnectionError("the transport went away")
 
-    async def receive_until_broken(self, channel):
-        await broken.wait()
-        raise ConnectionError("the channel layer went away")
-
-    monkeypatch.setattr(InMemoryChannelLayer, "receive", receive_until_broken)
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
     await publish(queue, 3)
     comm = await connect(token)
     await recv_messages(comm, 3)
-    broken.set()
+    monkeypatch.setattr(DeliveryConsumer, "websocket_receive", broken_transport)
+    await send(comm, {"type": "ping"})
     with pytest.raises(ConnectionError):
         await comm.receive_output(timeout=3)
     assert await db(lambda: Delivery.objects.filter(status=Status.PENDING).count()) == 3

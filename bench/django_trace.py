@@ -232,14 +232,13 @@ def main():
     if history is not None:
         hist = history.subscriptions.select_related("subscriber").order_by("id").first().subscriber
         held = [d["id"] for d in ledger.lease_deliveries(hist, limit=100, holder="specific.trace!hist")]
-        hist_subs = list(history.subscriptions.filter(subscriber=hist).values_list("id", flat=True))
         runs |= {
             "history_publish_one": lambda: publishing.publish(
                 history, [publishing.prepare("create", PAYLOAD)]
             ),
             "history_lease_100": lambda: ledger.lease_deliveries(hist, limit=100, holder="specific.trace!h2"),
             "history_ack_100": lambda: ledger.ack_deliveries(hist, held),
-            "history_idle_recheck": lambda: ledger._readiness(hist_subs, None, timezone.now()),
+            "history_idle_recheck": lambda: ledger._subscriptions(hist, history, None, timezone.now()),
         }
     plans = {name: explain_all(captured_rolled_back(fn)) for name, fn in runs.items()}
     if history is not None:

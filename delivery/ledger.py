@@ -116,16 +116,14 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
     delivery of it is in flight or waiting for its retry. Returns dicts ready for the API.
     """
     now = now or timezone.now()
-    subs = Subscription.objects.filter(subscriber=subscriber, queue__paused=False)
-    if queue is not None:
-        subs = subs.filter(queue=queue)
-    subs = list(subs.order_by().values("id", "queue_id", "queue__ordered", "queue__ack_timeout"))
-    if not subs or limit <= 0:
+    if limit <= 0:
         return []
-    sub_ids = [s["id"] for s in subs]
-    ready, overdue = _readiness(sub_ids, event_ids, now)
-    if not ready and not overdue:
+    # Only the subscriptions with something ready or overdue: an idle poller's lease is this
+    # one read, and takes no write lock (on SQLite, the whole database's).
+    subs = [s for s in _subscriptions(subscriber, queue, event_ids, now) if s["ready"] or s["overdue"]]
+    if not subs:
         return []
+    overdue = [s["id"] for s in subs if s["overdue"]]
     ordered = [s for s in subs if s["queue__ordered"]]
     unordered = defaultdict(list)
     for sub in subs:
@@ -137,7 +135,7 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
     leased = []
     with _lease_durability(), contextlib.nullcontext() if alone else transaction.atomic():
         if overdue:
-            _expire_overdue(now, sub_ids)
+            _expire_overdue(now, overdue)
         for sub in ordered:
             if len(leased) < limit:
                 leased += _lease_head(sub, event_ids, holder, now)
@@ -166,23 +164,49 @@ def _of_subscriptions(sub_ids, event_ids):
     return where, params
 
 
-def _readiness(sub_ids, event_ids, now):
-    """(any delivery ready, any lease overdue) among these subscriptions, in one cheap read:
-    it spares an idle poller the write (on SQLite a write lock) of a lease that finds nothing,
-    and a lease the expiry step when nothing is overdue."""
+def _subscriptions(subscriber, queue, event_ids, now):
+    """The subscriber's subscriptions to queues that are not paused (to `queue` only, if
+    given), each with its queue's settings and whether it has a delivery ready and a lease
+    overdue (of `event_ids`, if given): one read, EXISTS stopping at the first row."""
     at = connection.ops.adapt_datetimefield_value(now)
-    where, params = _of_subscriptions(sub_ids, event_ids)
-    table = Delivery._meta.db_table
+    of_events, event_params = "", []
+    if event_ids is not None:
+        event_ids = list(event_ids)
+        of_events = f"AND d.event_id IN {_in(event_ids)}" if event_ids else "AND 1 = 0"
+        event_params = event_ids
+    deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id {of_events}"
+    of_queue = "AND s.queue_id = %s" if queue is not None else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT EXISTS (SELECT 1 FROM {table} WHERE {where} AND status = %s AND next_attempt_at <= %s),
-                   EXISTS (SELECT 1 FROM {table} WHERE {where} AND status = %s AND ack_deadline <= %s)
+            SELECT s.id, q.ordered, q.ack_timeout,
+                   EXISTS ({deliveries} AND d.status = %s AND d.next_attempt_at <= %s),
+                   EXISTS ({deliveries} AND d.status = %s AND d.ack_deadline <= %s)
+            FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
+            WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
             """,
-            [*params, Status.PENDING, at, *params, Status.INFLIGHT, at],
+            [
+                *event_params,
+                Status.PENDING,
+                at,
+                *event_params,
+                Status.INFLIGHT,
+                at,
+                subscriber.pk,
+                False,
+                *([queue.pk] if queue is not None else []),
+            ],
         )
-        ready, overdue = cursor.fetchone()
-    return bool(ready), bool(overdue)
+        return [
+            {
+                "id": id_,
+                "queue__ordered": bool(ordered),
+                "queue__ack_timeout": ack_timeout,
+                "ready": bool(ready),
+                "overdue": bool(overdue),
+            }
+            for id_, ordered, ack_timeout, ready, overdue in cursor.fetchall()
+        ]
 
 
 def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):

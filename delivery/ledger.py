@@ -79,7 +79,8 @@ def fan_out_statement(messages, where, now):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
     queue_id, event_id, seq) where `where` holds, and its leading parameters (the caller's for
     `where` follow). A subscription matches a message when it is for the message's queue and
-    for its event or all events. It returns (message id, subscriber id) per delivery made."""
+    for its event or all events. Deliveries are numbered in seq order, as the messages are.
+    It returns (message id, subscriber id) per delivery made."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     sql = f"""
@@ -91,6 +92,7 @@ def fan_out_statement(messages, where, now):
         JOIN {Subscription._meta.db_table} s
           ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
         WHERE {where}
+        ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
     """
     return sql, [Status.PENDING, at, at]

@@ -51,12 +51,19 @@ class CountHTTPRequests:
             )
             return
         _requests += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            _requests -= 1
-            if _requests == 0 and _idle is not None:
-                _idle.set()
+        # Its own task, shielded and counted until it ends: Daphne cancels every application
+        # instance as it stops, at the same time as _drain() waits for them, and a request
+        # under way must still be answered (a cancel would drop it half way).
+        request = asyncio.ensure_future(self.app(scope, receive, send))
+        request.add_done_callback(_request_ended)
+        await asyncio.shield(request)
+
+
+def _request_ended(_task):
+    global _requests
+    _requests -= 1
+    if _requests == 0 and _idle is not None:
+        _idle.set()
 
 
 async def _drain():

@@ -12,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from delivery import ledger, wakeups
+from mqsite import rows
 from mqsite.api import storable_text
 
 from .models import Event, Message, Queue
@@ -271,6 +272,6 @@ def _answer_of(id_, queue, event, seq, deliveries, created_at):
 def find_queue(name):
     """The queue of that name (any case), or None. Names that are not valid find nothing."""
     try:
-        return Queue.objects.get(name=clean_name(name, "queue"))
-    except (BadName, Queue.DoesNotExist):
+        return rows.first(Queue, "name = %s", [clean_name(name, "queue")])
+    except BadName:
         return None

@@ -4,6 +4,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
+from mqsite import rows
+
 from .models import Subscriber
 from .tokens import hash_token, token_matches
 
@@ -28,7 +30,7 @@ def subscriber_for_token(token):
     """The active subscriber holding `token`, or None."""
     if not token:
         return None
-    subscriber = Subscriber.objects.filter(token_hash=hash_token(token), is_active=True).first()
+    subscriber = rows.first(Subscriber, "token_hash = %s AND is_active = %s", [hash_token(token), True])
     # The lookup is by hash, so its timing says nothing about the token; compare anyway, in
     # constant time, so that no future change of lookup can leak it.
     if subscriber is None or not token_matches(token, subscriber.token_hash):

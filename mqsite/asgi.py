@@ -42,4 +42,7 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
+    from mqsite import autobahn_quiet
+
     shutdown.install(reactor)
+    autobahn_quiet.install()

@@ -93,6 +93,14 @@ def test_a_batch_with_one_bad_message_publishes_nothing(subscribed):
     assert Message.objects.count() == 0 and Delivery.objects.count() == 0
 
 
+def test_a_batch_with_a_messages_fields_beside_it_is_a_400_and_publishes_nothing(subscribed):
+    logger, _ = subscribed
+    r = publish(logger, {"messages": [{"event": "create", "payload": 1}], "event": "create", "payload": 2})
+    assert r.status_code == 400
+    assert set(r.json()) >= {"event", "payload"}
+    assert Message.objects.count() == 0
+
+
 def test_a_batch_has_at_most_1000_messages_and_at_least_one(subscribed):
     logger, _ = subscribed
     r = publish(logger, {"messages": [{"event": "create", "payload": i} for i in range(1001)]})

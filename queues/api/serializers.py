@@ -31,6 +31,16 @@ class PublishBatchSerializer(serializers.Serializer):
     # A ListField, not many=True: the schema then says how many (minItems, maxItems).
     messages = serializers.ListField(child=PublishSerializer(), min_length=1, max_length=publishing.MAX_BATCH)
 
+    def validate(self, attrs):
+        # A body with a message's own fields beside "messages" fits both shapes the schema
+        # allows (oneOf): it is a mistake, not a batch, and publishing it would drop them.
+        mixed = sorted(set(PublishSerializer().fields) & set(self.initial_data))
+        if mixed:
+            raise serializers.ValidationError(
+                {f: ["A batch has only 'messages': put this inside each message."] for f in mixed}
+            )
+        return attrs
+
 
 class PublishedSerializer(serializers.Serializer):
     """The answer to a publish (for the schema; views return dicts)."""

@@ -45,11 +45,19 @@ def _lease_durability():
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA synchronous=NORMAL")
     try:
-        yield
+        with _writing():
+            yield
     finally:
         if relax:
             with connection.cursor() as cursor:
                 cursor.execute("PRAGMA synchronous=FULL")
+
+
+def _writing():
+    """The process's SQLite write lock (mqsite/sqlite) around a write made outside a
+    transaction; nothing on other databases."""
+    writing = getattr(connection, "writing", None)
+    return writing() if writing is not None else contextlib.nullcontext()
 
 
 def backoff_secs(attempt):
@@ -366,7 +374,7 @@ def ack_deliveries(subscriber, ids, now=None):
     # (PostgreSQL, SQLite 3.35+). Only when it did not ack them all is a second query needed,
     # to tell ids acked before from ids that are not the subscriber's.
     table = Delivery._meta.db_table
-    with connection.cursor() as cursor:
+    with _writing(), connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''

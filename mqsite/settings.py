@@ -106,6 +106,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": ("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"),
         }
     )
+    # Django's SQLite backend, with this process's write transactions queued on one lock
+    # (mqsite/sqlite/base.py says why).
+    DATABASES["default"]["ENGINE"] = "mqsite.sqlite"
     DATABASES["default"]["TEST"] = {"NAME": env.str("MQ_TEST_SQLITE", default=str(VAR_DIR / "test.sqlite3"))}
     # Opening a SQLite connection (and its PRAGMAs) costs more than most queries: keep it.
     # Unlike a server database, an idle open file costs nothing and there is no limit to reach.

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from datetime import datetime
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -29,6 +28,7 @@ from queues.models import Event, Message, Queue
 from subscribers import subscribing
 from subscribers.auth import BearerTokenAuthentication, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
+from tests import servers
 
 DELIVERY_FIELDS = {
     "id",
@@ -191,11 +191,7 @@ def test_it_refuses_a_malformed_webhook_url(db):
 
 def database_url():
     """The test database, as a DATABASE_URL for a manage.py run in a child process."""
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    auth = quote(s["USER"] or "", safe="") + (f":{quote(s['PASSWORD'], safe='')}" if s["PASSWORD"] else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    return servers.test_database_url()
 
 
 def manage(*args, **kw):

@@ -166,12 +166,16 @@ def _in(values):
 def _of_subscriptions(sub_ids, event_ids):
     """The WHERE clause (and its parameters) for deliveries of these subscriptions, of these
     events when `event_ids` is not None."""
-    where, params = f"subscription_id IN {_in(sub_ids)}", list(sub_ids)
-    if event_ids is not None:
-        event_ids = list(event_ids)
-        where += f" AND event_id IN {_in(event_ids)}" if event_ids else " AND 1 = 0"
-        params += event_ids
-    return where, params
+    of_events, event_params = _of_events("event_id", event_ids)
+    return f"subscription_id IN {_in(sub_ids)}{of_events}", [*sub_ids, *event_params]
+
+
+def _of_events(column, event_ids):
+    """(" AND <column> IN (...)", its parameters) for these events; nothing when None."""
+    if event_ids is None:
+        return "", []
+    event_ids = list(event_ids)
+    return (f" AND {column} IN {_in(event_ids)}" if event_ids else " AND 1 = 0"), event_ids
 
 
 def _subscriptions(subscriber, queue, event_ids, now):
@@ -179,12 +183,8 @@ def _subscriptions(subscriber, queue, event_ids, now):
     given), each with its queue's settings and whether it has a delivery ready and a lease
     overdue (of `event_ids`, if given): one read, EXISTS stopping at the first row."""
     at = connection.ops.adapt_datetimefield_value(now)
-    of_events, event_params = "", []
-    if event_ids is not None:
-        event_ids = list(event_ids)
-        of_events = f"AND d.event_id IN {_in(event_ids)}" if event_ids else "AND 1 = 0"
-        event_params = event_ids
-    deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id {of_events}"
+    of_events, event_params = _of_events("d.event_id", event_ids)
+    deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
     of_queue = "AND s.queue_id = %s" if queue is not None else ""
     with connection.cursor() as cursor:
         cursor.execute(

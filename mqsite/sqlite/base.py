@@ -31,21 +31,19 @@ class DatabaseWrapper(base.DatabaseWrapper):
             self._release_writer()
             raise
 
+    # A commit, a rollback or a close ends the transaction: the next writer may start.
     def _commit(self):
-        try:
-            return super()._commit()
-        finally:
-            self._release_writer()
+        return self._ending(super()._commit)
 
     def _rollback(self):
-        try:
-            return super()._rollback()
-        finally:
-            self._release_writer()
+        return self._ending(super()._rollback)
 
     def _close(self):
+        return self._ending(super()._close)
+
+    def _ending(self, end):
         try:
-            return super()._close()
+            return end()
         finally:
             self._release_writer()
 

@@ -120,9 +120,14 @@ def channel():
     """The PUBLISH channel. Pub/sub ignores Redis's database numbers, so the channel names the
     database: two deployments on one Redis (or the tests beside a server) do not wake each
     other's subscribers."""
+    return _channel_of(settings.REDIS_URL)
+
+
+@functools.cache
+def _channel_of(url):  # parsed once, not at every commit
     from redis.connection import parse_url
 
-    return f"mq.wake.{parse_url(settings.REDIS_URL).get('db', 0)}"
+    return f"mq.wake.{parse_url(url).get('db', 0)}"
 
 
 async def listen():

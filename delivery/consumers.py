@@ -41,7 +41,7 @@ from .api.serializers import MAX_NACK_ERROR_CHARS
 log = logging.getLogger(__name__)
 
 # How often an idle connection looks at the ledger without a wake-up: the most a lost
-# wake-up (or one from a process the channel layer does not reach) can delay a delivery.
+# wake-up (or one from a process that could not reach Redis) can delay a delivery.
 RECHECK_SECS = 2.0
 # A socket hands out nothing in its first moments: a client that reconnects and sends its
 # subscribe frames again gets each "subscribed" answer before the catch-up, in the order of
@@ -157,7 +157,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             await super().__call__(scope, receive, send)
         finally:
             # However the connection ends: a websocket.disconnect, a cancel (the server
-            # stopping) or an error under it (the channel layer's Redis going away), the pump
+            # stopping) or an error under it (the transport going away), the pump
             # stops and what the socket held goes back now. A pump left running after an error
             # would lease deliveries for a socket that is gone, again and again, until they die.
             await self.disconnect(None)

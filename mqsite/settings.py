@@ -127,8 +127,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Redis (services mode) ------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 
-# The channel layer carries wake-ups between processes (services mode); in one process
-# (embedded mode) an in-memory layer does.
+# The channel layer serves the operators' dashboard socket: Redis between processes (services
+# mode), in memory in one process (embedded mode). Wake-ups do not use it (delivery/wakeups.py).
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

@@ -35,7 +35,7 @@ from subscribers import presence, subscribing
 from subscribers.auth import subscriber_for_token
 from subscribers.models import Subscription
 
-from . import ledger, wakeups
+from . import ledger, liveness, wakeups
 from .api.serializers import MAX_NACK_ERROR_CHARS
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,10 @@ _open = weakref.WeakSet()  # the consumers of this process with a socket open
 async def release_open_sockets():
     """The server is stopping (mqsite/shutdown.py): every socket of this process hands back
     what it holds now, rather than at its ack deadline."""
-    await asyncio.gather(*(c.disconnect(None) for c in list(_open)), return_exceptions=True)
+    consumers = list(_open)
+    for c in consumers:
+        c.give_back = True  # the client is not at fault: its attempts are not spent
+    await asyncio.gather(*(c.disconnect(None) for c in consumers), return_exceptions=True)
 
 
 def open_sockets():
@@ -147,12 +150,15 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     publish_task = None
     release_task = None
     closing = False
+    # Whether what the socket held on closing gets its attempt back: only when the server
+    # closes it (its shutdown, an operator); a client that goes away spends them.
+    give_back = False
 
     # --- life of a connection ---
 
     async def __call__(self, scope, receive, send):
         # The connection's name, as the presence table and a lease's holder know it.
-        self.channel_name = f"ws.{uuid.uuid4().hex}"
+        self.channel_name = liveness.holder(f"ws.{uuid.uuid4().hex}")
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -212,7 +218,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.publish_task is not None:
             await self.publish_task  # publishes received before the close go in (it logs its errors)
         # What this socket held and had not acked is ready for another at once.
-        await db(presence.close_connection)(self.channel_name)
+        await db(presence.close_connection)(self.channel_name, spend=not self.give_back)
         _open.discard(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
 
@@ -236,6 +242,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             raise
         except Exception:
             log.exception("delivery pump of %s failed; closing the socket", self.channel_name)
+            self.give_back = True  # our failure, not the client's
             with contextlib.suppress(Exception):  # the socket may be gone already
                 await self.close(code=CLOSE_SERVER_ERROR)
 
@@ -450,6 +457,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             # Unanswered, these publishes may or may not be in: the client publishes them
             # again (with their keys, once), as after any dropped connection.
             log.exception("publishing for %s failed; closing the socket", self.channel_name)
+            self.give_back = True  # our failure, not the client's
             with contextlib.suppress(Exception):
                 await self.close(code=CLOSE_SERVER_ERROR)
 

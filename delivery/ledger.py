@@ -17,8 +17,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef
-from django.db.models.functions import Greatest
+from django.db.models import CharField, Exists, F, OuterRef, Subquery, Value
+from django.db.models.functions import Cast, Concat, Greatest
 from django.utils import timezone
 
 from queues.models import Event, Message, Queue
@@ -571,21 +571,53 @@ def drop_undelivered(subscription):
     Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED).delete()
 
 
-def release_held(holders, reason="the connection holding it closed", wake=True):
-    """Deliveries held by these lease holders go back to pending, ready at once, their attempt
-    given back: a closed websocket (the client is gone, there is nothing to wait for), or a
-    webhook job's batch left untried when its endpoint failed (`reason` says which; `wake=False`
-    leaves them to the sweeper rather than wake a job that would only find it failing)."""
-    held = Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT)
+def release_held(holders, reason="the connection holding it closed", wake=True, spend=False):
+    """Deliveries held by these lease holders go back to pending, ready at once: a closed
+    websocket (the client is gone, there is nothing to wait for), or a webhook job's batch left
+    untried when its endpoint failed (`reason` says which; `wake=False` leaves them to the
+    sweeper rather than wake a job that would only find it failing).
+
+    `spend`: the attempt counts, and a delivery that had its last one is dead. A socket that
+    the client closed (or dropped) while holding a delivery spends it: a message its client
+    dies on must die too, not block its subscription for ever (API.md, Extensions). Otherwise
+    (the server's own shutdown, an untried batch) the attempt is given back."""
+    return _release(
+        Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT), reason, wake, spend
+    )
+
+
+def release_held_by_prefix(prefix, reason):
+    """What every lease holder whose name starts with `prefix` held: the holdings of a server
+    or worker process that died (delivery.liveness), ready at once, the attempt given back."""
+    return _release(
+        Delivery.objects.filter(lease_holder__startswith=prefix, status=Status.INFLIGHT), reason, True, False
+    )
+
+
+CLOSED_IN_FLIGHT = "connection closed while in flight"
+
+
+def _release(held, reason, wake, spend):
+    now = timezone.now()
     with transaction.atomic():
         subscriber_ids = list(held.order_by().values_list("subscriber_id", flat=True).distinct())
+        if spend:
+            max_attempts = Queue.objects.filter(pk=OuterRef("queue_id")).values("max_attempts")[:1]
+            held.filter(attempt__gte=Subquery(max_attempts)).update(
+                status=Status.DEAD,
+                ack_deadline=None,
+                lease_holder="",
+                last_error=Concat(
+                    Value(f"{CLOSED_IN_FLIGHT}, "), Cast("attempt", CharField()), Value(" times")
+                ),
+            )
         count = held.update(
             status=Status.PENDING,
-            # Whether the client saw the message cannot be known (or it was never sent). Give
-            # the attempt back, so that a subscriber whose connection drops often does not see
-            # its deliveries die of attempts that never reached it.
-            attempt=Greatest(F("attempt") - 1, 0),
-            next_attempt_at=timezone.now(),
+            # Whether the client saw the message cannot be known (or it was never sent): given
+            # back, so that a subscriber whose server restarts does not see its deliveries die
+            # of attempts that never reached it.
+            **({} if spend else {"attempt": Greatest(F("attempt") - 1, 0)}),
+            next_attempt_at=now,
             ack_deadline=None,
             lease_holder="",
             last_error=reason,

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 import httpx
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
@@ -30,7 +30,7 @@ from django.utils import timezone
 from subscribers import presence
 from subscribers.models import Connection, Subscriber
 
-from . import ledger, webhooks
+from . import ledger, liveness, webhooks
 from .models import Delivery, DeliveryAttempt, Status
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,16 @@ stopping = threading.Event()
 @worker_shutting_down.connect
 def _stop_leasing(**kwargs):
     stopping.set()
+
+
+@worker_ready.connect
+def _beat(**kwargs):
+    liveness.start("worker")
+
+
+@worker_shutdown.connect
+def _stop_beating(**kwargs):
+    liveness.stop()
 
 
 def webhook_subscribers(subscriber_ids):
@@ -106,7 +116,7 @@ def enqueue_webhooks(subscriber_ids):
 def deliver_webhooks(subscriber_id):
     """Post the subscriber's ready deliveries to its webhook until none is ready or due within
     RETRY_LOOKAHEAD_SECS; stop at the first failure (the rest waits for the sweeper)."""
-    holder = f"webhook:{uuid.uuid4().hex[:12]}"
+    holder = liveness.holder(f"webhook.{uuid.uuid4().hex[:12]}")
     if str(_cache_call(cache.get, claim_key(subscriber_id)) or "").startswith("running:"):
         return 0  # another job serves this subscriber (it leases until nothing is ready)
     try:
@@ -220,6 +230,7 @@ def sweep():
     after the last attempt), remove connections whose server died, and enqueue webhook jobs
     for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
+    dead = liveness.release_dead()  # also done by every live process's beat: a second net
     stale = presence.sweep_stale_connections()
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
@@ -229,4 +240,9 @@ def sweep():
         .values_list("subscriber_id", flat=True)
         .distinct()
     )
-    return {"expired": expired, "stale_connections": stale, "webhook_jobs": enqueue_webhooks(due)}
+    return {
+        "expired": expired,
+        "dead_processes": len(dead),
+        "stale_connections": stale,
+        "webhook_jobs": enqueue_webhooks(due),
+    }

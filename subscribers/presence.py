@@ -25,10 +25,11 @@ def open_connection(subscriber, channel_name, remote_addr=""):
     )
 
 
-def close_connection(channel_name):
-    """The socket closed: what it held goes back to pending at once, and the row goes."""
+def close_connection(channel_name, spend=False):
+    """The socket closed: what it held goes back to pending at once, and the row goes.
+    `spend`: the client closed it, and the attempts it held count (ledger.release_held)."""
     with transaction.atomic():
-        ledger.release_held([channel_name])
+        ledger.release_held([channel_name], spend=spend)
         Connection.objects.filter(channel_name=channel_name).delete()
 
 

@@ -7,7 +7,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from delivery import ledger, wakeups
+from delivery import ledger, liveness, wakeups
 from mqsite.api import Conflict, errors, is_db_id
 from queues.api.views import queue_or_404
 from queues.models import Event
@@ -65,8 +65,14 @@ class DeliveryListView(APIView):
         deadline = time.monotonic() + wait
         while True:
             seen = wakeups.generation(subscriber.pk)
+            # Held in this process's name: if it dies before the client acks (a pull answered
+            # into a dead connection), another process hands these back in seconds.
             leased = ledger.lease_deliveries(
-                subscriber, limit=params["limit"], queue=queue, event_ids=event_ids
+                subscriber,
+                limit=params["limit"],
+                queue=queue,
+                event_ids=event_ids,
+                holder=liveness.holder("pull"),
             )
             left = deadline - time.monotonic()
             if leased or left <= 0 or wakeups.stopping():

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -36,6 +37,11 @@ _name = None
 _pid = None
 _stop = threading.Event()
 _thread = None
+# Since when this process's beats have been going through (monotonic), or None. After the
+# database was away (a PostgreSQL restart) every process's last beat is old: a process judges
+# others only once it has itself beaten for longer than DEAD_AFTER_SECS again, so that the
+# first one back does not take all the others for dead.
+_beating_since = None
 
 
 def name():
@@ -80,11 +86,14 @@ def stop():
 
 
 def _beat_until_stopped(kind):
+    global _beating_since
     while not _stop.is_set():
         try:
             beat(kind)
-            release_dead()
+            _beating_since = _beating_since or time.monotonic()
+            release_dead_if_beating()
         except Exception:
+            _beating_since = None
             log.warning("liveness beat failed; trying again in %s s", BEAT_SECS, exc_info=True)
         finally:
             if connection.vendor != "sqlite":
@@ -99,6 +108,14 @@ def beat(kind, now=None):
         # Absent when this process was taken for dead (or never beat): it simply comes back.
         if not ServerProcess.objects.filter(name=me).update(last_beat=now):
             ServerProcess.objects.create(name=me, kind=kind, started_at=now, last_beat=now)
+
+
+def release_dead_if_beating():
+    """release_dead(), from a process whose own beats have gone through for long enough to
+    judge the others (see _beating_since); nothing otherwise."""
+    if _beating_since is None or time.monotonic() - _beating_since <= DEAD_AFTER_SECS + BEAT_SECS:
+        return []
+    return release_dead()
 
 
 def release_dead(now=None):

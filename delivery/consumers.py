@@ -48,9 +48,6 @@ RECHECK_SECS = 2.0
 # subscribe frames again gets each "subscribed" answer before the catch-up, in the order of
 # the contract, rather than racing the automatic resume. Short, since it delays every resume.
 RESUME_GRACE_SECS = 0.2
-# How often a process checks, in one query, that its sockets' tokens still hold: revocation
-# reaches them within 2 s even when the announcement (delivery.revocation) was lost.
-TOKEN_CHECK_SECS = 0.5
 CLOSE_BAD_TOKEN = 4401
 CLOSE_THROTTLED = 4429  # too many failed token attempts from the address (as HTTP 429)
 CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
@@ -97,14 +94,19 @@ def ensure_maintenance():
     the module's docstring). In the services mode, one hears the other processes' wake-ups."""
     global _maintenance, _recheck, _listener, _token_check, _loop
     _loop = asyncio.get_running_loop()
-    if _token_check is None or _token_check.done():
+    if not _running(_token_check):
         _token_check = asyncio.ensure_future(_check_tokens())
-    if _maintenance is None or _maintenance.done():
+    if not _running(_maintenance):
         _maintenance = asyncio.ensure_future(_maintain())
-    if _recheck is None or _recheck.done():
+    if not _running(_recheck):
         _recheck = asyncio.ensure_future(_wake_those_with_work())
-    if settings.REDIS_URL and (_listener is None or _listener.done()):
+    if settings.REDIS_URL and not _running(_listener):
         _listener = asyncio.ensure_future(wakeups.listen())
+
+
+def _running(task):
+    # A task of another event loop (closed: one per test) never runs again, though not done.
+    return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
 
 
 async def _maintain():
@@ -138,15 +140,16 @@ async def _wake_those_with_work():
 
 
 async def _check_tokens():
+    """The safety net of revocation: every MQ_REVOCATION_CHECK_SECS, whatever Redis lost."""
     while True:
-        await asyncio.sleep(TOKEN_CHECK_SECS)
+        await asyncio.sleep(settings.MQ_REVOCATION_CHECK_SECS)
         consumers = [c for c in list(_open) if not c.closing]
         if not consumers:
             continue
         try:
             await check_tokens(consumers)
         except Exception:
-            log.exception("checking tokens failed; trying again in %s s", TOKEN_CHECK_SECS)
+            log.exception("checking tokens failed; trying again in %s s", settings.MQ_REVOCATION_CHECK_SECS)
 
 
 async def check_tokens(consumers):

@@ -328,9 +328,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.revoked or self.closing:
             return
         self.revoked = reason
+        await self.disconnect(None)  # first: by the close, what it held is ready for others
         with contextlib.suppress(Exception):  # the socket may be gone already
             await self.close(code=code)
-        await self.disconnect(None)
 
     def look_again(self):
         """An announcement named this socket's subscriber: look again (one look at a time;

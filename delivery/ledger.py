@@ -10,6 +10,7 @@ admin) call these functions and nothing else to move a delivery.
 """
 
 import contextlib
+import functools
 import json
 from collections import defaultdict
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import CharField, Exists, F, OuterRef, Subquery, Value
+from django.db.models import CharField, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat, Greatest
 from django.utils import timezone
 
@@ -87,8 +88,10 @@ def fan_out_statement(messages, where, now):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
     queue_id, event_id, seq) where `where` holds, and its leading parameters (the caller's for
     `where` follow). A subscription matches a message when it is for the message's queue and
-    for its event or all events. Deliveries are numbered in seq order, as the messages are.
-    It returns (message id, subscriber id) per delivery made."""
+    for its event or all events, and its subscriber is active and may still subscribe to the
+    queue (revocation: a subscription stays, but is owed nothing while its right is gone).
+    Deliveries are numbered in seq order, as the messages are. It returns (message id,
+    subscriber id) per delivery made."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     sql = f"""
@@ -99,11 +102,22 @@ def fan_out_statement(messages, where, now):
         FROM {messages}
         JOIN {Subscription._meta.db_table} s
           ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
+        JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
         WHERE {where}
         ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
     """
-    return sql, [Status.PENDING, at, at]
+    return sql, [Status.PENDING, at, at, True, True]
+
+
+@functools.cache
+def _may_subscribe():
+    """SQL: the subscriber `r` of subscription `s` is active and may subscribe to its queue
+    (two parameters, both True). A primary-key row and an EXISTS on the rights' unique index:
+    cheap enough for every publish. (A function: the rights table is known once apps load.)"""
+    return f"""r.is_active = %s AND (r.subscribe_all = %s OR EXISTS (
+        SELECT 1 FROM {Subscriber.subscribe_queues.through._meta.db_table} g
+        WHERE g.subscriber_id = s.subscriber_id AND g.queue_id = s.queue_id))"""
 
 
 def fanned_out(rows):
@@ -180,8 +194,9 @@ def _of_events(column, event_ids):
 
 def _subscriptions(subscriber, queue, event_ids, now):
     """The subscriber's subscriptions to queues that are not paused (to `queue` only, if
-    given), each with its queue's settings and whether it has a delivery ready and a lease
-    overdue (of `event_ids`, if given): one read, EXISTS stopping at the first row."""
+    given) and that it is still active and allowed to subscribe to, each with its queue's
+    settings and whether it has a delivery ready and a lease overdue (of `event_ids`, if
+    given): one read, EXISTS stopping at the first row."""
     at = connection.ops.adapt_datetimefield_value(now)
     of_events, event_params = _of_events("d.event_id", event_ids)
     deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
@@ -193,6 +208,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
                    EXISTS ({deliveries} AND d.status = %s AND d.next_attempt_at <= %s),
                    EXISTS ({deliveries} AND d.status = %s AND d.ack_deadline <= %s)
             FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
+            JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
             WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
             """,
             [
@@ -202,6 +218,8 @@ def _subscriptions(subscriber, queue, event_ids, now):
                 *event_params,
                 Status.INFLIGHT,
                 at,
+                True,
+                True,
                 subscriber.pk,
                 False,
                 *([queue.pk] if queue is not None else []),
@@ -343,11 +361,18 @@ def _delivery(id, message_id, queue, event, seq, payload_json, attempt, publishe
 
 def subscribers_with_work(subscriber_ids, now=None):
     """Which of these subscribers have a delivery ready or a lease overdue: one query for all
-    the open sockets of a process (EXISTS stops at the first row of each)."""
+    the open sockets of a process (EXISTS stops at the first row of each). Only of active
+    subscribers and of queues they may still subscribe to: what a revoked right left owed
+    wakes nobody."""
     now = now or timezone.now()
-    ready = Delivery.objects.filter(subscriber=OuterRef("pk"))
+    granted = Subscriber.subscribe_queues.through.objects.filter(
+        subscriber_id=OuterRef("subscriber_id"), queue_id=OuterRef("queue_id")
+    )
+    ready = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(
+        Q(subscriber__subscribe_all=True) | Exists(granted)
+    )
     return set(
-        Subscriber.objects.filter(pk__in=subscriber_ids)
+        Subscriber.objects.filter(pk__in=subscriber_ids, is_active=True)
         .filter(
             Exists(ready.filter(status=Status.PENDING, next_attempt_at__lte=now))
             | Exists(ready.filter(status=Status.INFLIGHT, ack_deadline__lte=now))
@@ -571,19 +596,23 @@ def drop_undelivered(subscription):
     Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED).delete()
 
 
-def release_held(holders, reason="the connection holding it closed", wake=True, spend=False):
+def release_held(
+    holders, reason="the connection holding it closed", wake=True, spend=False, subscription_ids=None
+):
     """Deliveries held by these lease holders go back to pending, ready at once: a closed
     websocket (the client is gone, there is nothing to wait for), or a webhook job's batch left
     untried when its endpoint failed (`reason` says which; `wake=False` leaves them to the
-    sweeper rather than wake a job that would only find it failing).
+    sweeper rather than wake a job that would only find it failing). `subscription_ids`: only
+    those of these subscriptions (a revoked right's, on a socket that stays open).
 
     `spend`: the attempt counts, and a delivery that had its last one is dead. A socket that
     the client closed (or dropped) while holding a delivery spends it: a message its client
     dies on must die too, not block its subscription for ever (API.md, Extensions). Otherwise
-    (the server's own shutdown, an untried batch) the attempt is given back."""
-    return _release(
-        Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT), reason, wake, spend
-    )
+    (the server's own shutdown, a revocation, an untried batch) the attempt is given back."""
+    held = Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT)
+    if subscription_ids is not None:
+        held = held.filter(subscription_id__in=subscription_ids)
+    return _release(held, reason, wake, spend)
 
 
 def release_held_by_prefix(prefix, reason):

@@ -205,6 +205,12 @@ MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
 # Requests a subscriber may make, per second or minute (DRF rate syntax).
 MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="2000/s")
+# Failed token attempts (REST and websocket) per client address per minute; beyond it a bad
+# token is answered 429 (a socket: 4429), so a scanner costs little and is told to back off.
+MQ_AUTH_FAILURES_PER_MINUTE = env.int("MQ_AUTH_FAILURES_PER_MINUTE", default=30)
+# How often each server process checks (one query) that its sockets' tokens still hold: the
+# bound on revocation when the announcement over Redis is lost (it must stay under 2 s).
+MQ_REVOCATION_CHECK_SECS = env.float("MQ_REVOCATION_CHECK_SECS", default=0.5)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)

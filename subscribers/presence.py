@@ -5,9 +5,10 @@ each open connection refreshes `last_seen` every HEARTBEAT_SECS and a sweep remo
 not refreshed for STALE_AFTER_SECS, handing back what they held.
 """
 
+import contextlib
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from delivery import ledger
@@ -34,9 +35,22 @@ def close_connection(channel_name, spend=False):
 
 
 def heartbeat(channel_names):
-    """Mark these connections (all the open sockets of one process) seen now, in one UPDATE."""
-    if channel_names:
-        Connection.objects.filter(channel_name__in=channel_names).update(last_seen=timezone.now())
+    """Mark these connections (all the open sockets of one process) seen now, in one UPDATE.
+    Returns those of them that have no row any more (an operator closed them): their sockets
+    should close."""
+    if not channel_names:
+        return set()
+    table = Connection._meta.db_table
+    names = list(channel_names)
+    writing = getattr(connection, "writing", contextlib.nullcontext)  # SQLite's writer lock
+    with writing(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET last_seen = %s WHERE channel_name IN ({', '.join(['%s'] * len(names))})"
+            " RETURNING channel_name",
+            [connection.ops.adapt_datetimefield_value(timezone.now()), *names],
+        )
+        seen = {row[0] for row in cursor.fetchall()}
+    return set(names) - seen
 
 
 def sweep_stale_connections(now=None):

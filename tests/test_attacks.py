@@ -224,6 +224,9 @@ async def test_api1_a_subscriber_never_reaches_anothers_objects_over_the_websock
 
 
 # --- API2:2023 Broken Authentication ------------------------------------------------------------
+# Also: a revoked token, subscriber or right reaches open sockets in every process within 2 s
+# (tests/test_revocation.py, tests/test_e2e_revocation.py), REST at once, and failed token
+# attempts are throttled per address (tests/test_revocation_rest.py; API4 too).
 
 
 @pytest.mark.parametrize("route", sorted(set(api_routes()) - PUBLIC), ids="-".join)

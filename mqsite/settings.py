@@ -201,6 +201,11 @@ MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(32 * 1024 * 1024, 2 *
 MQ_MAX_JSON_DEPTH = _positive_int("MQ_MAX_JSON_DEPTH", 64)
 MQ_PREFETCH = _positive_int("MQ_PREFETCH", 100)
 MQ_WEBHOOK_ALLOW_PRIVATE = env.bool("MQ_WEBHOOK_ALLOW_PRIVATE", default=False)
+# The deadline of a whole webhook post (connect, headers, body). The contract says 10 s
+# (delivery.webhooks.TIMEOUT_SECS); a setting only so that tests against real workers are fast.
+MQ_WEBHOOK_TIMEOUT_SECS = env.float("MQ_WEBHOOK_TIMEOUT_SECS", default=10.0)
+if MQ_WEBHOOK_TIMEOUT_SECS <= 0:
+    raise ImproperlyConfigured("MQ_WEBHOOK_TIMEOUT_SECS must be more than 0")
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
 # Requests a subscriber may make, per second or minute (DRF rate syntax).
@@ -260,6 +265,14 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "mqsite.beat:OperatorEditableScheduler"
+# Posts on a queue of their own, the sweeper and the archive on another, each served by a
+# worker of its own (mqsite/supervisord.conf): a worker busy posting to slow endpoints never
+# holds up a sweep. Anything else goes to the default queue, which the maintenance worker serves.
+CELERY_TASK_ROUTES = {
+    "delivery.tasks.deliver_webhooks": {"queue": "webhooks"},
+    "delivery.tasks.sweep": {"queue": "maintenance"},
+    "analytics.tasks.archive_history": {"queue": "maintenance"},
+}
 CELERY_BEAT_SCHEDULE = {
     # Every second: retries are due by the second (backoff starts at 1 s).
     "sweep": {"task": "delivery.tasks.sweep", "schedule": 1.0},

@@ -391,22 +391,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ):
             raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
 
-        def nack():
-            unknown, settled = [], []
-            for i in ids:
-                try:
-                    if not is_db_id(i):
-                        raise ledger.NotOwned(i)
-                    ledger.nack_delivery(
-                        self.subscriber, i, retry_in=retry_in, error=ledger.nack_reason(error)
-                    )
-                except ledger.NotOwned:
-                    unknown.append(i)
-                except ledger.AlreadySettled:
-                    settled.append(i)
-            return unknown, settled
-
-        unknown, settled = await db(nack)()
+        # One ledger call, one statement for every id (ledger.nack_deliveries).
+        nacked = await db(ledger.nack_deliveries)(
+            self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
+        )
+        unknown, settled = nacked.unknown, list(nacked.settled)
         for i in ids:
             self.held.pop(i, None)
         self.wake.set()

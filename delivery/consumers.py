@@ -331,7 +331,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.frame_rate.abusive:
             detail += " The socket stayed over the rate, so it is closed (4429)."
         await self.send_json(
-            {"type": "error", "code": "rate_limited", "detail": detail, "retry_after": max(round(wait, 3), 0.001)}
+            {
+                "type": "error",
+                "code": "rate_limited",
+                "detail": detail,
+                "retry_after": max(round(wait, 3), 0.001),
+            }
             | ({"ref": ref} if ref is not None else {})
         )
         if self.frame_rate.abusive:

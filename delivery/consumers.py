@@ -19,6 +19,7 @@ import math
 import time
 import uuid
 import weakref
+from functools import cached_property
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
@@ -27,6 +28,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
+from mqsite import limits
 from mqsite.api import is_db_id, storable_text
 from mqsite.parsers import BadJSON, decode_json
 from queues import group_commit, publishing
@@ -264,7 +266,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
         self.watching = wakeups.watch(self.subscriber.pk, self.wake)
         client = self.scope.get("client") or ("", 0)
-        await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
+        try:
+            await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
+        except limits.LimitExceeded as exc:  # too many sockets: say why, then close
+            await self.send_json(limit_frame(exc))
+            await self.close(code=limits.CLOSE_TOO_MANY)
+            return
         self.pump_task = asyncio.ensure_future(self.pump())
         _open.add(self)
         ensure_maintenance()
@@ -438,6 +445,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if len(raw) > settings.MQ_MAX_BODY_BYTES:
             await self.close(code=CLOSE_TOO_BIG)
             return
+        if self.frame_rate.take() is not None:
+            await self.refuse_frame(raw)
+            return
         ref = None
         try:
             frame = self.parse(raw)
@@ -449,6 +459,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                     f"Unknown frame type {frame.get('type')!r}; known: {', '.join(sorted(self.handlers))}.",
                 )
             await handler(self, frame)
+        except limits.LimitExceeded as exc:
+            await self.send_json(limit_frame(exc, ref))
         except FrameError as exc:
             await self.send_json(
                 {
@@ -459,6 +471,39 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                     **({"ref": ref} if ref is not None else {}),
                 }
             )
+
+    @cached_property
+    def frame_rate(self):
+        return limits.FrameRate()
+
+    async def refuse_frame(self, raw):
+        """A frame over the socket's rate: not processed, but answered (a publish's sender must
+        know it is not in); a socket that stays over the rate is closed."""
+        if self.frame_rate.closed:
+            return
+        try:
+            ref = self.parse(raw).get("ref")
+        except FrameError:
+            ref = None
+        wait = self.frame_rate.wait
+        detail = (
+            f"Over {self.frame_rate.rate:g} frames a second (MQ_WS_FRAME_RATE, bursts of "
+            f"{self.frame_rate.burst:g}): this frame was not processed; send it again later."
+        )
+        if self.frame_rate.abusive:
+            detail += " The socket stayed over the rate, so it is closed (4429)."
+        await self.send_json(
+            {
+                "type": "error",
+                "code": "rate_limited",
+                "detail": detail,
+                "retry_after": max(round(wait, 3), 0.001),
+            }
+            | ({"ref": ref} if ref is not None else {})
+        )
+        if self.frame_rate.abusive:
+            self.frame_rate.closed = True
+            await self.close(code=limits.CLOSE_TOO_MANY)
 
     @staticmethod
     def parse(raw):
@@ -476,7 +521,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         def subscribe():
             if not self.subscriber.may_subscribe(queue):
                 raise FrameError("forbidden", f"{self.subscriber.name} may not subscribe to {queue.name}.")
-            return subscribing.subscribe(self.subscriber, queue, event)[0]
+            return subscribing.subscribe(self.subscriber, queue, event, limited=True)[0]
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription = await db(subscribe)()
@@ -553,22 +598,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ):
             raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
 
-        def nack():
-            unknown, settled = [], []
-            for i in ids:
-                try:
-                    if not is_db_id(i):
-                        raise ledger.NotOwned(i)
-                    ledger.nack_delivery(
-                        self.subscriber, i, retry_in=retry_in, error=ledger.nack_reason(error)
-                    )
-                except ledger.NotOwned:
-                    unknown.append(i)
-                except ledger.AlreadySettled:
-                    settled.append(i)
-            return unknown, settled
-
-        unknown, settled = await db(nack)()
+        # One ledger call, one statement for every id (ledger.nack_deliveries).
+        nacked = await db(ledger.nack_deliveries)(
+            self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
+        )
+        unknown, settled = nacked.unknown, list(nacked.settled)
         for i in ids:
             self.held.pop(i, None)
         self.wake.set()
@@ -633,7 +667,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             elif error is None and not self.subscriber.may_publish(queue):
                 error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
             if error is None:
-                published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
+                try:
+                    published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
+                except limits.LimitExceeded as exc:
+                    error = FrameError(exc.code, exc.detail)
+            if error is None:
                 answers += [(ref, answer) for (ref, _, _), (answer, _) in zip(run, published, strict=True)]
             else:
                 answers += [(ref, error) for ref, _, _ in run]
@@ -694,3 +732,11 @@ def _bad_queue_name(name):
     except BadName as exc:
         return FrameError("bad_name", str(exc))
     return None
+
+
+def limit_frame(exc, ref=None):
+    """The error frame for a limits.LimitExceeded."""
+    frame = {"type": "error", "code": exc.code, "detail": exc.detail}
+    if exc.wait is not None:
+        frame["retry_after"] = exc.wait
+    return frame | ({"ref": ref} if ref is not None else {})

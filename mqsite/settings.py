@@ -216,6 +216,17 @@ MQ_AUTH_FAILURES_PER_MINUTE = env.int("MQ_AUTH_FAILURES_PER_MINUTE", default=30)
 # How often each server process checks (one query) that its sockets' tokens still hold: the
 # bound on revocation when the announcement over Redis is lost (it must stay under 2 s).
 MQ_REVOCATION_CHECK_SECS = env.float("MQ_REVOCATION_CHECK_SECS", default=0.5)
+# What one subscriber may take of the shared server (mqsite/limits.py): frames per second on a
+# socket and the burst it may send at once (a flood of frames was a query each); how long a
+# socket may stay over that before it is closed; and caps on its open sockets (each a row and
+# a heartbeat), subscriptions (each fanned out to) and event names made per hour (each a row
+# and a /metrics label forever).
+MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 1000)
+MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 2000)
+MQ_WS_ABUSE_SECS = env.float("MQ_WS_ABUSE_SECS", default=5.0)
+MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
+MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)
+MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER", 100)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)

@@ -12,8 +12,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from delivery import ledger
+from mqsite import limits
 
-from .models import Connection, Subscription
+from .models import Connection, Subscriber, Subscription
 
 HEARTBEAT_SECS = 15
 # Three missed heartbeats: long enough not to sweep a busy but live server.
@@ -21,9 +22,22 @@ STALE_AFTER_SECS = 3 * HEARTBEAT_SECS
 
 
 def open_connection(subscriber, channel_name, remote_addr=""):
-    return Connection.objects.create(
-        subscriber=subscriber, channel_name=channel_name, remote_addr=remote_addr
-    )
+    """Record a subscriber's socket; mqsite.limits.LimitExceeded when it has as many open as
+    MQ_MAX_CONNECTIONS_PER_SUBSCRIBER allows."""
+    with transaction.atomic():
+        lock_subscriber(subscriber)  # two connects at once must not both see the last free slot
+        limits.check_connections(Connection.objects.filter(subscriber=subscriber).count())
+        return Connection.objects.create(
+            subscriber=subscriber, channel_name=channel_name, remote_addr=remote_addr
+        )
+
+
+def lock_subscriber(subscriber):
+    """Hold the subscriber's row until commit, so that its counts (connections, subscriptions)
+    are checked and grown one caller at a time. NO KEY UPDATE: rows that refer to it (its
+    deliveries, messages it publishes) may still be written meanwhile. SQLite's write
+    transactions are one at a time already."""
+    Subscriber.objects.select_for_update(no_key=True).filter(pk=subscriber.pk).values_list("pk").first()
 
 
 def close_connection(channel_name, spend=False):

@@ -123,22 +123,15 @@ class NackView(APIView):
         retry_in = finite_or_400(body.validated_data.get("retry_in"), "retry_in")
         if not is_db_id(pk):
             raise Http404("You have no delivery with that id.")
-        try:
-            delivery = ledger.nack_delivery(
-                subscriber_of(request),
-                pk,
-                retry_in=retry_in,
-                error=ledger.nack_reason(body.validated_data.get("error")),
-            )
-        except ledger.NotOwned:
-            raise Http404("You have no delivery with that id.") from None
-        except ledger.AlreadySettled as exc:
-            raise Conflict(f"The delivery is already {exc}; a nack cannot move it.") from None
-        return Response(
-            {
-                "id": delivery.pk,
-                "status": delivery.status,
-                "attempt": delivery.attempt,
-                "next_attempt_at": delivery.next_attempt_at,
-            }
+        nacked = ledger.nack_deliveries(
+            subscriber_of(request),
+            [pk],
+            retry_in=retry_in,
+            error=ledger.nack_reason(body.validated_data.get("error")),
         )
+        if nacked.unknown:
+            raise Http404("You have no delivery with that id.")
+        if nacked.settled:
+            raise Conflict(f"The delivery is already {nacked.settled[pk]}; a nack cannot move it.")
+        status, attempt, next_attempt_at = nacked.done[pk]
+        return Response({"id": pk, "status": status, "attempt": attempt, "next_attempt_at": next_attempt_at})

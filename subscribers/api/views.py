@@ -43,9 +43,13 @@ class SubscriptionListView(APIView):
                 401,
                 403,
                 404,
+                409,
                 429,
                 e403="The subscriber may not subscribe to this queue (or the caller is no subscriber).",
                 e404="No such queue.",
+                e409="A new subscription past MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER (delete one first).",
+                e429="Throttled (MQ_THROTTLE_RATE), or a new event name past "
+                "MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER this hour; Retry-After says when to try again.",
             ),
         },
     )
@@ -62,7 +66,7 @@ class SubscriptionListView(APIView):
                 event = clean_name(event, "event")
             except BadName as exc:
                 raise exceptions.ValidationError({"event": [str(exc)]}) from None
-        subscription, created = subscribing.subscribe(subscriber, queue, event)
+        subscription, created = subscribing.subscribe(subscriber, queue, event, limited=True)
         return Response(
             subscription_answer(subscription),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,

@@ -42,7 +42,8 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
-    from mqsite import autobahn_quiet
+    from mqsite import autobahn_quiet, daphne_bodies
 
     shutdown.install(reactor)
     autobahn_quiet.install()
+    daphne_bodies.install()  # a body over its route's limit: 413 before it is read

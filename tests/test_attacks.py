@@ -17,6 +17,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.apps import apps
@@ -474,6 +475,140 @@ def test_api4_an_oversized_websocket_frame_closes_the_socket_on_the_real_server(
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=5)
         assert closed.value.rcvd.code == 4413
+    finally:
+        web.stop()
+
+
+def read_answer(sock, timeout):
+    """What the server sends until it closes or `timeout` passes (seconds)."""
+    sock.settimeout(timeout)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def json_of(answer):
+    return json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent(world):
+    """API4:2023 Unrestricted Resource Consumption: Daphne reads a whole body before it calls
+    the application. A Content-Length over the route's limit (MQ_MAX_BODY_BYTES for a publish,
+    MQ_MAX_SMALL_BODY_BYTES, 1 MiB, for the rest) is answered 413 as the headers end: the client
+    sends no body at all, no token (so it is not authentication first, nor the database)."""
+    web = start_daphne()
+    try:
+        for path, size in [
+            ("/api/queues/db/messages", 100 * 1024 * 1024),
+            ("/api/deliveries/ack", 2 * 1024 * 1024),
+            ("/api/subscriptions", 2 * 1024 * 1024),
+            ("/admin/login/", 2 * 1024 * 1024),
+        ]:
+            with socket.create_connection(("127.0.0.1", web.port)) as sock:
+                started = time.monotonic()
+                sock.sendall(
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {size}\r\n\r\n".encode()
+                )
+                answer = read_answer(sock, 5)
+                elapsed = time.monotonic() - started
+            assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:200])
+            assert elapsed < 1, (path, elapsed)
+            assert f"{size} bytes" in json_of(answer)["detail"]
+        # a publish of 2 MiB (over the small limit) is taken, and one of 3 MB, past Django's
+        # in-memory 2.5 MiB, is spooled to disk on its way, as before
+        for payload in ("x" * 2000, "x" * 3000):
+            batch = {"messages": [{"event": "create", "payload": payload} for _ in range(1000)]}
+            r = httpx.post(
+                f"{web.http}/api/queues/db/messages",
+                json=batch,
+                headers={"Authorization": f"Bearer {world.logger.token}"},
+                timeout=30,
+            )
+            assert r.status_code == 201 and len(r.json()["messages"]) == 1000
+        r = httpx.post(
+            f"{web.http}/api/deliveries/ack",
+            json={"ids": list(range(1, 10001))},
+            headers={"Authorization": f"Bearer {world.logger.token}"},
+            timeout=30,
+        )
+        assert r.status_code == 200  # 10,000 ids fit in the small limit
+    finally:
+        web.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_a_chunked_body_is_refused_as_it_passes_the_limit(world):
+    """API4:2023 Unrestricted Resource Consumption: a chunked body (no length to check) is
+    counted as it arrives: the 413 comes once it passes 1 MiB, while the client still sends."""
+    web = start_daphne()
+    try:
+        with socket.create_connection(("127.0.0.1", web.port)) as sock:
+            sock.sendall(
+                b"POST /api/deliveries/ack HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            chunk = b"[" * 65536
+            sent, answer = 0, b""
+            sock.setblocking(False)
+            deadline = time.monotonic() + 10
+            while not answer and time.monotonic() < deadline and sent < 64 * 1024 * 1024:
+                try:
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    sent += len(chunk)
+                except BlockingIOError:
+                    time.sleep(0.01)
+                try:
+                    answer = sock.recv(65536)
+                except BlockingIOError:
+                    pass
+            sock.setblocking(True)
+            answer += read_answer(sock, 2)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert "1048576 bytes" in json_of(answer)["detail"]
+        assert sent < 4 * 1024 * 1024  # it did not wait for the end (there is none)
+        # the server is fine afterwards
+        assert httpx.get(f"{web.http}/healthz", timeout=5).status_code == 200
+    finally:
+        web.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_an_ack_of_a_million_empty_arrays_is_refused_cheaply(world):
+    """API4:2023 Unrestricted Resource Consumption: 1 MiB of `{"ids": [[],[],...]}` (350,000
+    arrays) cost 7 s, 500 MB and a 12 MB answer of one error per item; now the list's length
+    is checked before its items (one error) and the depth walk keeps no per-item state."""
+    web = start_daphne()
+    try:
+        n = (1024 * 1024 - 20) // 3
+        body = b'{"ids": [' + b",".join([b"[]"] * n) + b"]}"
+
+        def peak_mb():
+            with open(f"/proc/{web.proc.pid}/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+
+        before = peak_mb()
+        started = time.monotonic()
+        r = httpx.post(
+            f"{web.http}/api/deliveries/ack",
+            content=body,
+            headers={"Authorization": f"Bearer {world.logger.token}", "Content-Type": "application/json"},
+            timeout=30,
+        )
+        elapsed = time.monotonic() - started
+        grew = peak_mb() - before
+        assert r.status_code == 400 and len(r.content) < 500, r.content[:300]
+        assert "10000" in r.text
+        assert elapsed < 2 and grew < 150, (elapsed, grew)
     finally:
         web.stop()
 

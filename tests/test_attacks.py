@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from asgiref.testing import ApplicationCommunicator
 from channels.testing import WebsocketCommunicator
 from django.apps import apps
 from django.db import models
@@ -31,7 +32,7 @@ from delivery import ledger, webhooks
 from delivery.consumers import DeliveryConsumer
 from delivery.models import Delivery, Status
 from mqsite import urls as mqsite_urls
-from mqsite.asgi import application
+from mqsite.asgi import application, django_http
 from queues import publishing
 from queues.models import Message
 from subscribers import subscribing
@@ -580,6 +581,39 @@ def test_api4_a_chunked_body_is_refused_as_it_passes_the_limit(world):
         assert httpx.get(f"{web.http}/healthz", timeout=5).status_code == 200
     finally:
         web.stop()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("declared", [True, False])
+async def test_api4_the_asgi_handler_applies_the_limits_under_any_server(declared):
+    """API4:2023 Unrestricted Resource Consumption: the same rule in the ASGI handler, for a
+    server that streams the body to the application: a declared length over the limit is
+    answered before any body is sent; an undeclared one as soon as it passes the limit."""
+    headers = [(b"content-type", b"application/json")]
+    if declared:
+        headers.append((b"content-length", b"2000000"))
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "path": "/api/deliveries/ack",
+        "raw_path": b"/api/deliveries/ack",
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "headers": headers,
+        "client": ["127.0.0.1", 5000],
+        "server": ["127.0.0.1", 8000],
+    }
+    comm = ApplicationCommunicator(django_http, scope)
+    if not declared:
+        for _ in range(17):  # 17 x 64 KiB: past 1 MiB with the last chunk
+            await comm.send_input({"type": "http.request", "body": b"[" * 65536, "more_body": True})
+    start = await comm.receive_output(timeout=5)
+    body = await comm.receive_output(timeout=5)
+    assert start["status"] == 413
+    assert "1048576 bytes" in json.loads(body["body"])["detail"]
+    await comm.wait(timeout=5)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,10 +13,14 @@ from django.conf import settings
 _PUBLISH = re.compile(r"/api/queues/[^/]+/messages/?$|/admin/tools/publish/?$")
 
 
+def is_publish(method, path):
+    return method.upper() == "POST" and _PUBLISH.search(path) is not None
+
+
 def body_limit(method, path):
     """The most bytes a body of this request may have. `path` without its query string."""
     large = settings.MQ_MAX_BODY_BYTES
-    if method.upper() == "POST" and _PUBLISH.search(path):
+    if is_publish(method, path):
         return large
     return min(settings.MQ_MAX_SMALL_BODY_BYTES, large)
 

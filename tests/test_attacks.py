@@ -830,6 +830,17 @@ def test_api8_errors_say_what_is_wrong_without_a_traceback_and_with_safe_headers
     assert ok["Referrer-Policy"] == "same-origin"
 
 
+def test_api8_metrics_are_private_by_default(world, settings):
+    """API8:2023 Security Misconfiguration: /metrics names every subscriber and its backlog; by
+    default it answers neither an anonymous client nor a subscriber's token (401), only the
+    scraper's MQ_METRICS_TOKEN or a staff login (tests/test_metrics.py)."""
+    settings.MQ_METRICS_TOKEN = "scraper-token"
+    for client in (client_for(), client_for(world.logger)):
+        r = client.get("/metrics")
+        assert r.status_code == 401 and world.logger.name not in r.content.decode()
+    assert client_for().get("/metrics", HTTP_AUTHORIZATION="Bearer scraper-token").status_code == 200
+
+
 @pytest.mark.django_db(transaction=True)
 def test_api8_a_cross_origin_websocket_handshake_is_refused_by_the_real_server(logger):
     """API8:2023 Security Misconfiguration: a page on another site cannot drive a browser's

@@ -1,7 +1,11 @@
-"""Prometheus metrics at /metrics, read from the database at each scrape.
+"""Prometheus metrics at /metrics, from a snapshot of the database at most a few seconds old.
 
-A custom Collector runs a few aggregate queries per scrape, so any process (every Daphne of
-a scaled-out deployment) answers with the same numbers: nothing is counted in memory.
+A custom Collector runs a few aggregate queries, so any process (every Daphne of a scaled-out
+deployment) answers with the same numbers: nothing is counted in memory. Those queries group
+the whole delivery table, so a scrape is served from a snapshot kept in Django's cache (Redis in
+the services mode, shared by every process) and recomputed by one process at a time once it is
+older than MQ_METRICS_MAX_AGE_SECS: however often it is scraped, the database does that work at
+most once per that many seconds.
 
 What is a counter and what is a gauge:
 - `mq_messages_published_total{queue}` is a true counter: the queue's last seq, which only
@@ -11,11 +15,15 @@ What is a counter and what is a gauge:
   `mq_ack_rate_per_second` (acks over the last minute, from Delivery.acked_at), not `rate()`.
 """
 
+import logging
+import os
+import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Min, Q
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -27,7 +35,14 @@ from subscribers.models import Connection
 
 from .models import Delivery, DeliveryAttempt, Status
 
+logger = logging.getLogger(__name__)
+
 RATE_WINDOW_SECS = 60
+SNAPSHOT_KEY = "mq:metrics:snapshot"
+LOCK_KEY = "mq:metrics:computing"
+LOCK_SECS = 60  # a process that died computing holds the others back at most this long
+KEEP_SECS = 3600  # an older snapshot stays, to be served while the next one is computed
+WAIT_SECS = 5.0  # with no snapshot at all, how long a scrape waits for another's computation
 
 
 class QueueCollector(Collector):
@@ -134,6 +149,14 @@ class QueueCollector(Collector):
                 attempts.add_metric([row["delivery__subscriber__name"], outcome], row[f"n_{outcome}"])
         yield attempts
 
+        taken = GaugeMetricFamily(
+            "mq_metrics_snapshot_timestamp_seconds",
+            "When these numbers were read from the database (Unix time); scrapes within "
+            "MQ_METRICS_MAX_AGE_SECS of it are served this same snapshot.",
+        )
+        taken.add_metric([], now.timestamp())
+        yield taken
+
         connected = GaugeMetricFamily(
             "mq_connected_clients", "Open websocket connections by subscriber.", labels=["subscriber"]
         )
@@ -151,23 +174,82 @@ registry = CollectorRegistry(auto_describe=False)
 registry.register(QueueCollector())
 
 
-def may_scrape(request):
-    """Public unless MQ_METRICS_TOKEN is set; then the scraper sends it as a bearer token (a
-    logged-in operator may look too)."""
+def refusal(request):
+    """None when the request may read the metrics, else the answer that says why not. The
+    bearer token is looked at first: a scraper sends no session, so costs no query."""
+    if settings.MQ_METRICS_PUBLIC:
+        return None
     token = settings.MQ_METRICS_TOKEN
-    if not token:
-        return True
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and constant_time_compare(value.strip(), token):
+        return None
     user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated and user.is_active and user.is_staff:
-        return True
-    given = request.headers.get("Authorization", "")
-    scheme, _, value = given.partition(" ")
-    return scheme.lower() == "bearer" and constant_time_compare(value.strip(), token)
+    if user is not None and user.is_authenticated:
+        if user.is_active and user.is_staff:
+            return None
+        return JsonResponse(
+            {"detail": "The metrics are for staff users and the scraper with MQ_METRICS_TOKEN."}, status=403
+        )
+    if token:
+        detail = (
+            "The metrics need the bearer token of MQ_METRICS_TOKEN (Authorization: Bearer <token>) "
+            "or a staff login."
+        )
+    else:
+        detail = "The metrics need a staff login, or MQ_METRICS_TOKEN set and sent as a bearer token."
+    response = JsonResponse({"detail": detail}, status=401)
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response
+
+
+def compute():
+    return time.time(), generate_latest(registry)
+
+
+def _cached(method, *args):
+    """A cache call; None when the cache (Redis) is down: then every scrape computes its own,
+    as before there was a snapshot, rather than fail."""
+    try:
+        return method(*args)
+    except Exception:
+        logger.warning("metrics: the cache did not answer; computing this scrape directly", exc_info=True)
+        return None
+
+
+def snapshot():
+    """(when it was computed, the exposition): the cached one while it is at most
+    MQ_METRICS_MAX_AGE_SECS old, else a new one, computed by one process at a time (a
+    cache.add lock). Meanwhile the others serve the older one, or, when there is none yet, wait
+    for it; never an error."""
+    max_age = settings.MQ_METRICS_MAX_AGE_SECS
+    if max_age <= 0:
+        return compute()
+    held = _cached(cache.get, SNAPSHOT_KEY)
+    if held is not None and time.time() - held[0] <= max_age:
+        return held
+    if _cached(cache.add, LOCK_KEY, os.getpid(), LOCK_SECS) is not False:
+        try:
+            fresh = compute()
+            _cached(cache.set, SNAPSHOT_KEY, fresh, KEEP_SECS)
+            return fresh
+        finally:
+            _cached(cache.delete, LOCK_KEY)
+    if held is not None:
+        return held
+    deadline = time.monotonic() + WAIT_SECS
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        held = _cached(cache.get, SNAPSHOT_KEY)
+        if held is not None:
+            return held
+    return compute()
 
 
 def metrics(request):
-    if not may_scrape(request):
-        response = HttpResponse("metrics need the bearer token of MQ_METRICS_TOKEN\n", status=401)
-        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-        return response
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    refused = refusal(request)
+    if refused is not None:
+        return refused
+    taken_at, body = snapshot()
+    response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+    response["Age"] = str(max(int(time.time() - taken_at), 0))
+    return response

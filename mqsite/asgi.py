@@ -43,9 +43,10 @@ if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
     from delivery import liveness
-    from mqsite import autobahn_quiet
+    from mqsite import autobahn_quiet, daphne_bodies
 
     shutdown.install(reactor)
     autobahn_quiet.install()
+    daphne_bodies.install()  # a body over its route's limit: 413 before it is read
     # What this process holds is handed back within seconds if it is killed (delivery.liveness).
     liveness.start("web")

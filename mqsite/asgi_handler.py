@@ -1,10 +1,27 @@
 """Django's ASGI handler, with a request's sync work done in one call to its thread."""
 
+import tempfile
+
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import HttpResponse
 from django.urls import set_script_prefix
+
+from .bodies import body_limit, too_large_detail, too_large_json
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def declared_length(scope):
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 class SyncChainASGIHandler(ASGIHandler):
@@ -24,9 +41,20 @@ class SyncChainASGIHandler(ASGIHandler):
         super().load_middleware(is_async=False)
 
     async def handle(self, scope, receive, send):
+        # The route's body limit, before anything else (no authentication, no database): under
+        # Daphne mqsite/daphne_bodies.py has refused such a body before it arrived; this is the
+        # same rule for any other server.
+        limit = body_limit(scope["method"], scope["path"])
+        size = declared_length(scope)
+        if size is not None and size > limit:
+            await self.send_too_large(send, too_large_detail(limit, size))
+            return
         try:
-            body_file = await self.read_body(receive)
+            body_file = await self.read_body(receive, limit)
         except RequestAborted:  # the client went away before its body arrived
+            return
+        except BodyTooLarge:
+            await self.send_too_large(send, too_large_detail(limit))
             return
         set_script_prefix(get_script_prefix(scope))
         try:
@@ -38,6 +66,32 @@ class SyncChainASGIHandler(ASGIHandler):
                     await sync_to_async(response.close, thread_sensitive=True)()
         finally:
             body_file.close()
+
+    async def read_body(self, receive, limit=None):
+        """Django's read_body (spooled to disk past FILE_UPLOAD_MAX_MEMORY_SIZE), stopping as
+        soon as the body passes `limit`."""
+        body_file = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                body_file.close()
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if limit is not None and seen > limit:
+                body_file.close()
+                raise BodyTooLarge()
+            body_file.write(chunk)
+            if not message.get("more_body", False):
+                break
+        body_file.seek(0)
+        return body_file
+
+    async def send_too_large(self, send, detail):
+        response = HttpResponse(too_large_json(detail), status=413, content_type="application/json")
+        response["Connection"] = "close"
+        await self.send_response(response, send)
 
     def _respond(self, scope, body_file):
         signals.request_started.send(sender=self.__class__, scope=scope)

@@ -197,6 +197,10 @@ if MQ_HTTPS:
 MQ_MAX_PAYLOAD_BYTES = _positive_int("MQ_MAX_PAYLOAD_BYTES", 262144)
 # A batch of 1000 messages may be large, but a body is read into memory: cap it.
 MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(32 * 1024 * 1024, 2 * MQ_MAX_PAYLOAD_BYTES))
+# Every other route (acks, nacks, subscriptions, the admin) takes small bodies: an ack of 10,000
+# ids is about 200 KB. What a JSON body becomes in memory grows with its size (1 MiB of `[]`
+# is 30 MB of lists), so these get a smaller cap, checked before the body is read.
+MQ_MAX_SMALL_BODY_BYTES = _positive_int("MQ_MAX_SMALL_BODY_BYTES", 1024 * 1024)
 # Deeper JSON than this is refused: parsers and databases recurse on nesting.
 MQ_MAX_JSON_DEPTH = _positive_int("MQ_MAX_JSON_DEPTH", 64)
 MQ_PREFETCH = _positive_int("MQ_PREFETCH", 100)
@@ -230,8 +234,16 @@ MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIB
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)
-# /metrics is public unless this is set; then a scraper sends it as a bearer token.
+# /metrics names every subscriber and its backlog: it answers a scraper that sends this as a
+# bearer token, or a staff session; MQ_METRICS_PUBLIC=true opens it to anyone (a network only
+# Prometheus reaches).
 MQ_METRICS_TOKEN = env.str("MQ_METRICS_TOKEN", default="")
+MQ_METRICS_PUBLIC = env.bool("MQ_METRICS_PUBLIC", default=False)
+# A scrape is answered from a snapshot at most this old, shared by every process through the
+# cache: a loop of scrapes costs the database one computation per this many seconds.
+MQ_METRICS_MAX_AGE_SECS = env.float("MQ_METRICS_MAX_AGE_SECS", default=5.0)
+if MQ_METRICS_MAX_AGE_SECS < 0:
+    raise ImproperlyConfigured(f"MQ_METRICS_MAX_AGE_SECS must be 0 or more, not {MQ_METRICS_MAX_AGE_SECS}")
 
 # --- Celery -------------------------------------------------------------------------------------
 if REDIS_URL:

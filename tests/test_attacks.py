@@ -17,7 +17,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
+from asgiref.testing import ApplicationCommunicator
 from channels.testing import WebsocketCommunicator
 from django.apps import apps
 from django.db import models
@@ -30,7 +32,7 @@ from delivery import ledger, webhooks
 from delivery.consumers import DeliveryConsumer
 from delivery.models import Delivery, Status
 from mqsite import urls as mqsite_urls
-from mqsite.asgi import application
+from mqsite.asgi import application, django_http
 from queues import publishing
 from queues.models import Message
 from subscribers import subscribing
@@ -515,6 +517,191 @@ def test_api4_a_subscriber_cannot_pile_up_subscriptions_or_event_names(world):
     assert not Message.objects.filter(event__name="c").exists()
 
 
+def read_answer(sock, timeout):
+    """What the server sends until it closes or `timeout` passes (seconds)."""
+    sock.settimeout(timeout)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def json_of(answer):
+    return json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent(world):
+    """API4:2023 Unrestricted Resource Consumption: Daphne reads a whole body before it calls
+    the application. A Content-Length over the route's limit (MQ_MAX_BODY_BYTES for a publish,
+    MQ_MAX_SMALL_BODY_BYTES, 1 MiB, for the rest) is answered 413 as the headers end: the client
+    sends no body at all, no token (so it is not authentication first, nor the database)."""
+    web = start_daphne()
+    try:
+        for path, size in [
+            ("/api/queues/db/messages", 100 * 1024 * 1024),
+            ("/api/deliveries/ack", 2 * 1024 * 1024),
+            ("/api/subscriptions", 2 * 1024 * 1024),
+            ("/admin/login/", 2 * 1024 * 1024),
+        ]:
+            with socket.create_connection(("127.0.0.1", web.port)) as sock:
+                started = time.monotonic()
+                sock.sendall(
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {size}\r\n\r\n".encode()
+                )
+                answer = read_answer(sock, 5)
+                elapsed = time.monotonic() - started
+            assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:200])
+            assert elapsed < 1, (path, elapsed)
+            assert f"{size} bytes" in json_of(answer)["detail"]
+        # a publish of 2 MiB (over the small limit) is taken, and one of 3 MB, past Django's
+        # in-memory 2.5 MiB, is spooled to disk on its way, as before
+        for payload in ("x" * 2000, "x" * 3000):
+            batch = {"messages": [{"event": "create", "payload": payload} for _ in range(1000)]}
+            r = httpx.post(
+                f"{web.http}/api/queues/db/messages",
+                json=batch,
+                headers={"Authorization": f"Bearer {world.logger.token}"},
+                timeout=30,
+            )
+            assert r.status_code == 201 and len(r.json()["messages"]) == 1000
+        r = httpx.post(
+            f"{web.http}/api/deliveries/ack",
+            json={"ids": list(range(1, 10001))},
+            headers={"Authorization": f"Bearer {world.logger.token}"},
+            timeout=30,
+        )
+        assert r.status_code == 200  # 10,000 ids fit in the small limit
+    finally:
+        web.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_a_chunked_body_is_refused_as_it_passes_the_limit(world):
+    """API4:2023 Unrestricted Resource Consumption: a chunked body (no length to check) is
+    counted as it arrives: the 413 comes once it passes 1 MiB, while the client still sends."""
+    web = start_daphne()
+    try:
+        with socket.create_connection(("127.0.0.1", web.port)) as sock:
+            sock.sendall(
+                b"POST /api/deliveries/ack HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            chunk = b"[" * 65536
+            sent, answered_at, answer = 0, [], []
+
+            def read():
+                answer.append(read_answer(sock, 10))
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            # a body without end, paced so that the socket buffers stay near empty: what was
+            # sent when the answer came is what the server had read
+            try:
+                while reader.is_alive() and sent < 64 * 1024 * 1024:
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    sent += len(chunk)
+                    time.sleep(0.005)
+            except OSError:  # the server closed after its answer
+                pass
+            answered_at.append(sent)
+            reader.join()
+            answer = answer[0]
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert "1048576 bytes" in json_of(answer)["detail"]
+        assert answered_at[0] < 4 * 1024 * 1024  # it did not wait for the end (there is none)
+        # the server is fine afterwards
+        assert httpx.get(f"{web.http}/healthz", timeout=5).status_code == 200
+    finally:
+        web.stop()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("declared", [True, False])
+async def test_api4_the_asgi_handler_applies_the_limits_under_any_server(declared):
+    """API4:2023 Unrestricted Resource Consumption: the same rule in the ASGI handler, for a
+    server that streams the body to the application: a declared length over the limit is
+    answered before any body is sent; an undeclared one as soon as it passes the limit."""
+    headers = [(b"content-type", b"application/json")]
+    if declared:
+        headers.append((b"content-length", b"2000000"))
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "path": "/api/deliveries/ack",
+        "raw_path": b"/api/deliveries/ack",
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "headers": headers,
+        "client": ["127.0.0.1", 5000],
+        "server": ["127.0.0.1", 8000],
+    }
+    comm = ApplicationCommunicator(django_http, scope)
+    if not declared:
+        for _ in range(17):  # 17 x 64 KiB: past 1 MiB with the last chunk
+            await comm.send_input({"type": "http.request", "body": b"[" * 65536, "more_body": True})
+    start = await comm.receive_output(timeout=5)
+    body = await comm.receive_output(timeout=5)
+    assert start["status"] == 413
+    assert "1048576 bytes" in json.loads(body["body"])["detail"]
+    await comm.wait(timeout=5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api4_an_ack_of_a_million_empty_arrays_is_refused_cheaply(world):
+    """API4:2023 Unrestricted Resource Consumption: 1 MiB of `{"ids": [[],[],...]}` (350,000
+    arrays) cost 7 s, 500 MB and a 12 MB answer of one error per item; now its brackets are
+    counted before it is decoded (a route other than publish takes at most 4096)."""
+    web = start_daphne()
+    try:
+        n = (1024 * 1024 - 20) // 3
+        body = b'{"ids": [' + b",".join([b"[]"] * n) + b"]}"
+
+        def peak_mb():
+            with open(f"/proc/{web.proc.pid}/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+
+        before = peak_mb()
+        started = time.monotonic()
+        r = httpx.post(
+            f"{web.http}/api/deliveries/ack",
+            content=body,
+            headers={"Authorization": f"Bearer {world.logger.token}", "Content-Type": "application/json"},
+            timeout=30,
+        )
+        elapsed = time.monotonic() - started
+        grew = peak_mb() - before
+        assert r.status_code == 400 and len(r.content) < 500, r.content[:300]
+        assert "4096 arrays and objects" in r.json()["detail"]
+        assert elapsed < 1 and grew < 20, (elapsed, grew)
+    finally:
+        web.stop()
+
+
+def test_api4_a_list_over_its_length_is_one_error_not_one_per_item(world):
+    """API4:2023 Unrestricted Resource Consumption: a list's length is checked before its items
+    (DRF's ListField validated every item first, and answered an error for each)."""
+    client = client_for(world.logger)
+    r = client.post(url_of("messages", queue="db"), {"messages": [1] * 1001}, format="json")
+    assert r.status_code == 400 and r.json() == {
+        "messages": ["Ensure this field has no more than 1000 elements."]
+    }
+    r = client.post(url_of("delivery-ack"), {"ids": ["1"] * 10001}, format="json")
+    assert r.status_code == 400 and r.json() == {
+        "ids": ["Ensure this field has no more than 10000 elements."]
+    }
+
+
 # --- API5:2023 Broken Function Level Authorization --------------------------------------------
 
 
@@ -682,6 +869,17 @@ def test_api8_errors_say_what_is_wrong_without_a_traceback_and_with_safe_headers
     ok = client.get(url_of("queue-list"))
     assert ok["X-Content-Type-Options"] == "nosniff" and ok["X-Frame-Options"] == "DENY"
     assert ok["Referrer-Policy"] == "same-origin"
+
+
+def test_api8_metrics_are_private_by_default(world, settings):
+    """API8:2023 Security Misconfiguration: /metrics names every subscriber and its backlog; by
+    default it answers neither an anonymous client nor a subscriber's token (401), only the
+    scraper's MQ_METRICS_TOKEN or a staff login (tests/test_metrics.py)."""
+    settings.MQ_METRICS_TOKEN = "scraper-token"
+    for client in (client_for(), client_for(world.logger)):
+        r = client.get("/metrics")
+        assert r.status_code == 401 and world.logger.name not in r.content.decode()
+    assert client_for().get("/metrics", HTTP_AUTHORIZATION="Bearer scraper-token").status_code == 200
 
 
 @pytest.mark.django_db(transaction=True)

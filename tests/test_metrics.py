@@ -1,33 +1,57 @@
-"""/metrics: what an operator alerts on, read from the database at each scrape.
+"""/metrics: what an operator alerts on, from a snapshot of the database at most
+MQ_METRICS_MAX_AGE_SECS old, for the scraper with MQ_METRICS_TOKEN or a staff login.
 
 The world: queues `db` and `network`; `logger` subscribed to db, `hook` (a webhook
 subscriber) to network; some messages acked, some pending, one dead, webhook attempts of
 each outcome, one open websocket.
 """
 
+import threading
+import time
 from datetime import timedelta
 
+import httpx
 import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from delivery import ledger
+from delivery import ledger, metrics
 from delivery.models import Delivery, DeliveryAttempt, Status
 from queues.models import Queue
 from queues.publishing import prepare, publish
 from subscribers import presence, subscribing
 from subscribers.provisioning import create_subscriber
+from tests.servers import start_daphne, start_redis
+
+TOKEN = "s3cret-scrape"
+BEARER = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
 
 
-def scrape(client, **headers):
-    r = client.get("/metrics", **headers)
-    assert r.status_code == 200, r.content
-    assert r["Content-Type"].startswith("text/plain")
+@pytest.fixture(autouse=True)
+def _scraper(settings):
+    """The scraper's token, and no snapshot left over from another test."""
+    settings.MQ_METRICS_TOKEN = TOKEN
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def parse(text):
     samples = {}
-    for family in text_string_to_metric_families(r.content.decode()):
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return samples
+
+
+def scrape(client, **headers):
+    r = client.get("/metrics", **(headers or BEARER))
+    assert r.status_code == 200, r.content
+    assert r["Content-Type"].startswith("text/plain")
+    return parse(r.content.decode())
 
 
 def value(samples, name, **labels):
@@ -106,23 +130,142 @@ def test_the_publish_counter_survives_messages_leaving_the_hot_tables(client, wo
     assert value(scrape(client), "mq_messages_published_total", queue="db") == 5
 
 
-def test_it_is_public_unless_a_token_is_set(client, world, settings, operator):
-    settings.MQ_METRICS_TOKEN = "s3cret-scrape"
-    assert client.get("/metrics").status_code == 401
+def test_it_is_private_by_default(client, world, settings, django_user_model):
+    """Without credentials 401 with a JSON body that says what to send; a logged-in user who is
+    not staff 403; a staff login or the token 200; MQ_METRICS_PUBLIC opens it."""
+    r = client.get("/metrics")
+    assert r.status_code == 401 and "MQ_METRICS_TOKEN" in r.json()["detail"]
+    assert r["WWW-Authenticate"] == 'Bearer realm="metrics"'
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
-    assert (
-        value(
-            scrape(client, HTTP_AUTHORIZATION="Bearer s3cret-scrape"),
-            "mq_connected_clients",
-            subscriber="logger",
-        )
-        == 1
-    )
-    client.force_login(operator)
+    assert value(scrape(client), "mq_connected_clients", subscriber="logger") == 1
+
+    settings.MQ_METRICS_TOKEN = ""  # no token set: private all the same, and "" is no token
+    r = client.get("/metrics", HTTP_AUTHORIZATION="Bearer ")
+    assert r.status_code == 401 and "staff" in r.json()["detail"]
+    client.force_login(django_user_model.objects.create_user("plain", password="plain-password-1"))
+    r = client.get("/metrics")
+    assert r.status_code == 403 and "staff" in r.json()["detail"]
+    client.force_login(django_user_model.objects.create_user("op", password="op-password-1", is_staff=True))
+    assert client.get("/metrics").status_code == 200
+    client.logout()
+    settings.MQ_METRICS_PUBLIC = True
     assert client.get("/metrics").status_code == 200
 
 
-def test_it_asks_the_same_number_of_queries_however_many_rows(client, world, django_assert_max_num_queries):
+def one_computation_queries():
+    with CaptureQueriesContext(connection) as one:
+        metrics.compute()
+    return len(one.captured_queries)
+
+
+def test_a_loop_of_scrapes_costs_the_database_one_computation(client, world):
+    """Fifty scrapes within MQ_METRICS_MAX_AGE_SECS (5): the queries of one computation, then
+    none (no session, no token lookup: the token is a setting)."""
+    per_computation = one_computation_queries()
+    assert per_computation >= 5
+    cache.clear()
+    with CaptureQueriesContext(connection) as scrapes:
+        for _ in range(50):
+            scrape(client)
+    assert len(scrapes.captured_queries) == per_computation
+
+
+def test_a_snapshot_older_than_max_age_is_computed_again(client, world, settings):
+    settings.MQ_METRICS_MAX_AGE_SECS = 0.3
+    first = scrape(client)
+    assert value(first, "mq_messages_published_total", queue="db") == 5
+    publish(world["db"], [prepare("create", i) for i in range(10)])
+    same = scrape(client)
+    assert same == first  # the snapshot, not the database
+    time.sleep(0.35)
+    fresh = scrape(client)
+    assert value(fresh, "mq_messages_published_total", queue="db") == 15
+    taken = value(fresh, "mq_metrics_snapshot_timestamp_seconds")
+    assert taken > value(first, "mq_metrics_snapshot_timestamp_seconds")
+    assert abs(time.time() - taken) < 2
+
+
+def test_while_another_process_computes_the_older_snapshot_is_served_at_once(client, world):
+    cache.set(metrics.SNAPSHOT_KEY, (time.time() - 60, b"# older\n"), 60)
+    assert cache.add(metrics.LOCK_KEY, 1, 60)  # another process is computing
+    started = time.monotonic()
+    with CaptureQueriesContext(connection) as queries:
+        r = client.get("/metrics", **BEARER)
+    assert r.status_code == 200 and r.content == b"# older\n" and int(r["Age"]) >= 60
+    assert time.monotonic() - started < 0.5 and not queries.captured_queries
+
+
+def test_with_no_snapshot_yet_a_scrape_waits_for_the_process_computing_it(client, world):
+    assert cache.add(metrics.LOCK_KEY, 1, 60)
+    threading.Timer(0.3, lambda: cache.set(metrics.SNAPSHOT_KEY, (time.time(), b"# theirs\n"), 60)).start()
+    started = time.monotonic()
+    with CaptureQueriesContext(connection) as queries:
+        r = client.get("/metrics", **BEARER)
+    assert r.status_code == 200 and r.content == b"# theirs\n"
+    assert 0.25 < time.monotonic() - started < 2 and not queries.captured_queries
+
+
+def test_concurrent_scrapes_compute_one_snapshot(monkeypatch):
+    computed = []
+
+    def slow_compute():
+        computed.append(1)
+        time.sleep(0.3)
+        return time.time(), b"# one\n"
+
+    monkeypatch.setattr(metrics, "compute", slow_compute)
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(metrics.snapshot()[1])) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(computed) == 1 and answers == [b"# one\n"] * 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_servers_share_one_snapshot_per_window_through_redis(world):
+    """Two Daphne processes on one Redis, scraped in turn for 4 s with a 2 s max age: the same
+    snapshots from both, at most one computation per window, none older than the max age plus a
+    computation when it was asked for; without the token each answers 401."""
+    redis = start_redis()
+    max_age, run_secs = 2.0, 4.0
+    env = {"REDIS_URL": redis.url, "MQ_METRICS_TOKEN": TOKEN, "MQ_METRICS_MAX_AGE_SECS": str(max_age)}
+    servers = [start_daphne(env), start_daphne(env)]
+    try:
+        for server in servers:
+            r = httpx.get(f"{server.http}/metrics", timeout=5)
+            assert r.status_code == 401 and r.json()["detail"]
+        seen, ages = {0: set(), 1: set()}, []
+        scrapes = 0
+        started = time.time()
+        while time.time() - started < run_secs:
+            which = scrapes % 2
+            asked = time.time()
+            r = httpx.get(
+                f"{servers[which].http}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+            )
+            assert r.status_code == 200
+            taken = value(parse(r.text), "mq_metrics_snapshot_timestamp_seconds")
+            ages.append(asked - taken)
+            seen[which].add(taken)
+            scrapes += 1
+        elapsed = time.time() - started
+        computations = seen[0] | seen[1]
+        assert scrapes > 10
+        assert len(computations) <= elapsed / max_age + 1, (scrapes, sorted(computations))
+        assert seen[0] & seen[1]  # one process's snapshot served by the other
+        assert max(ages) < max_age + 1, max(ages)
+    finally:
+        for server in servers:
+            server.stop()
+        redis.stop()
+
+
+def test_it_asks_the_same_number_of_queries_however_many_rows(
+    client, world, settings, django_assert_max_num_queries
+):
+    settings.MQ_METRICS_MAX_AGE_SECS = 0  # every scrape computes
     with django_assert_max_num_queries(20) as first:
         scrape(client)
     publish(world["db"], [prepare(f"e{i}", i) for i in range(10)])

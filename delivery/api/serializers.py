@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from mqsite.api import NameField, StrictCharField, StrictFloatField, StrictIntegerField
+from mqsite.api import BoundedListField, NameField, StrictCharField, StrictFloatField, StrictIntegerField
 
 MAX_LIMIT = 1000
 MAX_WAIT_SECS = 30
@@ -40,7 +40,7 @@ class DeliveryListSerializer(serializers.Serializer):
 
 
 class AckSerializer(serializers.Serializer):
-    ids = serializers.ListField(child=StrictIntegerField(), max_length=MAX_ACK_IDS)
+    ids = BoundedListField(child=StrictIntegerField(), max_length=MAX_ACK_IDS)
 
 
 class AckResultSerializer(serializers.Serializer):

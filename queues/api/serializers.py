@@ -1,7 +1,7 @@
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from mqsite.api import NameField, StrictCharField, TooLarge
+from mqsite.api import BoundedListField, NameField, StrictCharField, TooLarge
 from queues import publishing
 
 
@@ -29,7 +29,7 @@ class PublishSerializer(serializers.Serializer):
 
 class PublishBatchSerializer(serializers.Serializer):
     # A ListField, not many=True: the schema then says how many (minItems, maxItems).
-    messages = serializers.ListField(child=PublishSerializer(), min_length=1, max_length=publishing.MAX_BATCH)
+    messages = BoundedListField(child=PublishSerializer(), min_length=1, max_length=publishing.MAX_BATCH)
 
     def validate(self, attrs):
         # A body with a message's own fields beside "messages" fits both shapes the schema

@@ -1,10 +1,13 @@
-"""What every API view shares: errors with the contract's status codes."""
+"""What every API view shares: one base class (the caller, the names rule, queue_or_404, the
+services' errors as status codes) and errors with the contract's status codes."""
 
 from django.core.validators import RegexValidator
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import exceptions, serializers, status
+from rest_framework.views import APIView
 
-from queues.names import INPUT_RE, NAME_HELP
+from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
+from subscribers.auth import is_operator, subscriber_of
 
 
 class TooLarge(exceptions.APIException):
@@ -116,3 +119,66 @@ def errors(*codes, **described):
     from drf_spectacular.utils import OpenApiResponse
 
     return {c: OpenApiResponse(ErrorSerializer, described.get(f"e{c}", ERRORS[c])) for c in codes}
+
+
+class ApiView(APIView):
+    """The one base of the REST views (NetBox's one base viewset): who is calling, the names
+    rule's 400, queue_or_404 and the mapping of the services' errors to status codes, each
+    written once here. Views parse, authorize, call one service and shape the answer."""
+
+    @property
+    def subscriber(self):
+        """The calling subscriber, or None for an operator."""
+        return subscriber_of(self.request)
+
+    @property
+    def is_operator(self):
+        return is_operator(self.request)
+
+    @staticmethod
+    def name_or_400(value, field):
+        """A queue or event name, lower-cased; one that breaks the rule is a 400 on `field`."""
+        try:
+            return clean_name(value, field)
+        except BadName as exc:
+            raise exceptions.ValidationError({field: [str(exc)]}) from None
+
+    def queue_or_404(self, name, field="queue"):
+        """The queue of that name; a name that breaks the naming rule is a 400 (the contract),
+        one that could exist but does not a 404, whatever the caller's rights."""
+        from queues import publishing  # publishing imports this module
+
+        self.name_or_400(name, field)
+        queue = publishing.find_queue(name)
+        if queue is None:
+            raise exceptions.NotFound(f"There is no queue named {name!r}.")
+        return queue
+
+    @staticmethod
+    def id_or_404(pk, what):
+        """A row id; one past the bigint range is unknown (the database would fail on it)."""
+        if not is_db_id(pk):
+            raise exceptions.NotFound(f"You have no {what} with that id.")
+        return pk
+
+    def handle_exception(self, exc):
+        return super().handle_exception(_as_api_error(exc))
+
+
+def _as_api_error(exc):
+    """The services' own exceptions, as the status codes of the contract."""
+    from delivery import ledger, long_polls  # the services sit above this module
+
+    if isinstance(exc, ledger.NotOwned):
+        return exceptions.NotFound("You have no delivery with that id.")
+    if isinstance(exc, ledger.AlreadySettled):
+        return Conflict(f"The delivery is already {exc}; a nack cannot move it.")
+    if isinstance(exc, long_polls.TooManyLongPolls):
+        return exceptions.Throttled(
+            wait=long_polls.RETRY_AFTER_SECS,
+            detail=(
+                f"This subscriber already has {exc} long polls waiting (MQ_MAX_LONG_POLLS); "
+                "wait for one to answer, or pull with wait=0."
+            ),
+        )
+    return exc

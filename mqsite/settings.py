@@ -200,6 +200,9 @@ MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(32 * 1024 * 1024, 2 *
 # Deeper JSON than this is refused: parsers and databases recurse on nesting.
 MQ_MAX_JSON_DEPTH = _positive_int("MQ_MAX_JSON_DEPTH", 64)
 MQ_PREFETCH = _positive_int("MQ_PREFETCH", 100)
+# Long polls (GET /api/deliveries with wait > 0) one subscriber may have waiting at once, across
+# processes with Redis: each holds a server thread, so one token must not open hundreds.
+MQ_MAX_LONG_POLLS = _positive_int("MQ_MAX_LONG_POLLS", 4)
 MQ_WEBHOOK_ALLOW_PRIVATE = env.bool("MQ_WEBHOOK_ALLOW_PRIVATE", default=False)
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")

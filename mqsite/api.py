@@ -1,7 +1,7 @@
 """What every API view shares: one base class (the caller, the names rule, queue_or_404, the
 services' errors as status codes) and errors with the contract's status codes."""
 
-from django.core.validators import RegexValidator
+from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import exceptions, serializers, status
 from rest_framework.views import APIView
@@ -23,6 +23,13 @@ class Conflict(exceptions.APIException):
 
 
 BIGINT_MAX = 2**63 - 1
+
+# Text a database can store (storable_text) has no NUL, as a pattern the schema publishes, so
+# that the schema forbids what the server refuses. Nor may it hold a lone surrogate (DRF refuses
+# those too), but no pattern can say so portably: ECMA reads surrogates as halves of pairs, and
+# Rust-based validators (Schemathesis's) cannot compile them; clients that send UTF-8 never do.
+STORABLE_PATTERN = r"^[^\u0000]*$"
+storable = RegexValidator(STORABLE_PATTERN, "Text may not contain NUL.")
 
 
 def is_db_id(value):
@@ -51,6 +58,16 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StorableCharField(StrictCharField):
+    """Free text a database can store, its rule (no NUL) shown in the schema as a pattern."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # DRF's own NUL check says the same as `storable`, which is the one the schema shows.
+        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+        self.validators.append(storable)
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -83,6 +100,27 @@ class NameField(StrictCharField):
         kwargs.setdefault("trim_whitespace", False)  # " db" is not a name
         super().__init__(**kwargs)
         self.validators.append(RegexValidator(INPUT_RE, NAME_HELP))
+
+
+def schema_says_what_the_server_refuses(result, generator, request, public):
+    """drf-spectacular postprocessing hook: the rules of the server that serializers cannot
+    show. Row ids in a path are bigint (past it nothing exists: 404). A publish body is one
+    message or a batch, never both: "messages" makes it a batch, and a batch with a message's
+    own fields beside it is refused (queues.api.serializers.PublishBatchSerializer)."""
+    for ops in result.get("paths", {}).values():
+        for op in ops.values():
+            for param in op.get("parameters", []) if isinstance(op, dict) else ():
+                if param["in"] == "path" and param["schema"].get("type") == "integer":
+                    param["schema"].update(format="int64", minimum=1, maximum=BIGINT_MAX)
+    schemas = result.get("components", {}).get("schemas", {})
+    body = schemas.get("PublishRequestRequest")
+    if body is not None:
+        one, batch = body["oneOf"]
+        body["oneOf"] = [
+            {"allOf": [one, {"not": {"required": ["messages"]}}]},
+            {"allOf": [batch, {"not": {"anyOf": [{"required": [f]} for f in ("event", "payload", "key")]}}]},
+        ]
+    return result
 
 
 class BodyRequiredSchema(AutoSchema):

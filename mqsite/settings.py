@@ -290,6 +290,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "PARSER_WHITELIST": ["mqsite.parsers.BoundedJSONParser"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "mqsite.api.schema_says_what_the_server_refuses",
+    ],
 }
 
 LOGGING = {

@@ -51,7 +51,17 @@ class DeliveryListView(ApiView):
         parameters=[LeaseQuerySerializer],
         responses={
             200: DeliveryListSerializer,
-            **errors(400, 401, 403, 404, 429, e403=SUBSCRIBERS_ONLY, e404="No such queue."),
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                429,
+                e403=SUBSCRIBERS_ONLY,
+                e404="No such queue.",
+                e429="Throttled (MQ_THROTTLE_RATE), or the subscriber already has MQ_MAX_LONG_POLLS long "
+                "polls waiting (wait > 0); Retry-After says when to try again.",
+            ),
         },
     )
     def get(self, request):

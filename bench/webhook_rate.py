@@ -5,7 +5,8 @@ For each mode: a fresh database, `migrate`, a queue `bench`, a subscriber `hook`
 is a fast receiver in this process (a threaded HTTP/1.1 server on loopback answering 200),
 subscribed to the queue over the REST API, and a publisher. MESSAGES messages are published in
 batches of BATCH through Daphne, which is then stopped; only then does one worker start
-(`celery -A mqsite worker -B -P threads -c 8 -l warning`, as `make run` starts it). The clock
+(`celery -A mqsite worker -B -Q webhooks,maintenance,celery -P threads -c 8 -l warning`: the
+queues `make run` gives two workers, served by one). The clock
 runs from the worker's start until every delivery is acked, by the time the database stamped
 on the last ack. The receiver must have seen every message id, a sample of the posts must
 carry a valid Standard Webhooks signature, and `queuestats --json` must count every delivery
@@ -49,7 +50,19 @@ BATCH = 100
 TIME_LIMIT = 120.0  # seconds from the worker's start
 SIGNATURE_SAMPLE = 50
 CELERY = Path(sys.executable).parent / "celery"
-WORKER_ARGS = ["-A", "mqsite", "worker", "-B", "-P", "threads", "-c", "8", "-l", "warning"]
+WORKER_ARGS = [
+    "-A",
+    "mqsite",
+    "worker",
+    "-B",
+    "-Q",
+    "webhooks,maintenance,celery",
+    "-P",
+    "threads",
+    "-c",
+    "8",
+]
+WORKER_ARGS += ["-l", "warning"]
 
 # The embedded mode's broker is a folder, by default var/celery of the working tree, which
 # any other embedded worker on this tree would share (and take our jobs from). These settings

@@ -166,13 +166,21 @@ class DeliveryAttemptInline(admin.TabularInline):
     """A delivery's webhook attempts, oldest first: what operators read on a dead letter."""
 
     model = DeliveryAttempt
-    fields = ["number", "at", "ok", "status_code", "error", "duration_ms"]
+    fields = ["number", "at", "ok", "failure", "status_code", "error", "duration_ms"]
     readonly_fields = fields
     # Numbers start again at 1 after an operator's redelivery; the time keeps the order.
     ordering = ["at", "id"]
     extra = 0
     can_delete = False
     verbose_name_plural = "webhook attempts (one row per post to the subscriber's webhook)"
+
+    @admin.display(description="failure")
+    def failure(self, obj):
+        """Whether a failure looks permanent (fix the endpoint or the URL) or transient; both
+        are retried on the backoff schedule."""
+        if obj.ok:
+            return "-"
+        return "permanent" if obj.permanent else "transient"
 
     # Attempts are written by the webhook job, never in a form; whoever may see the delivery
     # may see its history.

@@ -19,6 +19,7 @@ import math
 import time
 import uuid
 import weakref
+from functools import cached_property
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
@@ -27,16 +28,18 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
+from mqsite import limits
 from mqsite.api import is_db_id, storable_text
 from mqsite.parsers import BadJSON, decode_json
 from queues import group_commit, publishing
 from queues.names import BadName, clean_name
 from subscribers import presence, subscribing
-from subscribers.auth import subscriber_for_token
-from subscribers.models import Subscription
+from subscribers.auth import auth_failed, subscriber_for_token
+from subscribers.models import Subscriber, Subscription
 
-from . import ledger, wakeups
+from . import ledger, liveness, wakeups
 from .api.serializers import MAX_NACK_ERROR_CHARS
+from .models import Delivery, Status
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,9 @@ RECHECK_SECS = 2.0
 # the contract, rather than racing the automatic resume. Short, since it delays every resume.
 RESUME_GRACE_SECS = 0.2
 CLOSE_BAD_TOKEN = 4401
+CLOSE_THROTTLED = 4429  # too many failed token attempts from the address (as HTTP 429)
+CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
+REVOKED = "its subscriber's token or right was revoked"
 # Daphne (autobahn) lets an application close only with 1000 or 3000-4999: the standard 1009
 # (too big) and 1011 (server error) raise instead of closing, so these mirror HTTP's codes.
 CLOSE_TOO_BIG = 4413
@@ -68,14 +74,17 @@ class FrameError(Exception):
         self.code, self.detail, self.extra = code, detail, extra
 
 
-_maintenance = _recheck = _listener = None
+_maintenance = _recheck = _listener = _token_check = _loop = None
 _open = weakref.WeakSet()  # the consumers of this process with a socket open
 
 
 async def release_open_sockets():
     """The server is stopping (mqsite/shutdown.py): every socket of this process hands back
     what it holds now, rather than at its ack deadline."""
-    await asyncio.gather(*(c.disconnect(None) for c in list(_open)), return_exceptions=True)
+    consumers = list(_open)
+    for c in consumers:
+        c.give_back = True  # the client is not at fault: its attempts are not spent
+    await asyncio.gather(*(c.disconnect(None) for c in consumers), return_exceptions=True)
 
 
 def open_sockets():
@@ -88,20 +97,31 @@ def ensure_maintenance():
     overdue leases, so that nothing waits on a socket that is gone, even where no other
     sweeper runs (the embedded mode). One wakes the sockets whose subscribers have work (see
     the module's docstring). In the services mode, one hears the other processes' wake-ups."""
-    global _maintenance, _recheck, _listener
-    if _maintenance is None or _maintenance.done():
+    global _maintenance, _recheck, _listener, _token_check, _loop
+    _loop = asyncio.get_running_loop()
+    if not _running(_token_check):
+        _token_check = asyncio.ensure_future(_check_tokens())
+    if not _running(_maintenance):
         _maintenance = asyncio.ensure_future(_maintain())
-    if _recheck is None or _recheck.done():
+    if not _running(_recheck):
         _recheck = asyncio.ensure_future(_wake_those_with_work())
-    if settings.REDIS_URL and (_listener is None or _listener.done()):
+    if settings.REDIS_URL and not _running(_listener):
         _listener = asyncio.ensure_future(wakeups.listen())
+
+
+def _running(task):
+    # A task of another event loop (closed: one per test) never runs again, though not done.
+    return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
 
 
 async def _maintain():
     while True:
         await asyncio.sleep(presence.HEARTBEAT_SECS)
         try:
-            await db(presence.heartbeat)([c.channel_name for c in list(_open)])
+            gone = await db(presence.heartbeat)([c.channel_name for c in list(_open)])
+            # Their rows were deleted (an operator closed them, the announcement was lost).
+            for c in [c for c in list(_open) if c.channel_name in gone]:
+                asyncio.ensure_future(c.revoke(CLOSE_BY_OPERATOR, "closed by an operator"))
             await db(presence.sweep_stale_connections)()
             await db(ledger.expire_overdue_leases)()
         except Exception:
@@ -122,6 +142,62 @@ async def _wake_those_with_work():
         for c in consumers:
             if c.subscriber.pk in due:
                 c.wake.set()
+
+
+async def _check_tokens():
+    """The safety net of revocation: every MQ_REVOCATION_CHECK_SECS, whatever Redis lost."""
+    while True:
+        await asyncio.sleep(settings.MQ_REVOCATION_CHECK_SECS)
+        consumers = [c for c in list(_open) if not c.closing]
+        if not consumers:
+            continue
+        try:
+            await check_tokens(consumers)
+        except Exception:
+            log.exception("checking tokens failed; trying again in %s s", settings.MQ_REVOCATION_CHECK_SECS)
+
+
+async def check_tokens(consumers):
+    """Close the sockets whose subscriber is gone, inactive or has another token now: one
+    query for all of them."""
+
+    def current():
+        rows = Subscriber.objects.filter(pk__in={c.subscriber.pk for c in consumers})
+        return {pk: (h, active) for pk, h, active in rows.values_list("pk", "token_hash", "is_active")}
+
+    now = await db(current)()
+    for c in consumers:
+        if now.get(c.subscriber.pk) != (c.token_hash, True):
+            asyncio.ensure_future(c.revoke())
+
+
+def _changed(subscriber_ids, channel_names):
+    """An announcement (delivery.wakeups.announce), from any thread: the sockets it names
+    look again, on their event loop."""
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return
+    ids, names = set(subscriber_ids), set(channel_names)
+
+    def look_again():
+        for c in list(_open):
+            if c.channel_name in names:
+                asyncio.ensure_future(c.revoke(CLOSE_BY_OPERATOR, "closed by an operator"))
+            elif c.subscriber.pk in ids:
+                c.look_again()
+
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        look_again()
+    else:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(look_again)
+
+
+wakeups.on_change(_changed)
 
 
 def token_from_scope(scope):
@@ -147,12 +223,19 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     publish_task = None
     release_task = None
     closing = False
+    # Whether what the socket held on closing gets its attempt back: only when the server
+    # closes it (its shutdown, an operator); a client that goes away spends them.
+    give_back = False
+    revoked = None  # why the server closed it (its held deliveries' last error)
+    token_hash = None
+    recheck_task = None
+    recheck_wanted = False
 
     # --- life of a connection ---
 
     async def __call__(self, scope, receive, send):
         # The connection's name, as the presence table and a lease's holder know it.
-        self.channel_name = f"ws.{uuid.uuid4().hex}"
+        self.channel_name = liveness.holder(f"ws.{uuid.uuid4().hex}")
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -163,11 +246,17 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             await self.disconnect(None)
 
     async def connect(self):
-        self.subscriber = await db(subscriber_for_token)(token_from_scope(self.scope))
+        token = token_from_scope(self.scope)
+        address = (self.scope.get("client") or ("", 0))[0] or ""
+        self.subscriber = await db(subscriber_for_token)(token)
         await self.accept()
         if self.subscriber is None:
-            await self.close(code=CLOSE_BAD_TOKEN)
+            # A missing token is no attempt; a bad one counts against the address.
+            throttled = token and await db(auth_failed)(address)
+            await self.close(code=CLOSE_THROTTLED if throttled else CLOSE_BAD_TOKEN)
             return
+        self.token_hash = self.subscriber.token_hash
+        self.ended = set()  # subscriptions ended by a revoked right, told to the client
         self.held = {}  # delivery id -> monotonic time its lease ends
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
         self.ack_task = None
@@ -177,7 +266,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
         self.watching = wakeups.watch(self.subscriber.pk, self.wake)
         client = self.scope.get("client") or ("", 0)
-        await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
+        try:
+            await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
+        except limits.LimitExceeded as exc:  # too many sockets: say why, then close
+            await self.send_json(limit_frame(exc))
+            await self.close(code=limits.CLOSE_TOO_MANY)
+            return
         self.pump_task = asyncio.ensure_future(self.pump())
         _open.add(self)
         ensure_maintenance()
@@ -211,8 +305,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 log.warning("acks of %s were not written", self.channel_name, exc_info=True)
         if self.publish_task is not None:
             await self.publish_task  # publishes received before the close go in (it logs its errors)
+        if self.revoked:
+            # Released under the revocation's reason (give_back is set), before the row goes.
+            await db(ledger.release_held)([self.channel_name], reason=self.revoked)
         # What this socket held and had not acked is ready for another at once.
-        await db(presence.close_connection)(self.channel_name)
+        await db(presence.close_connection)(self.channel_name, spend=not self.give_back)
         _open.discard(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
 
@@ -236,8 +333,78 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             raise
         except Exception:
             log.exception("delivery pump of %s failed; closing the socket", self.channel_name)
+            self.give_back = True  # our failure, not the client's
             with contextlib.suppress(Exception):  # the socket may be gone already
                 await self.close(code=CLOSE_SERVER_ERROR)
+
+    async def revoke(self, code=CLOSE_BAD_TOKEN, reason=REVOKED):
+        """Close the socket from the server's side and hand back what it held, now."""
+        if self.revoked or self.closing:
+            return
+        self.revoked = reason
+        self.give_back = True  # the server's decision, not the client's failure
+        await self.disconnect(None)  # first: by the close, what it held is ready for others
+        with contextlib.suppress(Exception):  # the socket may be gone already
+            await self.close(code=code)
+
+    def look_again(self):
+        """An announcement named this socket's subscriber: look again (one look at a time;
+        announcements that arrive during one make one more)."""
+        self.recheck_wanted = True
+        if self.recheck_task is None or self.recheck_task.done():
+            self.recheck_task = asyncio.ensure_future(self.recheck())
+
+    async def recheck(self):
+        while self.recheck_wanted and not self.closing and not self.revoked:
+            self.recheck_wanted = False
+            try:
+                await self.apply_changes()
+            except Exception:
+                log.exception("looking again at the subscriber of %s failed", self.channel_name)
+
+    async def apply_changes(self):
+        pk = self.subscriber.pk
+
+        def look():
+            subscriber = Subscriber.objects.filter(pk=pk).first()
+            if subscriber is None or not subscriber.is_active or subscriber.token_hash != self.token_hash:
+                return None, []
+            forbidden = Subscription.objects.filter(subscriber=subscriber)
+            if subscriber.subscribe_all:
+                forbidden = forbidden.none()
+            granted = Subscriber.subscribe_queues.through.objects.filter(subscriber_id=pk).values("queue_id")
+            forbidden = forbidden.exclude(queue_id__in=granted)
+            return subscriber, list(forbidden.values_list("id", "queue__name", "event__name"))
+
+        subscriber, forbidden = await db(look)()
+        if subscriber is None:
+            await self.revoke()
+            return
+        self.subscriber = subscriber  # its rights as they are now (publish frames ask it)
+        self.ended &= {i for i, _, _ in forbidden}  # a right given back resumes them
+        ending = [(i, q, e) for i, q, e in forbidden if i not in self.ended]
+        if not ending:
+            return
+        ids = [i for i, _, _ in ending]
+
+        def release():
+            held = list(
+                Delivery.objects.filter(
+                    lease_holder=self.channel_name, status=Status.INFLIGHT, subscription_id__in=ids
+                ).values_list("id", flat=True)
+            )
+            # No wake-up: nobody may lease them while the right is withdrawn.
+            ledger.release_held([self.channel_name], reason=REVOKED, wake=False, subscription_ids=ids)
+            return held
+
+        async with self.sending:  # after any delivery of them being sent, before any other
+            for delivery_id in await db(release)():
+                self.held.pop(delivery_id, None)
+            self.ended.update(ids)
+            for i, queue, event in ending:
+                frame = {"type": "unsubscribed", "subscription": i, "queue": queue, "event": event}
+                await self.send_json({**frame, "reason": "forbidden"})
+        self.wake.set()  # the window has room again
 
     def until_a_lease_ends(self):
         """Seconds until the first lease this socket holds runs out (its window opens then),
@@ -273,8 +440,13 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None):
         raw = text_data if text_data is not None else bytes_data
+        if self.revoked:
+            return  # closed by the server: nothing more from it counts
         if len(raw) > settings.MQ_MAX_BODY_BYTES:
             await self.close(code=CLOSE_TOO_BIG)
+            return
+        if self.frame_rate.take() is not None:
+            await self.refuse_frame(raw)
             return
         ref = None
         try:
@@ -287,6 +459,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                     f"Unknown frame type {frame.get('type')!r}; known: {', '.join(sorted(self.handlers))}.",
                 )
             await handler(self, frame)
+        except limits.LimitExceeded as exc:
+            await self.send_json(limit_frame(exc, ref))
         except FrameError as exc:
             await self.send_json(
                 {
@@ -297,6 +471,39 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                     **({"ref": ref} if ref is not None else {}),
                 }
             )
+
+    @cached_property
+    def frame_rate(self):
+        return limits.FrameRate()
+
+    async def refuse_frame(self, raw):
+        """A frame over the socket's rate: not processed, but answered (a publish's sender must
+        know it is not in); a socket that stays over the rate is closed."""
+        if self.frame_rate.closed:
+            return
+        try:
+            ref = self.parse(raw).get("ref")
+        except FrameError:
+            ref = None
+        wait = self.frame_rate.wait
+        detail = (
+            f"Over {self.frame_rate.rate:g} frames a second (MQ_WS_FRAME_RATE, bursts of "
+            f"{self.frame_rate.burst:g}): this frame was not processed; send it again later."
+        )
+        if self.frame_rate.abusive:
+            detail += " The socket stayed over the rate, so it is closed (4429)."
+        await self.send_json(
+            {
+                "type": "error",
+                "code": "rate_limited",
+                "detail": detail,
+                "retry_after": max(round(wait, 3), 0.001),
+            }
+            | ({"ref": ref} if ref is not None else {})
+        )
+        if self.frame_rate.abusive:
+            self.frame_rate.closed = True
+            await self.close(code=limits.CLOSE_TOO_MANY)
 
     @staticmethod
     def parse(raw):
@@ -314,7 +521,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         def subscribe():
             if not self.subscriber.may_subscribe(queue):
                 raise FrameError("forbidden", f"{self.subscriber.name} may not subscribe to {queue.name}.")
-            return subscribing.subscribe(self.subscriber, queue, event)[0]
+            return subscribing.subscribe(self.subscriber, queue, event, limited=True)[0]
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription = await db(subscribe)()
@@ -391,22 +598,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ):
             raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
 
-        def nack():
-            unknown, settled = [], []
-            for i in ids:
-                try:
-                    if not is_db_id(i):
-                        raise ledger.NotOwned(i)
-                    ledger.nack_delivery(
-                        self.subscriber, i, retry_in=retry_in, error=ledger.nack_reason(error)
-                    )
-                except ledger.NotOwned:
-                    unknown.append(i)
-                except ledger.AlreadySettled:
-                    settled.append(i)
-            return unknown, settled
-
-        unknown, settled = await db(nack)()
+        # One ledger call, one statement for every id (ledger.nack_deliveries).
+        nacked = await db(ledger.nack_deliveries)(
+            self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
+        )
+        unknown, settled = nacked.unknown, list(nacked.settled)
         for i in ids:
             self.held.pop(i, None)
         self.wake.set()
@@ -450,6 +646,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             # Unanswered, these publishes may or may not be in: the client publishes them
             # again (with their keys, once), as after any dropped connection.
             log.exception("publishing for %s failed; closing the socket", self.channel_name)
+            self.give_back = True  # our failure, not the client's
             with contextlib.suppress(Exception):
                 await self.close(code=CLOSE_SERVER_ERROR)
 
@@ -470,7 +667,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             elif error is None and not self.subscriber.may_publish(queue):
                 error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
             if error is None:
-                published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
+                try:
+                    published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
+                except limits.LimitExceeded as exc:
+                    error = FrameError(exc.code, exc.detail)
+            if error is None:
                 answers += [(ref, answer) for (ref, _, _), (answer, _) in zip(run, published, strict=True)]
             else:
                 answers += [(ref, error) for ref, _, _ in run]
@@ -531,3 +732,11 @@ def _bad_queue_name(name):
     except BadName as exc:
         return FrameError("bad_name", str(exc))
     return None
+
+
+def limit_frame(exc, ref=None):
+    """The error frame for a limits.LimitExceeded."""
+    frame = {"type": "error", "code": exc.code, "detail": exc.detail}
+    if exc.wait is not None:
+        frame["retry_after"] = exc.wait
+    return frame | ({"ref": ref} if ref is not None else {})

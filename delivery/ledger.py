@@ -10,17 +10,21 @@ admin) call these functions and nothing else to move a delivery.
 """
 
 import contextlib
+import functools
 import json
 from collections import defaultdict
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef
-from django.db.models.functions import Greatest
+from django.db.models import CharField, Exists, F, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Cast, Concat, Greatest
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
+from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
 
@@ -87,8 +91,10 @@ def fan_out_statement(messages, where, now):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
     queue_id, event_id, seq) where `where` holds, and its leading parameters (the caller's for
     `where` follow). A subscription matches a message when it is for the message's queue and
-    for its event or all events. Deliveries are numbered in seq order, as the messages are.
-    It returns (message id, subscriber id) per delivery made."""
+    for its event or all events, and its subscriber is active and may still subscribe to the
+    queue (revocation: a subscription stays, but is owed nothing while its right is gone).
+    Deliveries are numbered in seq order, as the messages are. It returns (message id,
+    subscriber id) per delivery made."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     sql = f"""
@@ -99,11 +105,22 @@ def fan_out_statement(messages, where, now):
         FROM {messages}
         JOIN {Subscription._meta.db_table} s
           ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
+        JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
         WHERE {where}
         ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
     """
-    return sql, [Status.PENDING, at, at]
+    return sql, [Status.PENDING, at, at, True, True]
+
+
+@functools.cache
+def _may_subscribe():
+    """SQL: the subscriber `r` of subscription `s` is active and may subscribe to its queue
+    (two parameters, both True). A primary-key row and an EXISTS on the rights' unique index:
+    cheap enough for every publish. (A function: the rights table is known once apps load.)"""
+    return f"""r.is_active = %s AND (r.subscribe_all = %s OR EXISTS (
+        SELECT 1 FROM {Subscriber.subscribe_queues.through._meta.db_table} g
+        WHERE g.subscriber_id = s.subscriber_id AND g.queue_id = s.queue_id))"""
 
 
 def fanned_out(rows):
@@ -180,8 +197,9 @@ def _of_events(column, event_ids):
 
 def _subscriptions(subscriber, queue, event_ids, now):
     """The subscriber's subscriptions to queues that are not paused (to `queue` only, if
-    given), each with its queue's settings and whether it has a delivery ready and a lease
-    overdue (of `event_ids`, if given): one read, EXISTS stopping at the first row."""
+    given) and that it is still active and allowed to subscribe to, each with its queue's
+    settings and whether it has a delivery ready and a lease overdue (of `event_ids`, if
+    given): one read, EXISTS stopping at the first row."""
     at = connection.ops.adapt_datetimefield_value(now)
     of_events, event_params = _of_events("d.event_id", event_ids)
     deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
@@ -193,6 +211,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
                    EXISTS ({deliveries} AND d.status = %s AND d.next_attempt_at <= %s),
                    EXISTS ({deliveries} AND d.status = %s AND d.ack_deadline <= %s)
             FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
+            JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
             WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
             """,
             [
@@ -202,6 +221,8 @@ def _subscriptions(subscriber, queue, event_ids, now):
                 *event_params,
                 Status.INFLIGHT,
                 at,
+                True,
+                True,
                 subscriber.pk,
                 False,
                 *([queue.pk] if queue is not None else []),
@@ -343,11 +364,18 @@ def _delivery(id, message_id, queue, event, seq, payload_json, attempt, publishe
 
 def subscribers_with_work(subscriber_ids, now=None):
     """Which of these subscribers have a delivery ready or a lease overdue: one query for all
-    the open sockets of a process (EXISTS stops at the first row of each)."""
+    the open sockets of a process (EXISTS stops at the first row of each). Only of active
+    subscribers and of queues they may still subscribe to: what a revoked right left owed
+    wakes nobody."""
     now = now or timezone.now()
-    ready = Delivery.objects.filter(subscriber=OuterRef("pk"))
+    granted = Subscriber.subscribe_queues.through.objects.filter(
+        subscriber_id=OuterRef("subscriber_id"), queue_id=OuterRef("queue_id")
+    )
+    ready = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(
+        Q(subscriber__subscribe_all=True) | Exists(granted)
+    )
     return set(
-        Subscriber.objects.filter(pk__in=subscriber_ids)
+        Subscriber.objects.filter(pk__in=subscriber_ids, is_active=True)
         .filter(
             Exists(ready.filter(status=Status.PENDING, next_attempt_at__lte=now))
             | Exists(ready.filter(status=Status.INFLIGHT, ack_deadline__lte=now))
@@ -410,22 +438,125 @@ class AlreadySettled(Exception):
     """The delivery is acked or dead; a nack cannot move it."""
 
 
-def nack_delivery(subscriber, delivery_id, retry_in=None, now=None, error=NACKED):
-    """Give a delivery back: pending again after `retry_in` seconds or its backoff, or dead if
-    that was its last attempt. Returns the updated Delivery."""
-    with transaction.atomic():
-        delivery = (
-            Delivery.objects.select_for_update(of=("self",))  # not the queue row: publishers hold it
-            .select_related("queue")
-            .filter(id=delivery_id, subscriber=subscriber)
-            .first()
+class Nacked(NamedTuple):
+    """What a nack did: {id: (status, attempt, next_attempt_at)} of those it moved, the ids that
+    are not the subscriber's or do not exist, and {id: status} of those already acked or dead."""
+
+    done: dict
+    unknown: list
+    settled: dict
+
+
+def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
+    """Give back the subscriber's deliveries among `ids`, as _fail does one: pending again after
+    `retry_in` seconds or its backoff, or dead if that was its last attempt.
+
+    One transaction of at most three statements whatever the number of ids (a nack frame of
+    10,000 ids was 10,000 transactions, each a write lock and a disk flush on SQLite): one
+    UPDATE, compare-and-set on the owner and the status, with the queue's max_attempts and the
+    backoff by attempt written as CASEs; then, only when it did not move them all, one read to
+    tell settled ids from unknown ones; and, only when one died, one to see whether it was the
+    head of an ordered queue. The ids go as one parameter (an array, or JSON on SQLite), so
+    there is no limit of parameters to mind.
+    """
+    now = now or timezone.now()
+    ids = list(dict.fromkeys(ids))
+    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
+    if not valid:
+        return Nacked({}, ids, {})
+    table, at = Delivery._meta.db_table, connection.ops.adapt_datetimefield_value
+    dead = f"attempt >= (SELECT q.max_attempts FROM {Queue._meta.db_table} q WHERE q.id = {table}.queue_id)"
+    if retry_in is None:
+        next_at, next_params = _backoff_case(now)
+    else:
+        next_at, next_params = "%s", [at(now + timedelta(seconds=retry_in))]
+    of_ids, ids_param = _id_set(valid)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {table} SET
+                status = CASE WHEN {dead} THEN %s ELSE %s END,
+                next_attempt_at = CASE WHEN {dead} THEN next_attempt_at ELSE {next_at} END,
+                last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || ' attempts' ELSE %s END,
+                ack_deadline = NULL,
+                lease_holder = ''
+            WHERE id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)
+            RETURNING id, status, attempt, next_attempt_at, queue_id
+            """,
+            [
+                Status.DEAD,
+                Status.PENDING,
+                *next_params,
+                f"{error}; dead after ",
+                error,
+                ids_param,
+                subscriber.pk,
+                Status.PENDING,
+                Status.INFLIGHT,
+            ],
         )
-        if delivery is None:
-            raise NotOwned(delivery_id)
-        if delivery.status in (Status.ACKED, Status.DEAD):
-            raise AlreadySettled(delivery.status)
-        _fail(delivery, error, retry_in, now or timezone.now())
-    return delivery
+        rows = cursor.fetchall()
+        done = {
+            id_: (status, attempt, _datetime(next_attempt_at))
+            for id_, status, attempt, next_attempt_at, _ in rows
+        }
+        settled = {}
+        if len(done) < len(valid):
+            of_rest, rest_param = _id_set([i for i in valid if i not in done])
+            cursor.execute(
+                f"SELECT id, status FROM {table} WHERE id {of_rest} AND subscriber_id = %s",
+                [rest_param, subscriber.pk],
+            )
+            settled = dict(cursor.fetchall())
+        # Wake only for what is ready now, or for a dead head of an ordered queue (what waited
+        # behind it may go): as _fail.
+        died_in = {queue_id for _, status, _, _, queue_id in rows if status == Status.DEAD}
+        if any(status == Status.PENDING and at_ <= now for status, _, at_ in done.values()) or (
+            died_in and Queue.objects.filter(pk__in=died_in, ordered=True).exists()
+        ):
+            wakeups.notify_after_commit([subscriber.pk])
+    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled)
+
+
+def _backoff_case(now):
+    """SQL for `now + backoff_secs(attempt)`, and its parameters: one CASE on the attempt, with
+    at most 31 branches (the backoff stops growing at its cap, or at 2 ** 30)."""
+    at = connection.ops.adapt_datetimefield_value
+    whens, params = [], []
+    for attempt in range(1, 32):
+        if backoff_secs(attempt) == backoff_secs(31):
+            break
+        whens.append(f"WHEN attempt <= {attempt} THEN %s")
+        params.append(at(now + timedelta(seconds=backoff_secs(attempt))))
+    return f"CASE {' '.join(whens)} ELSE %s END", [*params, at(now + timedelta(seconds=backoff_secs(31)))]
+
+
+def _id_set(ids):
+    """(" = ANY(...)" or " IN (...)", its one parameter) for a set of ids of any size: an
+    array on PostgreSQL, a JSON list on SQLite (a placeholder per id would meet its limit)."""
+    if connection.vendor == "postgresql":
+        return "= ANY(%s::bigint[])", list(ids)
+    return "IN (SELECT value FROM json_each(%s))", json.dumps(list(ids))
+
+
+def _datetime(value):
+    """A datetime column read by raw SQL: SQLite gives it naive (or as text), in UTC."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
+def nack_delivery(subscriber, delivery_id, retry_in=None, now=None, error=NACKED):
+    """nack_deliveries() of one id: NotOwned or AlreadySettled when it did not move, else the
+    updated Delivery (read again: for callers that want the row, not for hot paths)."""
+    nacked = nack_deliveries(subscriber, [delivery_id], retry_in=retry_in, now=now, error=error)
+    if nacked.unknown:
+        raise NotOwned(delivery_id)
+    if nacked.settled:
+        raise AlreadySettled(nacked.settled[delivery_id])
+    return Delivery.objects.select_related("queue").get(pk=delivery_id)
 
 
 def fail_delivery(delivery_id, holder, error, now=None):
@@ -571,21 +702,57 @@ def drop_undelivered(subscription):
     Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED).delete()
 
 
-def release_held(holders, reason="the connection holding it closed", wake=True):
-    """Deliveries held by these lease holders go back to pending, ready at once, their attempt
-    given back: a closed websocket (the client is gone, there is nothing to wait for), or a
-    webhook job's batch left untried when its endpoint failed (`reason` says which; `wake=False`
-    leaves them to the sweeper rather than wake a job that would only find it failing)."""
+def release_held(
+    holders, reason="the connection holding it closed", wake=True, spend=False, subscription_ids=None
+):
+    """Deliveries held by these lease holders go back to pending, ready at once: a closed
+    websocket (the client is gone, there is nothing to wait for), or a webhook job's batch left
+    untried when its endpoint failed (`reason` says which; `wake=False` leaves them to the
+    sweeper rather than wake a job that would only find it failing). `subscription_ids`: only
+    those of these subscriptions (a revoked right's, on a socket that stays open).
+
+    `spend`: the attempt counts, and a delivery that had its last one is dead. A socket that
+    the client closed (or dropped) while holding a delivery spends it: a message its client
+    dies on must die too, not block its subscription for ever (API.md, Extensions). Otherwise
+    (the server's own shutdown, a revocation, an untried batch) the attempt is given back."""
     held = Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT)
+    if subscription_ids is not None:
+        held = held.filter(subscription_id__in=subscription_ids)
+    return _release(held, reason, wake, spend)
+
+
+def release_held_by_prefix(prefix, reason):
+    """What every lease holder whose name starts with `prefix` held: the holdings of a server
+    or worker process that died (delivery.liveness), ready at once, the attempt given back."""
+    return _release(
+        Delivery.objects.filter(lease_holder__startswith=prefix, status=Status.INFLIGHT), reason, True, False
+    )
+
+
+CLOSED_IN_FLIGHT = "connection closed while in flight"
+
+
+def _release(held, reason, wake, spend):
+    now = timezone.now()
     with transaction.atomic():
         subscriber_ids = list(held.order_by().values_list("subscriber_id", flat=True).distinct())
+        if spend:
+            max_attempts = Queue.objects.filter(pk=OuterRef("queue_id")).values("max_attempts")[:1]
+            held.filter(attempt__gte=Subquery(max_attempts)).update(
+                status=Status.DEAD,
+                ack_deadline=None,
+                lease_holder="",
+                last_error=Concat(
+                    Value(f"{CLOSED_IN_FLIGHT}, "), Cast("attempt", CharField()), Value(" times")
+                ),
+            )
         count = held.update(
             status=Status.PENDING,
-            # Whether the client saw the message cannot be known (or it was never sent). Give
-            # the attempt back, so that a subscriber whose connection drops often does not see
-            # its deliveries die of attempts that never reached it.
-            attempt=Greatest(F("attempt") - 1, 0),
-            next_attempt_at=timezone.now(),
+            # Whether the client saw the message cannot be known (or it was never sent): given
+            # back, so that a subscriber whose server restarts does not see its deliveries die
+            # of attempts that never reached it.
+            **({} if spend else {"attempt": Greatest(F("attempt") - 1, 0)}),
+            next_attempt_at=now,
             ack_deadline=None,
             lease_holder="",
             last_error=reason,

@@ -81,6 +81,11 @@ class DeliveryAttempt(models.Model):
     status_code = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     duration_ms = models.PositiveIntegerField(default=0)
+    permanent = models.BooleanField(
+        default=False,
+        help_text="The failure looks permanent: an HTTP 4xx other than 408 and 429, or a refused URL. "
+        "Retried on the backoff schedule all the same; it tells operators what to fix.",
+    )
 
     class Meta:
         ordering = ["delivery", "number", "at"]

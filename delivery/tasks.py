@@ -10,7 +10,14 @@ due that soon, so a retry goes out when the ledger says and not up to a sweep la
 
 One job per subscriber at a time: a claim in the cache, taken when a job is enqueued (wake-up
 or sweeper) and held while it runs, keeps wake-ups from piling jobs up in the broker. The claim
-is only a limit: a job run twice still shares the work, and a claim left by a lost job expires.
+is only a limit: a job run twice still shares the work. A running job's claim lives a few
+seconds and a thread of the worker renews it every second, so it is held for as long as the job
+runs and lapses within seconds of a killed worker's death.
+
+Queues (CELERY_TASK_ROUTES): the posts go on `webhooks`, the sweeper and the archive on
+`maintenance`, each served by a worker of its own (mqsite/supervisord.conf), so that no post can
+hold the sweeper up. A job per subscriber, each post ending by the webhook deadline and each job
+by its budget: one slow endpoint holds one worker thread, never another subscriber's posts.
 """
 
 import logging
@@ -20,9 +27,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-import httpx
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
@@ -30,7 +36,7 @@ from django.utils import timezone
 from subscribers import presence
 from subscribers.models import Connection, Subscriber
 
-from . import ledger, webhooks
+from . import ledger, liveness, webhooks
 from .models import Delivery, DeliveryAttempt, Status
 
 log = logging.getLogger(__name__)
@@ -50,9 +56,11 @@ RETRY_LOOKAHEAD_SECS = 1.5
 # (the two share the work). In the embedded mode the cache is per process, so a claim taken by
 # the web server is never released by the worker's job and only rate-limits its wake-ups.
 CLAIM_QUEUED_SECS = 2
-# A running job renews its claim before each batch and each wait: one batch may post for up to
-# the webhook timeout. A claim of a killed worker's job stops holding others back after this.
-CLAIM_RUNNING_SECS = webhooks.TIMEOUT_SECS + 5
+# A running job's claim lives this long and is renewed every CLAIM_RENEW_SECS while the job
+# runs (ClaimRenewer): a killed worker's claim lapses within this, and a sweep (every second)
+# enqueues the next job.
+CLAIM_RUNNING_SECS = 3
+CLAIM_RENEW_SECS = 1
 # Why a delivery of a job's batch went back untried (operators read it as its last error).
 NOT_POSTED = "not posted: the webhook failed on an earlier delivery of the batch"
 FRAME_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
@@ -65,6 +73,16 @@ stopping = threading.Event()
 @worker_shutting_down.connect
 def _stop_leasing(**kwargs):
     stopping.set()
+
+
+@worker_ready.connect
+def _beat(**kwargs):
+    liveness.start("worker")
+
+
+@worker_shutdown.connect
+def _stop_beating(**kwargs):
+    liveness.stop()
 
 
 def webhook_subscribers(subscriber_ids):
@@ -102,19 +120,65 @@ def enqueue_webhooks(subscriber_ids):
     return enqueued
 
 
+class ClaimRenewer:
+    """One thread per worker process renews the claims of the jobs running in it, every
+    CLAIM_RENEW_SECS: a claim lives as long as its job, and a few seconds past a killed one."""
+
+    def __init__(self):
+        self.held = {}  # cache key -> our value
+        self.lock = threading.Lock()
+        self.thread = None
+
+    def hold(self, key, value):
+        _cache_call(cache.set, key, value, timeout=CLAIM_RUNNING_SECS)
+        with self.lock:
+            self.held[key] = value
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="webhook-claims", daemon=True)
+                self.thread.start()
+
+    # The lock also spans the cache calls, so that a renewal never brings back a claim that
+    # its job has just released.
+    def release(self, key, value):
+        with self.lock:
+            if self.held.get(key) == value:
+                del self.held[key]
+            # Only our own claim: a job that outlived its claim must not drop its successor's.
+            if _cache_call(cache.get, key) == value:
+                _cache_call(cache.delete, key)
+
+    def renew_all(self):
+        with self.lock:
+            for key, value in self.held.items():
+                # Extend ours (touch keeps the value: never another job's taken over), or take
+                # it again if it lapsed meanwhile (add: only if nobody else has).
+                if _cache_call(cache.get, key) == value:
+                    _cache_call(cache.touch, key, CLAIM_RUNNING_SECS)
+                else:
+                    _cache_call(cache.add, key, value, timeout=CLAIM_RUNNING_SECS)
+
+    def _run(self):
+        while True:
+            time.sleep(CLAIM_RENEW_SECS)
+            self.renew_all()
+
+
+claims = ClaimRenewer()
+
+
 @shared_task(acks_late=True)
 def deliver_webhooks(subscriber_id):
     """Post the subscriber's ready deliveries to its webhook until none is ready or due within
     RETRY_LOOKAHEAD_SECS; stop at the first failure (the rest waits for the sweeper)."""
-    holder = f"webhook:{uuid.uuid4().hex[:12]}"
-    if str(_cache_call(cache.get, claim_key(subscriber_id)) or "").startswith("running:"):
+    holder = liveness.holder(f"webhook.{uuid.uuid4().hex[:12]}")
+    key = claim_key(subscriber_id)
+    if str(_cache_call(cache.get, key) or "").startswith("running:"):
         return 0  # another job serves this subscriber (it leases until nothing is ready)
+    claims.hold(key, f"running:{holder}")
     try:
         return _post_ready(subscriber_id, holder)
     finally:
-        # Only our own claim: a job that outlived its claim must not drop its successor's.
-        if _cache_call(cache.get, claim_key(subscriber_id)) == f"running:{holder}":
-            _cache_call(cache.delete, claim_key(subscriber_id))
+        claims.release(key, f"running:{holder}")
 
 
 def _cache_call(method, *args, **kwargs):
@@ -132,12 +196,8 @@ def _post_ready(subscriber_id, holder):
         return 0
     posted = 0
     deadline = time.monotonic() + WEBHOOK_JOB_BUDGET_SECS
-    with (
-        httpx.Client(timeout=webhooks.TIMEOUT_SECS, follow_redirects=False, trust_env=False) as client,
-        ThreadPoolExecutor(max_workers=WEBHOOK_PARALLEL_POSTS) as pool,
-    ):
+    with webhooks.make_client() as client, ThreadPoolExecutor(max_workers=WEBHOOK_PARALLEL_POSTS) as pool:
         while time.monotonic() < deadline and not stopping.is_set():
-            _cache_call(cache.set, claim_key(subscriber_id), f"running:{holder}", timeout=CLAIM_RUNNING_SECS)
             leased = ledger.lease_deliveries(subscriber, limit=WEBHOOK_BATCH, holder=holder)
             if not leased:
                 due_at = next_due_at(subscriber_id)
@@ -209,6 +269,7 @@ def record_attempts(deliveries, outcomes):
             status_code=o.status,
             error=o.error,
             duration_ms=o.duration_ms,
+            permanent=o.permanent,
         )
         for d, o in zip(deliveries, outcomes, strict=True)
     )
@@ -220,6 +281,7 @@ def sweep():
     after the last attempt), remove connections whose server died, and enqueue webhook jobs
     for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
+    dead = liveness.release_dead_if_beating()  # as every live process's beat does: a second net
     stale = presence.sweep_stale_connections()
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
@@ -229,4 +291,9 @@ def sweep():
         .values_list("subscriber_id", flat=True)
         .distinct()
     )
-    return {"expired": expired, "stale_connections": stale, "webhook_jobs": enqueue_webhooks(due)}
+    return {
+        "expired": expired,
+        "dead_processes": len(dead),
+        "stale_connections": stale,
+        "webhook_jobs": enqueue_webhooks(due),
+    }

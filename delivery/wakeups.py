@@ -1,4 +1,5 @@
 """Wake-ups: "subscriber N may have work". They carry no message, only a hint to lease now.
+The same way carries announcements of revocation (announce(), below): "subscriber N changed".
 
 Four kinds of waiter hear them: long-polling requests of this process (a condition variable),
 websocket consumers of this process (their asyncio.Event, set directly), websocket consumers
@@ -18,6 +19,7 @@ own sockets are woken without Redis at all.
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import threading
@@ -103,6 +105,50 @@ def unwatch(subscriber_id, waiter):
                 del _sockets[subscriber_id]
 
 
+# --- revocation: "subscriber N changed", "connection C was closed by an operator" ------------
+
+
+_change_handlers = []  # called in this process with (subscriber ids, channel names)
+
+
+def on_change(handler):
+    """Call `handler(subscriber_ids, channel_names)` at every announcement, from any thread
+    (the websocket consumers register one)."""
+    _change_handlers.append(handler)
+
+
+def announce(subscriber_ids=(), channel_names=()):
+    """Tell every process: these subscribers' token, activity or rights changed (or they are
+    gone), and these connections were closed by an operator. Their sockets look again and
+    close, or end the subscriptions they may no longer have. Redis carries the word to the
+    other processes; a lost word is caught by each process's own periodic check."""
+    ids, names = sorted(set(subscriber_ids)), sorted(set(channel_names))
+    if not ids and not names:
+        return
+    _changed_here(ids, names)
+    client = _redis()
+    if client is not None:
+        try:
+            word = json.dumps({"from": _PROCESS, "subscribers": ids, "connections": names})
+            client.publish(changes_channel(), word)
+        except Exception:  # the periodic check closes revoked sockets anyway, a moment later
+            log.warning("could not announce changes of %s %s", ids, names, exc_info=True)
+
+
+def announce_after_commit(subscriber_ids=(), channel_names=()):
+    ids, names = list(subscriber_ids), list(channel_names)
+    if ids or names:
+        transaction.on_commit(lambda: announce(ids, names))
+
+
+def _changed_here(ids, names):
+    for handler in _change_handlers:
+        try:
+            handler(ids, names)
+        except Exception:
+            log.exception("a revocation handler failed")
+
+
 # --- across processes (the services mode) ----------------------------------------------------
 
 
@@ -121,6 +167,11 @@ def channel():
     database: two deployments on one Redis (or the tests beside a server) do not wake each
     other's subscribers."""
     return _channel_of(settings.REDIS_URL)
+
+
+def changes_channel():
+    """Where announce() publishes: beside the wake-ups, heard by the same listener."""
+    return _channel_of(settings.REDIS_URL).replace("mq.wake.", "mq.changes.", 1)
 
 
 @functools.cache
@@ -142,8 +193,14 @@ async def listen():
         )
         try:
             async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                await pubsub.subscribe(channel())
+                await pubsub.subscribe(channel(), changes_channel())
+                changes = changes_channel().encode()
                 async for message in pubsub.listen():
+                    if message["channel"] == changes:
+                        word = json.loads(message["data"])
+                        if word["from"] != _PROCESS:
+                            _changed_here(word["subscribers"], word["connections"])
+                        continue
                     sender, _, ids = message["data"].decode().partition(" ")
                     if sender != _PROCESS:
                         _wake_here([int(i) for i in ids.split()])

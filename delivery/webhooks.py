@@ -1,8 +1,9 @@
 """Posting a delivery to a subscriber's webhook: Standard Webhooks signatures, an SSRF guard,
-a 10 s timeout, a capped read, no redirects. No database work here (slow I/O stays outside
-transactions); delivery.tasks leases before and acks or fails after.
+a 10 s deadline for the whole post, a capped read, no redirects. No database work here (slow
+I/O stays outside transactions); delivery.tasks leases before and acks or fails after.
 """
 
+import contextvars
 import ipaddress
 import json
 import socket
@@ -11,12 +12,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
+import httpcore
 import httpx
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 from standardwebhooks import Webhook
 
-TIMEOUT_SECS = 10  # the contract: no answer within 10 s is a failed attempt
+TIMEOUT_SECS = 10  # the contract: no answer within 10 s is a failed attempt (MQ_WEBHOOK_TIMEOUT_SECS)
 MAX_RESPONSE_BYTES = 64 * 1024  # what we read of an answer: enough for an error message
 USER_AGENT = "mqsite-webhooks/1"
 
@@ -31,6 +33,101 @@ class Outcome:
     status: int | None = None
     error: str = ""
     duration_ms: int = 0
+    # Looks permanent (for operators only; retries follow the contract all the same): a 4xx
+    # other than 408 and 429, or a URL we refuse. 5xx, 408, 429, timeouts and connection
+    # errors look transient.
+    permanent: bool = False
+
+
+def looks_permanent(status):
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+# --- The deadline -----------------------------------------------------------------------------
+# httpx's timeouts are per read and per write: a peer that drips a byte every few seconds
+# never trips them. Every socket operation of a post goes through DeadlineBackend, which
+# waits at most until the post's deadline (set by post() for its thread) and fails once it has
+# passed: the whole post (connect, headers, body) ends by then, with no thread of its own.
+_deadline = contextvars.ContextVar("webhook_deadline", default=None)
+
+
+def _left(timeout):
+    """What an operation may wait: its own timeout, but never past the post's deadline."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    return left if timeout is None else min(timeout, left)
+
+
+class DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream):
+        self._stream = stream
+
+    def read(self, max_bytes, timeout=None):
+        left = _left(timeout)
+        if left is not None and left <= 0:
+            raise httpcore.ReadTimeout("the post's deadline passed")
+        return self._stream.read(max_bytes, left)
+
+    def write(self, buffer, timeout=None):
+        # One send at a time, each within what is left: the stream's own loop gives every
+        # send the whole timeout, so a peer reading slowly could stretch a write without end.
+        sock = self._stream.get_extra_info("socket")
+        view = memoryview(buffer)
+        while view:
+            left = _left(timeout)
+            if left is not None and left <= 0:
+                raise httpcore.WriteTimeout("the post's deadline passed")
+            try:
+                sock.settimeout(left)
+                view = view[sock.send(view) :]
+            except TimeoutError as exc:
+                raise httpcore.WriteTimeout(str(exc) or "timed out") from exc
+            except OSError as exc:
+                raise httpcore.WriteError(str(exc)) from exc
+
+    def close(self):
+        self._stream.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        # CPython bounds a whole handshake by the socket's timeout (a deadline, not per step).
+        left = _left(timeout)
+        if left is not None and left <= 0:
+            raise httpcore.ConnectTimeout("the post's deadline passed")
+        return DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info):
+        return self._stream.get_extra_info(info)
+
+
+class DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self):
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        left = _left(timeout)
+        if left is not None and left <= 0:
+            raise httpcore.ConnectTimeout("the post's deadline passed")
+        return DeadlineStream(self._backend.connect_tcp(host, port, left, local_address, socket_options))
+
+    def sleep(self, seconds):
+        self._backend.sleep(seconds)
+
+
+def make_client():
+    """An httpx client for webhook posts: every socket operation bounded by the post's deadline.
+    httpx takes no network backend, so its transport's pool is made here with ours."""
+    transport = httpx.HTTPTransport(trust_env=False)
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(trust_env=False),
+        network_backend=DeadlineBackend(),
+    )
+    return httpx.Client(transport=transport, follow_redirects=False, trust_env=False)
+
+
+def timeout_secs():
+    return settings.MQ_WEBHOOK_TIMEOUT_SECS
 
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -112,15 +209,25 @@ def sign(secret, msg_id, timestamp, body):
 
 
 def post(url, secret, frame, client=None):
-    """POST the message frame; a 2xx answer is success, anything else a failed attempt."""
+    """POST the message frame; a 2xx answer within the deadline (connect, headers and body) is
+    success, anything else a failed attempt."""
     started = time.monotonic()
+    limit = timeout_secs()
+    token = _deadline.set(started + limit)
+    try:
+        return _post(url, secret, frame, client, started, limit)
+    finally:
+        _deadline.reset(token)
+
+
+def _post(url, secret, frame, client, started, limit):
     msg_id = str(frame["id"])
     timestamp = int(time.time())
     body = body_of(frame)
     try:
         parts, port, address = resolve_safe(url)
     except UnsafeURL as exc:
-        return Outcome(False, error=f"refused: {exc}")
+        return Outcome(False, error=f"refused: {exc}", permanent=True)
     # Connect to the checked address; the Host header and TLS name stay the URL's host.
     host = f"[{address}]" if address.version == 6 else str(address)
     target = urlunsplit((parts.scheme, f"{host}:{port}", parts.path or "/", parts.query, ""))
@@ -133,32 +240,36 @@ def post(url, secret, frame, client=None):
         "webhook-signature": sign(secret, msg_id, timestamp, body),
     }
     own_client = client is None
-    client = client or httpx.Client(timeout=TIMEOUT_SECS, follow_redirects=False, trust_env=False)
+    client = client or make_client()
+    left = max(_left(limit), 0)
     try:
         with client.stream(
             "POST",
             target,
             content=body.encode(),
             headers=headers,
-            extensions={"sni_hostname": parts.hostname, "timeout": _timeouts()},
+            extensions={"sni_hostname": parts.hostname, "timeout": dict.fromkeys(TIMEOUT_KINDS, left)},
         ) as response:
             head = b""
             for chunk in response.iter_bytes():
                 head += chunk
-                if len(head) >= MAX_RESPONSE_BYTES or time.monotonic() - started > TIMEOUT_SECS:
+                if len(head) >= MAX_RESPONSE_BYTES:
                     break
         ms = int((time.monotonic() - started) * 1000)
         if 200 <= response.status_code < 300:
             return Outcome(True, response.status_code, duration_ms=ms)
         text = head[:200].decode("utf-8", "replace")
-        return Outcome(False, response.status_code, f"HTTP {response.status_code}: {text}", ms)
+        status = response.status_code
+        return Outcome(False, status, f"HTTP {status}: {text}", ms, permanent=looks_permanent(status))
     except httpx.HTTPError as exc:
         ms = int((time.monotonic() - started) * 1000)
-        return Outcome(False, error=f"{exc.__class__.__name__}: {exc}"[:500], duration_ms=ms)
+        error = f"{exc.__class__.__name__}: {exc}"
+        if isinstance(exc, httpx.TimeoutException):
+            error = f"{exc.__class__.__name__}: no complete answer within {limit:g} s ({exc})"
+        return Outcome(False, error=error[:500], duration_ms=ms)
     finally:
         if own_client:
             client.close()
 
 
-def _timeouts():
-    return {"connect": TIMEOUT_SECS, "read": TIMEOUT_SECS, "write": TIMEOUT_SECS, "pool": TIMEOUT_SECS}
+TIMEOUT_KINDS = ("connect", "read", "write", "pool")

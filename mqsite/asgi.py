@@ -42,7 +42,10 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
+    from delivery import liveness
     from mqsite import autobahn_quiet
 
     shutdown.install(reactor)
     autobahn_quiet.install()
+    # What this process holds is handed back within seconds if it is killed (delivery.liveness).
+    liveness.start("web")

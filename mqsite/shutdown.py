@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 
-from delivery import consumers, wakeups
+from delivery import consumers, liveness, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def _request_ended(_task):
 async def _drain():
     global _idle
     await consumers.release_open_sockets()
+    # A clean stop, not a death: what pulls took stays theirs until their ack deadline.
+    await consumers.db(liveness.stop)()
     _idle = asyncio.Event()
     if _requests:
         await _idle.wait()

@@ -5,6 +5,7 @@ only if that transaction commits, and subscribers are woken only after it does.
 """
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -12,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from delivery import ledger, wakeups
-from mqsite import rows
+from mqsite import limits, rows
 from mqsite.api import storable_text
 
 from .models import Event, Message, Queue
@@ -89,7 +90,7 @@ def _publish(queue, outgoing, publisher):
     if connection.vendor == "postgresql" and all(o.key is None for o in outgoing):
         return _publish_at_once(queue, outgoing, publisher, now)
     with transaction.atomic():
-        events = _events(queue, {o.event for o in outgoing})
+        events = _events(queue, {o.event for o in outgoing}, outgoing, publisher)
         keys = [o.key for o in outgoing if o.key is not None]
         existing = {}
         if keys:
@@ -149,7 +150,7 @@ def _publish_at_once(queue, outgoing, publisher, now):
     first): take the seqs, insert the messages and fan them out. Outside a caller's transaction
     that is one round trip and one commit, where the steps above took six (bench/PROFILE.md).
     The UPDATE of last_seq still locks the queue row until the commit, as _take_seqs does."""
-    events = _events(queue, {o.event for o in outgoing})
+    events = _events(queue, {o.event for o in outgoing}, outgoing, publisher)
     count = len(outgoing)
     at = connection.ops.adapt_datetimefield_value(now)
     fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now)
@@ -200,13 +201,15 @@ _known_events = {}
 KNOWN_EVENTS_MAX = 10_000
 
 
-def _events(queue, names):
-    """The queue's Event rows for these names, made where missing (race-safe)."""
+def _events(queue, names, outgoing=(), publisher=None):
+    """The queue's Event rows for these names, made where missing (race-safe). A subscriber's
+    new names count against its hourly cap first (mqsite.limits): refused, nothing is made."""
     found = {n: e for n in names if (e := _known_events.get((queue.pk, n))) is not None}
     missing = names - found.keys()
     if missing:
         looked_up = {e.name: e for e in Event.objects.filter(queue=queue, name__in=missing)}
         if missing - looked_up.keys():
+            _charge_new_events(missing - looked_up.keys(), outgoing, publisher)
             Event.objects.bulk_create(
                 [Event(queue=queue, name=n) for n in missing - looked_up.keys()], ignore_conflicts=True
             )
@@ -214,6 +217,18 @@ def _events(queue, names):
         found.update(looked_up)
         transaction.on_commit(lambda: _remember_events(queue.pk, looked_up.values()))
     return found
+
+
+def _charge_new_events(names, outgoing, publisher):
+    """Each new name counts for the subscriber whose message names it first; an operator's
+    publish (no subscriber) counts for nobody."""
+    makers = {}
+    for o in outgoing:
+        if o.event in names and o.event not in makers:
+            makers[o.event] = o.publisher or publisher
+    counts = Counter(m.pk for m in makers.values() if m is not None)
+    if counts:
+        limits.charge_new_events(counts)
 
 
 def _remember_events(queue_id, events):

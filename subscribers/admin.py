@@ -4,7 +4,8 @@ A subscriber's token is issued when it is created (or rotated by the action) and
 operator once, in a message; only its hash is kept. A subscription removed here goes through
 subscribing.unsubscribe, so what it was still owed is dropped as the API would drop it.
 Connections belong to presence: they are only looked at here, or closed (by a superuser)
-through presence.close_connection, so that what they held goes back to pending.
+through presence.close_connection, so that what they held goes back to pending, and the
+socket is told to close (delivery.wakeups.announce).
 """
 
 from datetime import timedelta
@@ -20,6 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
+from delivery import wakeups
 from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
 from delivery.models import Status
 from delivery.owed import (
@@ -544,11 +546,14 @@ class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         return request.user.is_active and request.user.is_superuser
 
     def delete_model(self, request, obj):
-        presence.close_connection(obj.channel_name)
+        self.delete_queryset(request, [obj])
 
     def delete_queryset(self, request, queryset):
-        for connection in queryset:
-            presence.close_connection(connection.channel_name)
+        names = [connection.channel_name for connection in queryset]
+        for name in names:
+            presence.close_connection(name)
+        # The socket itself closes, in whichever server process holds it.
+        wakeups.announce_after_commit(channel_names=names)
 
     @admin.display(description="subscriber", ordering="subscriber__name")
     def subscriber_link(self, obj):

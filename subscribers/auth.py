@@ -1,5 +1,17 @@
-"""Who is calling: a subscriber by bearer token, or an operator (a staff user) by session."""
+"""Who is calling: a subscriber by bearer token, or an operator (a staff user) by session.
 
+Failed token attempts are counted per client address (the socket's peer, never a forwarded
+header a client could forge) in fixed one-minute windows; past MQ_AUTH_FAILURES_PER_MINUTE a
+bad token is answered 429 (a socket: closed 4429) until the window ends. A good token is
+never refused by this, so clients sharing an address (a NAT) with a scanner keep working; the
+tokens are 256-bit random, so the limit is about load and noise, not guessing.
+"""
+
+import logging
+import math
+import time
+
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -7,7 +19,28 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from mqsite import rows
 
 from .models import Subscriber
+from .throttling import count_request, counters
 from .tokens import hash_token, token_matches
+
+log = logging.getLogger(__name__)
+FAILURE_WINDOW_SECS = 60
+
+
+def _failure_key(address):
+    window = int(time.time() // FAILURE_WINDOW_SECS)
+    return f"authfail:{address}:{window}", (window + 1) * FAILURE_WINDOW_SECS - time.time()
+
+
+def auth_failed(address):
+    """Count a failed token attempt from `address`; seconds to wait if it was one too many
+    (for Retry-After), else 0. With the cache down, nothing is throttled."""
+    key, left = _failure_key(address)
+    try:
+        count = count_request(counters(), key, FAILURE_WINDOW_SECS + 1)
+    except Exception:
+        log.warning("auth failure counter unavailable; not throttling", exc_info=True)
+        return 0
+    return max(math.ceil(left), 1) if count > settings.MQ_AUTH_FAILURES_PER_MINUTE else 0
 
 
 class SubscriberUser:
@@ -50,9 +83,12 @@ class BearerTokenAuthentication(BaseAuthentication):
         try:
             token = parts[1].decode("ascii")
         except UnicodeDecodeError:
-            raise exceptions.AuthenticationFailed("The token is not valid.") from None
-        subscriber = subscriber_for_token(token)
+            token = None
+        subscriber = subscriber_for_token(token) if token else None
         if subscriber is None:
+            wait = auth_failed(request.META.get("REMOTE_ADDR") or "")
+            if wait:
+                raise exceptions.Throttled(wait, "Too many failed token attempts from this address.")
             raise exceptions.AuthenticationFailed("The token is not valid or its subscriber is inactive.")
         return SubscriberUser(subscriber), subscriber
 

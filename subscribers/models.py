@@ -130,3 +130,21 @@ class Connection(models.Model):
 
     def __str__(self):
         return f"{self.subscriber.name} since {self.connected_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ServerProcess(models.Model):
+    """A live server or worker process (a Daphne, a Celery worker), which beats every
+    second (delivery.liveness). What a process holds (socket and pull leases, webhook posts)
+    carries its name in the lease holder, so that when it stops beating (killed, its machine
+    gone) the others hand its holdings back within seconds instead of at the ack deadline."""
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=20)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_beat = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name

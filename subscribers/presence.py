@@ -5,14 +5,16 @@ each open connection refreshes `last_seen` every HEARTBEAT_SECS and a sweep remo
 not refreshed for STALE_AFTER_SECS, handing back what they held.
 """
 
+import contextlib
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from delivery import ledger
+from mqsite import limits
 
-from .models import Connection, Subscription
+from .models import Connection, Subscriber, Subscription
 
 HEARTBEAT_SECS = 15
 # Three missed heartbeats: long enough not to sweep a busy but live server.
@@ -20,22 +22,49 @@ STALE_AFTER_SECS = 3 * HEARTBEAT_SECS
 
 
 def open_connection(subscriber, channel_name, remote_addr=""):
-    return Connection.objects.create(
-        subscriber=subscriber, channel_name=channel_name, remote_addr=remote_addr
-    )
-
-
-def close_connection(channel_name):
-    """The socket closed: what it held goes back to pending at once, and the row goes."""
+    """Record a subscriber's socket; mqsite.limits.LimitExceeded when it has as many open as
+    MQ_MAX_CONNECTIONS_PER_SUBSCRIBER allows."""
     with transaction.atomic():
-        ledger.release_held([channel_name])
+        lock_subscriber(subscriber)  # two connects at once must not both see the last free slot
+        limits.check_connections(Connection.objects.filter(subscriber=subscriber).count())
+        return Connection.objects.create(
+            subscriber=subscriber, channel_name=channel_name, remote_addr=remote_addr
+        )
+
+
+def lock_subscriber(subscriber):
+    """Hold the subscriber's row until commit, so that its counts (connections, subscriptions)
+    are checked and grown one caller at a time. NO KEY UPDATE: rows that refer to it (its
+    deliveries, messages it publishes) may still be written meanwhile. SQLite's write
+    transactions are one at a time already."""
+    Subscriber.objects.select_for_update(no_key=True).filter(pk=subscriber.pk).values_list("pk").first()
+
+
+def close_connection(channel_name, spend=False):
+    """The socket closed: what it held goes back to pending at once, and the row goes.
+    `spend`: the client closed it, and the attempts it held count (ledger.release_held)."""
+    with transaction.atomic():
+        ledger.release_held([channel_name], spend=spend)
         Connection.objects.filter(channel_name=channel_name).delete()
 
 
 def heartbeat(channel_names):
-    """Mark these connections (all the open sockets of one process) seen now, in one UPDATE."""
-    if channel_names:
-        Connection.objects.filter(channel_name__in=channel_names).update(last_seen=timezone.now())
+    """Mark these connections (all the open sockets of one process) seen now, in one UPDATE.
+    Returns those of them that have no row any more (an operator closed them): their sockets
+    should close."""
+    if not channel_names:
+        return set()
+    table = Connection._meta.db_table
+    names = list(channel_names)
+    writing = getattr(connection, "writing", contextlib.nullcontext)  # SQLite's writer lock
+    with writing(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET last_seen = %s WHERE channel_name IN ({', '.join(['%s'] * len(names))})"
+            " RETURNING channel_name",
+            [connection.ops.adapt_datetimefield_value(timezone.now()), *names],
+        )
+        seen = {row[0] for row in cursor.fetchall()}
+    return set(names) - seen
 
 
 def sweep_stale_connections(now=None):

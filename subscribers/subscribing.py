@@ -3,20 +3,38 @@
 from django.db import transaction
 
 from delivery import ledger
+from mqsite import limits
 from queues.models import Event
 
 from .models import Subscription
+from .presence import lock_subscriber
 
 
-def subscribe(subscriber, queue, event_name=None):
+def subscribe(subscriber, queue, event_name=None, limited=False):
     """Make or reuse the subscription; returns (subscription, created).
 
     The event is made if nothing was published to it yet: subscribing first is normal.
+    `limited`: the subscriber itself asks (REST, its socket), so mqsite.limits applies: a new
+    subscription past MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER, or a new event name past its hourly
+    cap, is refused (LimitExceeded) and nothing is made. Reusing a subscription is always fine.
     """
-    event = None
-    if event_name is not None:
-        event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
-    return Subscription.objects.get_or_create(subscriber=subscriber, queue=queue, event=event)
+    if not limited:
+        event = None
+        if event_name is not None:
+            event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
+        return Subscription.objects.get_or_create(subscriber=subscriber, queue=queue, event=event)
+    with transaction.atomic():
+        lock_subscriber(subscriber)  # two subscribes at once must not both see the last free slot
+        event = Event.objects.filter(queue=queue, name=event_name).first() if event_name is not None else None
+        if event_name is None or event is not None:
+            existing = Subscription.objects.filter(subscriber=subscriber, queue=queue, event=event).first()
+            if existing is not None:
+                return existing, False
+        limits.check_subscriptions(subscriber.subscriptions.count())
+        if event is None and event_name is not None:
+            limits.charge_new_events({subscriber.pk: 1})
+            event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
+        return Subscription.objects.get_or_create(subscriber=subscriber, queue=queue, event=event)
 
 
 def unsubscribe(subscription):

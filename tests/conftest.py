@@ -106,3 +106,16 @@ def _close_connection_pools(django_db_setup, django_db_blocker):
         for conn in connections.all():
             if hasattr(conn, "close_pool"):
                 conn.close_pool()
+
+
+@pytest.fixture(autouse=True)
+def _forget_limit_counts():
+    """The hourly counts of new event names (mqsite.limits) live in the cache, which in tests
+    is this process's memory: the next test's fresh database gives out the same subscriber
+    ids, and must not inherit their counts."""
+    yield
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()

@@ -137,11 +137,41 @@ def start_redis(port=None, data_dir=None):
     raise RuntimeError("redis-server did not start")
 
 
+# Every queue of CELERY_TASK_ROUTES and the default one: a worker of the tests serves them all.
+ALL_QUEUES = "webhooks,maintenance,celery"
+
+
 def start_worker(extra_env):
-    """A Celery worker with beat inside it, on the test database."""
+    """A Celery worker with beat inside it, serving every queue, on the test database."""
     env = {**os.environ, "DATABASE_URL": test_database_url(), **extra_env}
     env.pop("PYTEST_CURRENT_TEST", None)
     args = [sys.executable, "-m", "celery", "-A", "mqsite", "worker", "-B", "-l", "info", "-P", "threads"]
-    args += ["-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    args += ["-Q", ALL_QUEUES, "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat"]
     args += ["-s", str(Path(tempfile.mkdtemp()) / "beat-schedule")]
     return Process(args, env, "worker")
+
+
+def run_command(program):
+    """The command line that `make run` (mqsite/supervisord.conf) starts `program` with."""
+    import configparser
+    import shlex
+
+    conf = configparser.RawConfigParser()
+    conf.read(ROOT / "mqsite" / "supervisord.conf")
+    command = conf.get(f"program:{program}", "command")
+    command = command.replace("%(here)s", str(ROOT / "mqsite")).replace("%%", "%")
+    return shlex.split(command)
+
+
+def start_as_make_run(program, extra_env, log_level="info"):
+    """A worker started as `make run` starts `program`, on the test database: the same queues,
+    pool, concurrency and beat; only its log level (the tests read its log) and its beat
+    schedule file (a fresh one) differ."""
+    env = {**os.environ, "DATABASE_URL": test_database_url(), **extra_env}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    args = run_command(program)
+    args[0] = str(Path(sys.executable).parent / "celery")
+    args[args.index("-l") + 1] = log_level
+    if "-s" in args:
+        args[args.index("-s") + 1] = str(Path(tempfile.mkdtemp()) / "beat-schedule")
+    return Process(args, env, program)

@@ -392,6 +392,7 @@ def test_it_never_edits_a_delivery_in_a_form(staff, world):
 
 def test_it_filters_and_searches_deliveries(staff, world, make_queue):
     other = make_queue("network")
+    world["peer"].subscribe_queues.add(other)  # a subscription is owed only what its right allows
     subscribing.subscribe(world["peer"], other)
     publish_one(other, "down")
     down = Event.objects.get(queue=other, name="down")
@@ -572,6 +573,7 @@ def connected(world, make_queue):
     two network messages wait for it, the first published two and a half minutes ago."""
     peer = world["peer"]
     network = make_queue("network")
+    peer.subscribe_queues.add(network)  # a subscription is owed only what its right allows
     subscribing.subscribe(peer, network, "down")
     with ago(150):
         oldest = publish_one(network, "down")

@@ -79,6 +79,7 @@ def world(db_queue, make_queue, logger, peer, outsider, receiver, settings):
     db.save()
     network = make_queue("network", max_attempts=1)
     monitor, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)
+    logger.subscribe_queues.add(network)  # a subscription is owed only what its right allows
     for subscriber, queue in [(logger, db), (logger, network), (peer, db), (monitor, db)]:
         subscribing.subscribe(subscriber, queue)
     publish_to(db, "create", 2)

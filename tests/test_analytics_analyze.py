@@ -72,6 +72,7 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
 ):
     # Given history in two queues: old settled messages, open and dead deliveries, fresh ones
     network, db = make_queue("network"), db_queue
+    logger.subscribe_queues.add(network)  # a subscription is owed only what its right allows
     for queue in (db, network):
         subscribing.subscribe(logger, queue)
     subscribing.subscribe(peer, db)

@@ -224,6 +224,9 @@ async def test_api1_a_subscriber_never_reaches_anothers_objects_over_the_websock
 
 
 # --- API2:2023 Broken Authentication ------------------------------------------------------------
+# Also: a revoked token, subscriber or right reaches open sockets in every process within 2 s
+# (tests/test_revocation.py, tests/test_e2e_revocation.py), REST at once, and failed token
+# attempts are throttled per address (tests/test_revocation_rest.py; API4 too).
 
 
 @pytest.mark.parametrize("route", sorted(set(api_routes()) - PUBLIC), ids="-".join)
@@ -490,6 +493,40 @@ def test_api4_an_oversized_websocket_frame_closes_the_socket_on_the_real_server(
         assert closed.value.rcvd.code == 4413
     finally:
         web.stop()
+
+
+def test_api4_a_nack_of_many_ids_costs_as_many_statements_as_one(world):
+    """API4:2023 Unrestricted Resource Consumption: a nack of 10,000 ids was 10,000
+    transactions; it is one UPDATE now (tests/test_limits.py times it against real Daphne)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as one:
+        ledger.nack_deliveries(world.logger, world.deliveries[:1])
+    with CaptureQueriesContext(connection) as many:
+        ledger.nack_deliveries(world.logger, [*world.deliveries, *range(10**6, 10**6 + 9990)])
+    assert len(many.captured_queries) == len(one.captured_queries) + 1  # + which ids were unknown
+
+
+@override_settings(MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER=2, MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER=2)
+def test_api4_a_subscriber_cannot_pile_up_subscriptions_or_event_names(world):
+    """API4:2023 Unrestricted Resource Consumption: each subscription is fanned out to and each
+    event name is a row and a metrics label forever: both are capped per subscriber (and
+    sockets, and frames a second: tests/test_limits.py, against real Daphne)."""
+    client = client_for(world.logger)  # holds one subscription already
+    assert (
+        client.post(url_of("subscription-list"), {"queue": "db", "event": "a"}, format="json").status_code
+        == 201
+    )
+    assert (
+        client.post(url_of("subscription-list"), {"queue": "db", "event": "b"}, format="json").status_code
+        == 409
+    )
+    url = url_of("messages", queue="db")
+    assert client.post(url, {"event": "b", "payload": 1}, format="json").status_code == 201
+    r = client.post(url, {"event": "c", "payload": 1}, format="json")
+    assert r.status_code == 429 and r["Retry-After"]
+    assert not Message.objects.filter(event__name="c").exists()
 
 
 # --- API5:2023 Broken Function Level Authorization --------------------------------------------

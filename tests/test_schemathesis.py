@@ -59,6 +59,14 @@ def keep_the_test_connection(db):
     request_finished.connect(close_old_connections)
 
 
+@pytest.fixture(autouse=True)
+def many_failed_tokens(settings):
+    """Schemathesis sends a bad token to every operation, many times a minute from one address:
+    past MQ_AUTH_FAILURES_PER_MINUTE those are 429s (tests/test_attacks.py checks that), where
+    this test checks that each is a 401."""
+    settings.MQ_AUTH_FAILURES_PER_MINUTE = 1_000_000
+
+
 @pytest.fixture
 def owner(logger, db_queue):
     """The logger, subscribed to db, with deliveries waiting and some in flight: the ids the

@@ -202,8 +202,8 @@ def test_a_nack_with_a_backoff_wakes_nobody_and_one_due_now_does(
     assert woken == [[hooked.pk]]
 
 
-def test_no_answer_within_the_timeout_is_a_failed_attempt(hooked, db_queue, receiver, monkeypatch):
-    monkeypatch.setattr(webhooks, "TIMEOUT_SECS", 0.3)
+def test_no_answer_within_the_timeout_is_a_failed_attempt(hooked, db_queue, receiver, settings):
+    settings.MQ_WEBHOOK_TIMEOUT_SECS = 0.3
     receiver.default = (200, 1.0)
     publish(db_queue)
     tasks.deliver_webhooks(hooked.pk)

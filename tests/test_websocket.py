@@ -214,7 +214,7 @@ async def test_two_connections_of_one_subscriber_share_its_deliveries():
     await b.disconnect()
 
 
-async def test_a_closed_socket_gives_back_what_it_held_at_once():
+async def test_a_closed_socket_hands_back_what_it_held_at_once_its_attempts_spent():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
     await publish(queue, 3)
@@ -225,7 +225,43 @@ async def test_a_closed_socket_gives_back_what_it_held_at_once():
     assert await db(lambda: Delivery.objects.filter(status=Status.PENDING).count()) == 3
     comm = await connect(token)
     frames = await recv_messages(comm, 3)
-    assert [f["attempt"] for f in frames] == [1, 1, 1]  # a vanished socket does not use up attempts
+    # The attempts were spent (API.md, Extensions): a message its client dies on must die.
+    assert [f["attempt"] for f in frames] == [2, 2, 2]
+    await comm.disconnect()
+
+
+async def test_a_message_its_client_dies_on_is_dead_after_max_attempts_and_the_order_moves_on():
+    """The poison message: an ordered queue's head that makes its client drop the socket,
+    every time. It used to be handed out for ever, blocking the queue."""
+    queue, (owner, token), _ = await setup(ordered=True)
+    await db(lambda: Queue.objects.filter(pk=queue.pk).update(max_attempts=3))
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 2)
+    for attempt in (1, 2, 3):
+        comm = await connect(token)
+        (poison,) = await recv_messages(comm, 1)
+        assert (poison["payload"], poison["attempt"]) == ({"n": 0}, attempt)
+        await comm.disconnect()  # the client crashed on it
+    dead = await db(lambda: Delivery.objects.get(pk=poison["id"]))
+    assert dead.status == Status.DEAD
+    assert dead.last_error == "connection closed while in flight, 3 times"
+    comm = await connect(token)
+    (after,) = await recv_messages(comm, 1)
+    assert (after["payload"], after["attempt"]) == ({"n": 1}, 1)
+    await comm.disconnect()
+
+
+async def test_the_servers_own_shutdown_gives_the_attempts_back():
+    from delivery.consumers import release_open_sockets
+
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await publish(queue, 2)
+    comm = await connect(token)
+    await recv_messages(comm, 2)
+    await release_open_sockets()
+    held = await db(lambda: list(Delivery.objects.values_list("status", "attempt")))
+    assert held == [(Status.PENDING, 0), (Status.PENDING, 0)]
     await comm.disconnect()
 
 

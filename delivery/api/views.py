@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from delivery import ledger, long_polls, wakeups
+from delivery import ledger, liveness, long_polls, wakeups
 from mqsite.api import ApiView, errors, is_db_id
 from queues.models import Event
 from subscribers.api.views import SUBSCRIBERS_ONLY
@@ -79,8 +79,15 @@ class DeliveryListView(ApiView):
             event_ids = list((events.filter(queue=queue) if queue else events).values_list("pk", flat=True))
 
         def lease():
-            limit = params["limit"]
-            return ledger.lease_deliveries(subscriber, limit=limit, queue=queue, event_ids=event_ids)
+            # Held in this process's name: if it dies before the client acks (a pull answered
+            # into a dead connection), another process hands these back in seconds.
+            return ledger.lease_deliveries(
+                subscriber,
+                limit=params["limit"],
+                queue=queue,
+                event_ids=event_ids,
+                holder=liveness.holder("pull"),
+            )
 
         if wait <= 0:  # a plain pull is never refused by the long polls' cap
             return Response({"deliveries": lease()})
@@ -137,17 +144,15 @@ class NackView(ApiView):
         body = NackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         retry_in = finite_or_400(body.validated_data.get("retry_in"), "retry_in")
-        delivery = ledger.nack_delivery(
+        nacked = ledger.nack_deliveries(
             self.subscriber,
-            self.id_or_404(pk, "delivery"),
+            [self.id_or_404(pk, "delivery")],
             retry_in=retry_in,
             error=ledger.nack_reason(body.validated_data.get("error")),
         )
-        return Response(
-            {
-                "id": delivery.pk,
-                "status": delivery.status,
-                "attempt": delivery.attempt,
-                "next_attempt_at": delivery.next_attempt_at,
-            }
-        )
+        if nacked.unknown:
+            raise ledger.NotOwned(pk)  # ApiView answers these two
+        if nacked.settled:
+            raise ledger.AlreadySettled(nacked.settled[pk])
+        status, attempt, next_attempt_at = nacked.done[pk]
+        return Response({"id": pk, "status": status, "attempt": attempt, "next_attempt_at": next_attempt_at})

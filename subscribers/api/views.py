@@ -39,9 +39,13 @@ class SubscriptionListView(ApiView):
                 401,
                 403,
                 404,
+                409,
                 429,
                 e403="The subscriber may not subscribe to this queue (or the caller is no subscriber).",
                 e404="No such queue.",
+                e409="A new subscription past MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER (delete one first).",
+                e429="Throttled (MQ_THROTTLE_RATE), or a new event name past "
+                "MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER this hour; Retry-After says when to try again.",
             ),
         },
     )
@@ -55,7 +59,7 @@ class SubscriptionListView(ApiView):
         event = serializer.validated_data.get("event")
         if event is not None:
             event = self.name_or_400(event, "event")
-        subscription, created = subscribing.subscribe(subscriber, queue, event)
+        subscription, created = subscribing.subscribe(subscriber, queue, event, limited=True)
         return Response(
             subscription_answer(subscription),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,

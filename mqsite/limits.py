@@ -1,0 +1,150 @@
+"""Limits in one place: how much of a shared server one client may take (issue 14).
+
+Each rule names its setting and the error a client gets beyond it; the services count what they
+own (presence its connections, subscribing its subscriptions, publishing its new events) and ask
+here. Operators (the admin, manage.py) are never limited: the callers pass no subscriber then.
+
+- frames a socket sends: MQ_WS_FRAME_RATE a second (1000) in bursts of MQ_WS_FRAME_BURST
+  (2000); beyond, an error frame `rate_limited`; a socket refused for MQ_WS_ABUSE_SECS (5) on
+  end is closed with 4429.
+- sockets a subscriber holds open: MQ_MAX_CONNECTIONS_PER_SUBSCRIBER (64); beyond, an error
+  frame `too_many_connections` and the close 4429.
+- subscriptions a subscriber holds: MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER (256); beyond, 409 or
+  an error frame `too_many_subscriptions`.
+- event names a subscriber makes (publishing or subscribing): MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER
+  an hour (100); beyond, 429 with Retry-After or an error frame `too_many_new_events`.
+"""
+
+import logging
+import math
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from rest_framework import exceptions, status
+
+log = logging.getLogger(__name__)
+
+CLOSE_TOO_MANY = 4429  # a websocket close code mirroring HTTP's 429
+NEW_EVENTS_WINDOW_SECS = 3600
+# A socket's refusals are one stretch of abuse until this long passes without one: a client
+# that bursts then calms down starts afresh.
+ABUSE_GAP_SECS = 1.0
+
+
+class LimitExceeded(exceptions.APIException):
+    """Over one of the limits above. An APIException, so that a REST view answers it as it is
+    (status, detail, Retry-After); the socket turns it into an error frame of `code`."""
+
+    def __init__(self, code, detail, status_code, retry_after=None):
+        super().__init__(detail, code)
+        self.code, self.status_code, self.wait = code, status_code, retry_after
+
+
+# --- counts a subscriber holds --------------------------------------------------------------------
+
+
+def check_connections(open_now):
+    """Before a subscriber's socket is recorded: `open_now` of its sockets are open already."""
+    cap = settings.MQ_MAX_CONNECTIONS_PER_SUBSCRIBER
+    if open_now >= cap:
+        raise LimitExceeded(
+            "too_many_connections",
+            f"This subscriber has {open_now} sockets open, the most MQ_MAX_CONNECTIONS_PER_SUBSCRIBER "
+            f"({cap}) allows; close one first.",
+            status.HTTP_429_TOO_MANY_REQUESTS,
+        )
+
+
+def check_subscriptions(held_now):
+    """Before a new subscription is made (reusing one is always fine)."""
+    cap = settings.MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER
+    if held_now >= cap:
+        raise LimitExceeded(
+            "too_many_subscriptions",
+            f"This subscriber holds {held_now} subscriptions, the most "
+            f"MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER ({cap}) allows; delete one first.",
+            status.HTTP_409_CONFLICT,
+        )
+
+
+# --- new event names, per hour ----------------------------------------------------------------------
+
+
+def charge_new_events(counts):
+    """Count the event names subscribers are about to make ({subscriber id: how many}) in the
+    hour's window of the cache. When one of them would pass MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER,
+    nothing is counted and LimitExceeded says so (the caller makes nothing). Each event name
+    is a row and a label of /metrics for as long as its queue lives."""
+    cap = settings.MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER
+    now = time.time()
+    window = int(now // NEW_EVENTS_WINDOW_SECS)
+    charged, over = [], None
+    try:
+        for subscriber_id, count in counts.items():
+            if count <= 0:
+                continue
+            key = f"limits:new-events:{subscriber_id}:{window}"
+            cache.add(key, 0, timeout=NEW_EVENTS_WINDOW_SECS + 1)
+            made = cache.incr(key, count)  # atomic: two publishers at once both count
+            charged.append((key, count))
+            if made > cap:
+                over = made - count
+                break
+        if over is None:
+            return
+        for key, count in charged:  # refused: none of them is made
+            cache.decr(key, count)
+    except Exception:
+        # The cache (Redis) is down, or the window ended between add and incr: let the
+        # publish through, as the request throttle does. A cap, not an exact count.
+        log.warning("limits cache unavailable; not counting new event names", exc_info=True)
+        return
+    retry_after = math.ceil((window + 1) * NEW_EVENTS_WINDOW_SECS - now)
+    raise LimitExceeded(
+        "too_many_new_events",
+        f"This subscriber made {over} new event names in this hour, and "
+        f"MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER allows {cap}: use existing events, or try "
+        f"again in {retry_after} s. Nothing was done.",
+        status.HTTP_429_TOO_MANY_REQUESTS,
+        retry_after=retry_after,
+    )
+
+
+# --- frames a socket sends ----------------------------------------------------------------------
+
+
+class FrameRate:
+    """A socket's token bucket: MQ_WS_FRAME_RATE frames a second, MQ_WS_FRAME_BURST at once.
+
+    take() answers None for a frame to process, else the seconds until one would be; `abusive`
+    says that the socket has been refused frames for MQ_WS_ABUSE_SECS on end (no pause of
+    ABUSE_GAP_SECS between refusals), the one case where it is closed."""
+
+    def __init__(self, rate=None, burst=None, abuse_secs=None, clock=time.monotonic):
+        self.rate = float(rate if rate is not None else settings.MQ_WS_FRAME_RATE)
+        self.burst = float(burst if burst is not None else settings.MQ_WS_FRAME_BURST)
+        self.abuse_secs = abuse_secs if abuse_secs is not None else settings.MQ_WS_ABUSE_SECS
+        self.clock = clock
+        self.tokens, self.at = self.burst, clock()
+        self.refused_since = self.last_refused = None
+        self.wait = None  # the last take()'s answer
+        self.closed = False  # the socket is being closed for abuse: refuse without answering
+
+    def take(self):
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            self.wait = None
+            return None
+        if self.last_refused is None or now - self.last_refused >= ABUSE_GAP_SECS:
+            self.refused_since = now
+        self.last_refused = now
+        self.wait = (1 - self.tokens) / self.rate
+        return self.wait
+
+    @property
+    def abusive(self):
+        return self.refused_since is not None and self.last_refused - self.refused_since >= self.abuse_secs

@@ -1,10 +1,13 @@
-"""What every API view shares: errors with the contract's status codes."""
+"""What every API view shares: one base class (the caller, the names rule, queue_or_404, the
+services' errors as status codes) and errors with the contract's status codes."""
 
-from django.core.validators import RegexValidator
+from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import exceptions, serializers, status
+from rest_framework.views import APIView
 
-from queues.names import INPUT_RE, NAME_HELP
+from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
+from subscribers.auth import is_operator, subscriber_of
 
 
 class TooLarge(exceptions.APIException):
@@ -20,6 +23,13 @@ class Conflict(exceptions.APIException):
 
 
 BIGINT_MAX = 2**63 - 1
+
+# Text a database can store (storable_text) has no NUL, as a pattern the schema publishes, so
+# that the schema forbids what the server refuses. Nor may it hold a lone surrogate (DRF refuses
+# those too), but no pattern can say so portably: ECMA reads surrogates as halves of pairs, and
+# Rust-based validators (Schemathesis's) cannot compile them; clients that send UTF-8 never do.
+STORABLE_PATTERN = r"^[^\u0000]*$"
+storable = RegexValidator(STORABLE_PATTERN, "Text may not contain NUL.")
 
 
 def is_db_id(value):
@@ -48,6 +58,16 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StorableCharField(StrictCharField):
+    """Free text a database can store, its rule (no NUL) shown in the schema as a pattern."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # DRF's own NUL check says the same as `storable`, which is the one the schema shows.
+        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+        self.validators.append(storable)
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -80,6 +100,27 @@ class NameField(StrictCharField):
         kwargs.setdefault("trim_whitespace", False)  # " db" is not a name
         super().__init__(**kwargs)
         self.validators.append(RegexValidator(INPUT_RE, NAME_HELP))
+
+
+def schema_says_what_the_server_refuses(result, generator, request, public):
+    """drf-spectacular postprocessing hook: the rules of the server that serializers cannot
+    show. Row ids in a path are bigint (past it nothing exists: 404). A publish body is one
+    message or a batch, never both: "messages" makes it a batch, and a batch with a message's
+    own fields beside it is refused (queues.api.serializers.PublishBatchSerializer)."""
+    for ops in result.get("paths", {}).values():
+        for op in ops.values():
+            for param in op.get("parameters", []) if isinstance(op, dict) else ():
+                if param["in"] == "path" and param["schema"].get("type") == "integer":
+                    param["schema"].update(format="int64", minimum=1, maximum=BIGINT_MAX)
+    schemas = result.get("components", {}).get("schemas", {})
+    body = schemas.get("PublishRequestRequest")
+    if body is not None:
+        one, batch = body["oneOf"]
+        body["oneOf"] = [
+            {"allOf": [one, {"not": {"required": ["messages"]}}]},
+            {"allOf": [batch, {"not": {"anyOf": [{"required": [f]} for f in ("event", "payload", "key")]}}]},
+        ]
+    return result
 
 
 class BodyRequiredSchema(AutoSchema):
@@ -127,3 +168,66 @@ class BoundedListField(serializers.ListField):
         if isinstance(data, list) and self.max_length is not None and len(data) > self.max_length:
             self.fail("max_length", max_length=self.max_length)
         return super().to_internal_value(data)
+
+
+class ApiView(APIView):
+    """The one base of the REST views (NetBox's one base viewset): who is calling, the names
+    rule's 400, queue_or_404 and the mapping of the services' errors to status codes, each
+    written once here. Views parse, authorize, call one service and shape the answer."""
+
+    @property
+    def subscriber(self):
+        """The calling subscriber, or None for an operator."""
+        return subscriber_of(self.request)
+
+    @property
+    def is_operator(self):
+        return is_operator(self.request)
+
+    @staticmethod
+    def name_or_400(value, field):
+        """A queue or event name, lower-cased; one that breaks the rule is a 400 on `field`."""
+        try:
+            return clean_name(value, field)
+        except BadName as exc:
+            raise exceptions.ValidationError({field: [str(exc)]}) from None
+
+    def queue_or_404(self, name, field="queue"):
+        """The queue of that name; a name that breaks the naming rule is a 400 (the contract),
+        one that could exist but does not a 404, whatever the caller's rights."""
+        from queues import publishing  # publishing imports this module
+
+        self.name_or_400(name, field)
+        queue = publishing.find_queue(name)
+        if queue is None:
+            raise exceptions.NotFound(f"There is no queue named {name!r}.")
+        return queue
+
+    @staticmethod
+    def id_or_404(pk, what):
+        """A row id; one past the bigint range is unknown (the database would fail on it)."""
+        if not is_db_id(pk):
+            raise exceptions.NotFound(f"You have no {what} with that id.")
+        return pk
+
+    def handle_exception(self, exc):
+        return super().handle_exception(_as_api_error(exc))
+
+
+def _as_api_error(exc):
+    """The services' own exceptions, as the status codes of the contract."""
+    from delivery import ledger, long_polls  # the services sit above this module
+
+    if isinstance(exc, ledger.NotOwned):
+        return exceptions.NotFound("You have no delivery with that id.")
+    if isinstance(exc, ledger.AlreadySettled):
+        return Conflict(f"The delivery is already {exc}; a nack cannot move it.")
+    if isinstance(exc, long_polls.TooManyLongPolls):
+        return exceptions.Throttled(
+            wait=long_polls.RETRY_AFTER_SECS,
+            detail=(
+                f"This subscriber already has {exc} long polls waiting (MQ_MAX_LONG_POLLS); "
+                "wait for one to answer, or pull with wait=0."
+            ),
+        )
+    return exc

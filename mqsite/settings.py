@@ -204,6 +204,9 @@ MQ_MAX_SMALL_BODY_BYTES = _positive_int("MQ_MAX_SMALL_BODY_BYTES", 1024 * 1024)
 # Deeper JSON than this is refused: parsers and databases recurse on nesting.
 MQ_MAX_JSON_DEPTH = _positive_int("MQ_MAX_JSON_DEPTH", 64)
 MQ_PREFETCH = _positive_int("MQ_PREFETCH", 100)
+# Long polls (GET /api/deliveries with wait > 0) one subscriber may have waiting at once, across
+# processes with Redis: each holds a server thread, so one token must not open hundreds.
+MQ_MAX_LONG_POLLS = _positive_int("MQ_MAX_LONG_POLLS", 4)
 MQ_WEBHOOK_ALLOW_PRIVATE = env.bool("MQ_WEBHOOK_ALLOW_PRIVATE", default=False)
 # The deadline of a whole webhook post (connect, headers, body). The contract says 10 s
 # (delivery.webhooks.TIMEOUT_SECS); a setting only so that tests against real workers are fast.
@@ -329,6 +332,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "PARSER_WHITELIST": ["mqsite.parsers.BoundedJSONParser"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "mqsite.api.schema_says_what_the_server_refuses",
+    ],
 }
 
 LOGGING = {

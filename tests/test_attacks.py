@@ -468,6 +468,20 @@ def test_api4_a_subscriber_over_its_rate_is_throttled_on_every_route(world):
     assert codes == [200, 200, 200, 200, 200, 429]
 
 
+@override_settings(MQ_MAX_LONG_POLLS=1)
+def test_api4_a_subscriber_cannot_hold_more_than_its_long_polls(world):
+    """API4:2023 Unrestricted Resource Consumption: each waiting long poll holds a server thread,
+    so past MQ_MAX_LONG_POLLS waiting (one here, already held) the next is a 429; a plain pull
+    is still served, and another subscriber's polls count apart."""
+    from delivery import long_polls
+
+    with long_polls.slot(world.logger.pk, 5):
+        refused = client_for(world.logger).get(url_of("delivery-list") + "?wait=1")
+        assert refused.status_code == 429 and refused["Retry-After"] == "1"
+        assert client_for(world.logger).get(url_of("delivery-list")).status_code == 200
+        assert client_for(world.peer).get(url_of("delivery-list") + "?wait=0.1").status_code == 200
+
+
 @pytest.mark.django_db(transaction=True)
 def test_api4_an_oversized_websocket_frame_closes_the_socket_on_the_real_server(logger):
     """API4:2023 Unrestricted Resource Consumption: Daphne itself, not a test double: the

@@ -1,6 +1,12 @@
 from rest_framework import serializers
 
-from mqsite.api import BoundedListField, NameField, StrictCharField, StrictFloatField, StrictIntegerField
+from mqsite.api import (
+    BoundedListField,
+    NameField,
+    StorableCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 
 MAX_LIMIT = 1000
 MAX_WAIT_SECS = 30
@@ -52,8 +58,11 @@ class NackSerializer(serializers.Serializer):
     retry_in = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_RETRY_IN_SECS)
     # An extension of the contract: why the client gives it back, kept as the delivery's last
     # error, so that an operator reading a dead letter sees the client's reason.
-    error = StrictCharField(
-        required=False, allow_blank=True, max_length=MAX_NACK_ERROR_CHARS, trim_whitespace=False
+    error = StorableCharField(
+        required=False,
+        allow_blank=True,
+        max_length=MAX_NACK_ERROR_CHARS,
+        trim_whitespace=False,
     )
 
 

@@ -1,19 +1,16 @@
 import math
 import time
 
-from django.http import Http404
+from django.db import connection
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from delivery import ledger, liveness, wakeups
-from mqsite.api import Conflict, errors, is_db_id
-from queues.api.views import queue_or_404
+from delivery import ledger, liveness, long_polls, wakeups
+from mqsite.api import ApiView, errors, is_db_id
 from queues.models import Event
-from queues.names import BadName, clean_name
 from subscribers.api.views import SUBSCRIBERS_ONLY
-from subscribers.auth import IsSubscriber, subscriber_of
+from subscribers.auth import IsSubscriber
 
 from .serializers import (
     AckResultSerializer,
@@ -35,7 +32,18 @@ def finite_or_400(value, name):
     return value
 
 
-class DeliveryListView(APIView):
+def release_connection():
+    """Give the request's database connection back while a long poll waits, so that forty
+    waiting polls do not hold forty of the pool's connections (issue 14) and starve every
+    publish and ack; the next lease takes one again. PostgreSQL: closing returns it to psycopg's
+    pool. SQLite keeps its connection: it is an open file, with no server slot or pool to run
+    out of, and idle in autocommit it holds no lock, while reopening it (and its PRAGMAs) would
+    cost more than the lease. Inside a transaction (a test's) there is nothing to give back."""
+    if connection.vendor != "sqlite" and not connection.in_atomic_block:
+        connection.close()
+
+
+class DeliveryListView(ApiView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -43,44 +51,59 @@ class DeliveryListView(APIView):
         parameters=[LeaseQuerySerializer],
         responses={
             200: DeliveryListSerializer,
-            **errors(400, 401, 403, 404, 429, e403=SUBSCRIBERS_ONLY, e404="No such queue."),
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                429,
+                e403=SUBSCRIBERS_ONLY,
+                e404="No such queue.",
+                e429="Throttled (MQ_THROTTLE_RATE), or the subscriber already has MQ_MAX_LONG_POLLS long "
+                "polls waiting (wait > 0); Retry-After says when to try again.",
+            ),
         },
     )
     def get(self, request):
         # A plain dict: as form input, "?wait=" would silently mean the default; here it is a 400.
         query = LeaseQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        subscriber = subscriber_of(request)
+        subscriber = self.subscriber
         params = query.validated_data
         wait = finite_or_400(params["wait"], "wait")
-        queue = queue_or_404(params["queue"]) if params.get("queue") else None
+        queue = self.queue_or_404(params["queue"]) if params.get("queue") else None
         event_ids = None
         if params.get("event"):
-            try:
-                name = clean_name(params["event"], "event")
-            except BadName as exc:
-                raise exceptions.ValidationError({"event": [str(exc)]}) from None
+            name = self.name_or_400(params["event"], "event")
             events = Event.objects.filter(name=name)
             event_ids = list((events.filter(queue=queue) if queue else events).values_list("pk", flat=True))
-        deadline = time.monotonic() + wait
-        while True:
-            seen = wakeups.generation(subscriber.pk)
+
+        def lease():
             # Held in this process's name: if it dies before the client acks (a pull answered
             # into a dead connection), another process hands these back in seconds.
-            leased = ledger.lease_deliveries(
+            return ledger.lease_deliveries(
                 subscriber,
                 limit=params["limit"],
                 queue=queue,
                 event_ids=event_ids,
                 holder=liveness.holder("pull"),
             )
-            left = deadline - time.monotonic()
-            if leased or left <= 0 or wakeups.stopping():
-                return Response({"deliveries": leased})
-            wakeups.wait(subscriber.pk, seen, min(left, LONG_POLL_RECHECK_SECS))
+
+        if wait <= 0:  # a plain pull is never refused by the long polls' cap
+            return Response({"deliveries": lease()})
+        deadline = time.monotonic() + wait
+        with long_polls.slot(subscriber.pk, wait):
+            while True:
+                seen = wakeups.generation(subscriber.pk)
+                leased = lease()
+                left = deadline - time.monotonic()
+                if leased or left <= 0 or wakeups.stopping():
+                    return Response({"deliveries": leased})
+                release_connection()
+                wakeups.wait(subscriber.pk, seen, min(left, LONG_POLL_RECHECK_SECS))
 
 
-class AckView(APIView):
+class AckView(ApiView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -92,12 +115,12 @@ class AckView(APIView):
         body = AckSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         ids = body.validated_data["ids"]
-        acked, unknown = ledger.ack_deliveries(subscriber_of(request), [i for i in ids if is_db_id(i)])
+        acked, unknown = ledger.ack_deliveries(self.subscriber, [i for i in ids if is_db_id(i)])
         unknown += [i for i in ids if not is_db_id(i)]
         return Response({"acked": acked, "unknown": unknown})
 
 
-class NackView(APIView):
+class NackView(ApiView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -121,17 +144,15 @@ class NackView(APIView):
         body = NackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         retry_in = finite_or_400(body.validated_data.get("retry_in"), "retry_in")
-        if not is_db_id(pk):
-            raise Http404("You have no delivery with that id.")
         nacked = ledger.nack_deliveries(
-            subscriber_of(request),
-            [pk],
+            self.subscriber,
+            [self.id_or_404(pk, "delivery")],
             retry_in=retry_in,
             error=ledger.nack_reason(body.validated_data.get("error")),
         )
         if nacked.unknown:
-            raise Http404("You have no delivery with that id.")
+            raise ledger.NotOwned(pk)  # ApiView answers these two
         if nacked.settled:
-            raise Conflict(f"The delivery is already {nacked.settled[pk]}; a nack cannot move it.")
+            raise ledger.AlreadySettled(nacked.settled[pk])
         status, attempt, next_attempt_at = nacked.done[pk]
         return Response({"id": pk, "status": status, "attempt": attempt, "next_attempt_at": next_attempt_at})

@@ -1,20 +1,20 @@
-from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from mqsite.api import BoundedListField, NameField, StrictCharField, TooLarge
+from mqsite.api import BoundedListField, NameField, StorableCharField, TooLarge
 from queues import publishing
 
 
 class PublishSerializer(serializers.Serializer):
     event = NameField()
-    payload = serializers.JSONField(allow_null=True, help_text="Any JSON value, null included.")
-    key = StrictCharField(
+    payload = serializers.JSONField(
+        allow_null=True,
+        help_text="Any JSON value, null included; its text valid Unicode (no lone surrogate).",
+    )
+    key = StorableCharField(
         required=False,
         allow_null=True,
         max_length=publishing.MAX_KEY_LENGTH,
         trim_whitespace=False,  # a key is compared as sent; trimming made " " a blank key (400)
-        # No NUL: databases cannot store it in text. As a validator it is also in the schema.
-        validators=[RegexValidator(r"^[^\x00]*$", "A key may not contain NUL.")],
         help_text="Idempotency key: the same key again in this queue answers with the first message.",
     )
 

@@ -1,14 +1,11 @@
-from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from mqsite.api import BodyRequiredSchema, errors
-from queues import group_commit, publishing
+from mqsite.api import ApiView, BodyRequiredSchema, errors
+from queues import group_commit
 from queues.models import Queue
-from queues.names import NAME_HELP, SCHEMA_PATTERN, BadName, clean_name
-from subscribers.auth import subscriber_of
+from queues.names import NAME_HELP, SCHEMA_PATTERN
 
 from .serializers import (
     PublishBatchSerializer,
@@ -18,20 +15,6 @@ from .serializers import (
     QueueListSerializer,
 )
 
-
-def queue_or_404(name):
-    """The queue of that name; a name that breaks the naming rule is a 400 (the contract), one
-    that could exist but does not a 404."""
-    try:
-        clean_name(name, "queue")
-    except BadName as exc:
-        raise exceptions.ValidationError({"queue": [str(exc)]}) from None
-    queue = publishing.find_queue(name)
-    if queue is None:
-        raise Http404(f"There is no queue named {name!r}.")
-    return queue
-
-
 # One message or a batch, as it was sent.
 PUBLISHED = PolymorphicProxySerializer(
     component_name="PublishResponse",
@@ -40,7 +23,7 @@ PUBLISHED = PolymorphicProxySerializer(
 )
 
 
-class MessagesView(APIView):
+class MessagesView(ApiView):
     schema = BodyRequiredSchema()
 
     @extend_schema(
@@ -76,8 +59,8 @@ class MessagesView(APIView):
         },
     )
     def post(self, request, queue):
-        queue = queue_or_404(queue)
-        subscriber = subscriber_of(request)
+        queue = self.queue_or_404(queue)
+        subscriber = self.subscriber
         if subscriber is not None and not subscriber.may_publish(queue):
             raise exceptions.PermissionDenied(f"{subscriber.name} may not publish to {queue.name}.")
         batch = isinstance(request.data, dict) and "messages" in request.data
@@ -92,13 +75,13 @@ class MessagesView(APIView):
         return Response(answers[0][0], status=code)
 
 
-class QueueListView(APIView):
+class QueueListView(ApiView):
     @extend_schema(
         summary="The queues the caller may publish or subscribe to",
         responses={200: QueueListSerializer, **errors(401, 429)},
     )
     def get(self, request):
-        subscriber = subscriber_of(request)
+        subscriber = self.subscriber
         queues = Queue.objects.prefetch_related("events")
         if subscriber is not None:
             queues = queues.filter(subscriber.visible_queue_filter()).distinct()

@@ -1,14 +1,10 @@
-from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from mqsite.api import errors, is_db_id
-from queues.api.views import queue_or_404
-from queues.names import BadName, clean_name
+from mqsite.api import ApiView, errors
 from subscribers import presence, subscribing
-from subscribers.auth import IsOperator, IsSubscriber, subscriber_of
+from subscribers.auth import IsOperator, IsSubscriber
 
 from .serializers import (
     ConnectionListSerializer,
@@ -21,7 +17,7 @@ from .serializers import (
 SUBSCRIBERS_ONLY = "This call acts as a subscriber: an operator's session is refused."
 
 
-class SubscriptionListView(APIView):
+class SubscriptionListView(ApiView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -29,7 +25,7 @@ class SubscriptionListView(APIView):
         responses={200: SubscriptionListSerializer, **errors(401, 403, 429, e403=SUBSCRIBERS_ONLY)},
     )
     def get(self, request):
-        subs = subscriber_of(request).subscriptions.select_related("queue", "event").order_by("id")
+        subs = self.subscriber.subscriptions.select_related("queue", "event").order_by("id")
         return Response({"subscriptions": [subscription_answer(s) for s in subs]})
 
     @extend_schema(
@@ -56,16 +52,13 @@ class SubscriptionListView(APIView):
     def post(self, request):
         serializer = SubscribeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        subscriber = subscriber_of(request)
-        queue = queue_or_404(serializer.validated_data["queue"])
+        subscriber = self.subscriber
+        queue = self.queue_or_404(serializer.validated_data["queue"])
         if not subscriber.may_subscribe(queue):
             raise exceptions.PermissionDenied(f"{subscriber.name} may not subscribe to {queue.name}.")
         event = serializer.validated_data.get("event")
         if event is not None:
-            try:
-                event = clean_name(event, "event")
-            except BadName as exc:
-                raise exceptions.ValidationError({"event": [str(exc)]}) from None
+            event = self.name_or_400(event, "event")
         subscription, created = subscribing.subscribe(subscriber, queue, event, limited=True)
         return Response(
             subscription_answer(subscription),
@@ -73,7 +66,7 @@ class SubscriptionListView(APIView):
         )
 
 
-class SubscriptionDetailView(APIView):
+class SubscriptionDetailView(ApiView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -86,14 +79,14 @@ class SubscriptionDetailView(APIView):
         },
     )
     def delete(self, request, pk):
-        subscription = subscriber_of(request).subscriptions.filter(pk=pk).first() if is_db_id(pk) else None
+        subscription = self.subscriber.subscriptions.filter(pk=self.id_or_404(pk, "subscription")).first()
         if subscription is None:
-            raise Http404("You have no subscription with that id.")
+            raise exceptions.NotFound("You have no subscription with that id.")
         subscribing.unsubscribe(subscription)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class ConnectionListView(APIView):
+class ConnectionListView(ApiView):
     permission_classes = [IsOperator]
 
     @extend_schema(

@@ -1,0 +1,91 @@
+"""How many long polls (GET /api/deliveries with wait > 0) a subscriber has waiting at once.
+
+A waiting poll holds a thread of its server and looks at the ledger every recheck, so one
+token must not be able to open hundreds (issue 14). The cap is MQ_MAX_LONG_POLLS per
+subscriber. With Redis it holds across every server process: one sorted set per subscriber,
+each waiting poll a member whose score is the moment it will have ended for sure (its wait
+plus a margin), so a poll of a process killed mid-wait stops counting by itself then; the
+check-and-take is one Lua script, atomic however many processes ask at once. Without Redis
+(the embedded mode: one server process) a counter in the process does the same.
+"""
+
+import contextlib
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+
+from django.conf import settings
+
+from . import wakeups
+
+log = logging.getLogger(__name__)
+
+# A poll answers at most this long after its wait (one recheck and a lease): past it, a slot
+# still taken belongs to a poll whose process died.
+SLOT_MARGIN_SECS = 10
+# What a refused poll is told: polls end as soon as a delivery comes, so a slot frees often.
+RETRY_AFTER_SECS = 1
+
+_lock = threading.Lock()
+_held = Counter()  # subscriber id -> waiting polls of this process (without Redis)
+
+# KEYS[1] the subscriber's set; ARGV: now, cap, this poll's member, its expiry.
+_TAKE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+redis.call('EXPIREAT', KEYS[1], math.ceil(tonumber(ARGV[4])))
+return 1
+"""
+
+
+class TooManyLongPolls(Exception):
+    """The subscriber already has MQ_MAX_LONG_POLLS waiting."""
+
+
+@functools.cache
+def _take_script():
+    return wakeups._redis().register_script(_TAKE)
+
+
+def _key(subscriber_id):
+    return f"mq:longpolls:{subscriber_id}"
+
+
+@contextlib.contextmanager
+def slot(subscriber_id, wait_secs):
+    """Hold one of the subscriber's long-poll slots for the body; TooManyLongPolls if none is free."""
+    cap = settings.MQ_MAX_LONG_POLLS
+    client = wakeups._redis()
+    if client is None:
+        with _lock:
+            if _held[subscriber_id] >= cap:
+                raise TooManyLongPolls(cap)
+            _held[subscriber_id] += 1
+        try:
+            yield
+        finally:
+            with _lock:
+                _held[subscriber_id] -= 1
+                if not _held[subscriber_id]:
+                    del _held[subscriber_id]
+        return
+    key, member, now = _key(subscriber_id), uuid.uuid4().hex, time.time()
+    try:
+        taken = _take_script()(keys=[key], args=[now, cap, member, now + wait_secs + SLOT_MARGIN_SECS])
+    except Exception:  # Redis is down: serve the poll rather than refuse every one
+        log.warning("long-poll slots unavailable; not capping", exc_info=True)
+        taken = None
+    if taken == 0:
+        raise TooManyLongPolls(cap)
+    try:
+        yield
+    finally:
+        if taken:
+            try:
+                client.zrem(key, member)
+            except Exception:  # it expires by its score anyway
+                log.warning("could not give back a long-poll slot", exc_info=True)

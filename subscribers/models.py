@@ -114,6 +114,15 @@ class Subscription(models.Model):
     def __str__(self):
         return f"{self.subscriber.name} ← {self.queue.name}/{self.event.name if self.event_id else '*'}"
 
+    def clean(self):
+        # The ledger owes a subscription nothing while its subscriber lacks the right (a right
+        # withdrawn must stop fan-out at once): refuse to make one that would wait in vain.
+        if self.subscriber_id and self.queue_id and not self.subscriber.may_subscribe(self.queue):
+            raise ValidationError(
+                f"{self.subscriber.name} may not subscribe to {self.queue.name}: give it that right"
+                " first (its subscriber page), or this subscription would be owed nothing."
+            )
+
 
 class Connection(models.Model):
     """An open websocket of a subscriber (presence). Deleted when the socket closes; a row

@@ -175,3 +175,13 @@ def start_as_make_run(program, extra_env, log_level="info"):
     if "-s" in args:
         args[args.index("-s") + 1] = str(Path(tempfile.mkdtemp()) / "beat-schedule")
     return Process(args, env, program)
+
+
+def eventually(check, timeout=5, step=0.05):
+    """A server works on its own time: poll `check` until it holds (True) or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True

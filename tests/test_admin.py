@@ -511,6 +511,13 @@ def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, world, outsi
     assert "Select a valid choice" in r.content.decode()
     assert not outsider.subscriptions.exists()
 
+    # Nor a subscriber without the right: such a subscription would be owed nothing.
+    r = staff.post(change(queue), {**form, "subscriptions-2-event": event.pk})
+    assert r.status_code == 200
+    assert "outsider may not subscribe to db" in r.content.decode()
+    assert not outsider.subscriptions.exists()
+
+    outsider.subscribe_queues.add(queue)
     r = staff.post(change(queue), {**form, "subscriptions-2-event": event.pk})
     assert r.status_code == 302, r.content.decode()[:3000]
     [sub] = outsider.subscriptions.all()

@@ -323,6 +323,7 @@ def test_it_leaves_deliveries_in_flight_with_no_ack(logger, db_queue):
 
 def test_it_walks_an_ordered_queue_by_acking(logger, make_queue):
     audit = make_queue("audit", ordered=True)
+    logger.subscribe_queues.add(audit)  # without the right it is owed nothing
     subscribing.subscribe(logger, audit)
     for i in range(3):
         publish(audit, "create", i)

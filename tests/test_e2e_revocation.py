@@ -26,7 +26,7 @@ from queues.models import Queue
 from subscribers import subscribing
 from subscribers.models import Connection, Subscription
 from subscribers.provisioning import create_subscriber
-from tests.servers import start_daphne
+from tests.servers import eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REDIS = "redis://127.0.0.1:6379/9"
@@ -85,15 +85,6 @@ def open_sockets(servers, token):
         assert json.loads(ws.recv(timeout=5)) == {"type": "pong"}
     assert eventually(lambda: Connection.objects.count() == len(sockets))
     return sockets
-
-
-def eventually(check, timeout=5):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def closed(ws, started, what, where):

@@ -5,6 +5,7 @@ import json
 import signal
 import threading
 import time
+from functools import partial
 
 import httpx
 import pytest
@@ -16,18 +17,12 @@ from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Receiver
-from tests.servers import start_daphne, start_redis, start_worker
+from tests.servers import eventually, start_daphne, start_redis, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def eventually(check, timeout=10):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+eventually = partial(eventually, timeout=10)
 
 
 def publish(queue, n):

@@ -16,7 +16,7 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.servers import start_daphne
+from tests.servers import eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REDIS_TEST_URL = "redis://127.0.0.1:6379/7"
@@ -38,16 +38,6 @@ def setup():
         return queue, token
 
     return make
-
-
-def eventually(check, timeout=5):
-    """The server works on its own time: poll `check` until it holds or time runs out."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def publish(server, token, n, start=0):

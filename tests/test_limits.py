@@ -29,7 +29,7 @@ from queues.models import Event, Message
 from subscribers import subscribing
 from subscribers.models import Subscription
 from tests.conftest import client_for
-from tests.servers import start_daphne
+from tests.servers import eventually, start_daphne
 
 
 def publish(queue, n, event="create"):
@@ -54,6 +54,7 @@ def nack_world(logger, peer, db_queue, make_queue):
     """The logger holds in flight 9,000 deliveries of db (10 attempts) and 995 of `last`
     (1 attempt: a nack kills them), 3 of which it acked; the peer has deliveries of its own."""
     last = make_queue("last", max_attempts=1)
+    logger.subscribe_queues.add(last)  # without the right it is owed nothing
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(logger, last)
     subscribing.subscribe(peer, db_queue)
@@ -247,15 +248,6 @@ def test_new_event_names_past_the_hourly_cap_are_a_429_and_nothing_is_written(lo
 
 
 # --- against real Daphne processes --------------------------------------------------------------
-
-
-def eventually(check, timeout=5):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def post(server, token, path, body):

@@ -4,6 +4,7 @@ and a subscriber has at most MQ_MAX_LONG_POLLS waiting at once (issue 14)."""
 import statistics
 import threading
 import time
+from functools import partial
 
 import httpx
 import pytest
@@ -13,20 +14,14 @@ from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
-from tests.servers import start_daphne, start_redis
+from tests.servers import eventually, start_daphne, start_redis
 
 SUBSCRIBERS = 10
 POLLS_EACH = 4  # MQ_MAX_LONG_POLLS's default
 POOL_SIZE = 4  # far fewer than the polls waiting: none of them may hold one
 
 
-def eventually(check, timeout=15):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+eventually = partial(eventually, timeout=15)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -542,6 +542,8 @@ def settled(logger, peer, make_queue):
     """A queue with one attempt: logger's seq 1 acked, 2 dead, 3 in flight, 4 pending;
     peer's 1-4 all dead."""
     q = make_queue("jobs", max_attempts=1)
+    logger.subscribe_queues.add(q)  # without the right they are owed nothing
+    peer.subscribe_queues.add(q)
     subscribing.subscribe(logger, q)
     subscribing.subscribe(peer, q)
     for i in range(4):

@@ -141,6 +141,7 @@ def test_a_nack_waits_its_backoff_by_attempt_and_wakes_only_for_what_is_ready(
     assert woken == [[logger.pk]]
     # The dead head of an ordered queue lets the next one go: a wake-up.
     ordered = make_queue("ordered", ordered=True, max_attempts=1)
+    logger.subscribe_queues.add(ordered)
     subscribing.subscribe(logger, ordered)
     publish(ordered, 2)
     (head,) = ledger.lease_deliveries(logger, limit=10, queue=ordered)

@@ -39,7 +39,6 @@ from subscribers.models import Subscriber, Subscription
 
 from . import ledger, liveness, wakeups
 from .api.serializers import MAX_NACK_ERROR_CHARS
-from .models import Delivery, Status
 
 log = logging.getLogger(__name__)
 
@@ -265,9 +264,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
         self.watching = wakeups.watch(self.subscriber.pk, self.wake)
-        client = self.scope.get("client") or ("", 0)
         try:
-            await db(presence.open_connection)(self.subscriber, self.channel_name, client[0] or "")
+            await db(presence.open_connection)(self.subscriber, self.channel_name, address)
         except limits.LimitExceeded as exc:  # too many sockets: say why, then close
             await self.send_json(limit_frame(exc))
             await self.close(code=limits.CLOSE_TOO_MANY)
@@ -305,11 +303,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 log.warning("acks of %s were not written", self.channel_name, exc_info=True)
         if self.publish_task is not None:
             await self.publish_task  # publishes received before the close go in (it logs its errors)
-        if self.revoked:
-            # Released under the revocation's reason (give_back is set), before the row goes.
-            await db(ledger.release_held)([self.channel_name], reason=self.revoked)
         # What this socket held and had not acked is ready for another at once.
-        await db(presence.close_connection)(self.channel_name, spend=not self.give_back)
+        await db(presence.close_connection)(
+            self.channel_name, spend=not self.give_back, reason=self.revoked or ledger.CONNECTION_CLOSED
+        )
         _open.discard(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
 
@@ -388,14 +385,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ids = [i for i, _, _ in ending]
 
         def release():
-            held = list(
-                Delivery.objects.filter(
-                    lease_holder=self.channel_name, status=Status.INFLIGHT, subscription_id__in=ids
-                ).values_list("id", flat=True)
-            )
             # No wake-up: nobody may lease them while the right is withdrawn.
-            ledger.release_held([self.channel_name], reason=REVOKED, wake=False, subscription_ids=ids)
-            return held
+            return ledger.release_held([self.channel_name], reason=REVOKED, wake=False, subscription_ids=ids)
 
         async with self.sending:  # after any delivery of them being sent, before any other
             for delivery_id in await db(release)():

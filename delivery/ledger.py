@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import CharField, Exists, F, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Cast, Concat, Greatest
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from mqsite import rows
 from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
@@ -49,19 +49,12 @@ def _lease_durability():
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA synchronous=NORMAL")
     try:
-        with _writing():
+        with rows.writing():
             yield
     finally:
         if relax:
             with connection.cursor() as cursor:
                 cursor.execute("PRAGMA synchronous=FULL")
-
-
-def _writing():
-    """The process's SQLite write lock (mqsite/sqlite) around a write made outside a
-    transaction; nothing on other databases."""
-    writing = getattr(connection, "writing", None)
-    return writing() if writing is not None else contextlib.nullcontext()
 
 
 def backoff_secs(attempt):
@@ -402,7 +395,7 @@ def ack_deliveries(subscriber, ids, now=None):
     # (PostgreSQL, SQLite 3.35+). Only when it did not ack them all is a second query needed,
     # to tell ids acked before from ids that are not the subscriber's.
     table = Delivery._meta.db_table
-    with _writing(), connection.cursor() as cursor:
+    with rows.writing(), connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
@@ -465,7 +458,7 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     if not valid:
         return Nacked({}, ids, {})
     table, at = Delivery._meta.db_table, connection.ops.adapt_datetimefield_value
-    dead = f"attempt >= (SELECT q.max_attempts FROM {Queue._meta.db_table} q WHERE q.id = {table}.queue_id)"
+    dead = _AT_LAST_ATTEMPT()
     if retry_in is None:
         next_at, next_params = _backoff_case(now)
     else:
@@ -537,6 +530,13 @@ def _id_set(ids):
     if connection.vendor == "postgresql":
         return "= ANY(%s::bigint[])", list(ids)
     return "IN (SELECT value FROM json_each(%s))", json.dumps(list(ids))
+
+
+@functools.cache
+def _AT_LAST_ATTEMPT():  # noqa: N802 (a constant, made once the models are loaded)
+    """SQL, in an UPDATE of the delivery table: this delivery had its queue's last attempt."""
+    table = Delivery._meta.db_table
+    return f"attempt >= (SELECT q.max_attempts FROM {Queue._meta.db_table} q WHERE q.id = {table}.queue_id)"
 
 
 def _datetime(value):
@@ -702,9 +702,10 @@ def drop_undelivered(subscription):
     Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED).delete()
 
 
-def release_held(
-    holders, reason="the connection holding it closed", wake=True, spend=False, subscription_ids=None
-):
+CONNECTION_CLOSED = "the connection holding it closed"
+
+
+def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subscription_ids=None):
     """Deliveries held by these lease holders go back to pending, ready at once: a closed
     websocket (the client is gone, there is nothing to wait for), or a webhook job's batch left
     untried when its endpoint failed (`reason` says which; `wake=False` leaves them to the
@@ -714,52 +715,58 @@ def release_held(
     `spend`: the attempt counts, and a delivery that had its last one is dead. A socket that
     the client closed (or dropped) while holding a delivery spends it: a message its client
     dies on must die too, not block its subscription for ever (API.md, Extensions). Otherwise
-    (the server's own shutdown, a revocation, an untried batch) the attempt is given back."""
-    held = Delivery.objects.filter(lease_holder__in=holders, status=Status.INFLIGHT)
+    (the server's own shutdown, a revocation, an untried batch) the attempt is given back.
+    Returns the ids released."""
+    holders = list(holders)
+    if not holders:
+        return []
+    where, params = f"lease_holder IN {_in(holders)}", holders
     if subscription_ids is not None:
-        held = held.filter(subscription_id__in=subscription_ids)
-    return _release(held, reason, wake, spend)
+        subscription_ids = list(subscription_ids) or [0]
+        where += f" AND subscription_id IN {_in(subscription_ids)}"
+        params = [*params, *subscription_ids]
+    return _release(where, params, reason, wake, spend)
 
 
 def release_held_by_prefix(prefix, reason):
     """What every lease holder whose name starts with `prefix` held: the holdings of a server
     or worker process that died (delivery.liveness), ready at once, the attempt given back."""
-    return _release(
-        Delivery.objects.filter(lease_holder__startswith=prefix, status=Status.INFLIGHT), reason, True, False
-    )
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return _release("lease_holder LIKE %s ESCAPE '\\'", [f"{escaped}%"], reason, True, False)
 
 
 CLOSED_IN_FLIGHT = "connection closed while in flight"
 
 
-def _release(held, reason, wake, spend):
-    now = timezone.now()
-    with transaction.atomic():
-        subscriber_ids = list(held.order_by().values_list("subscriber_id", flat=True).distinct())
-        if spend:
-            max_attempts = Queue.objects.filter(pk=OuterRef("queue_id")).values("max_attempts")[:1]
-            held.filter(attempt__gte=Subquery(max_attempts)).update(
-                status=Status.DEAD,
-                ack_deadline=None,
-                lease_holder="",
-                last_error=Concat(
-                    Value(f"{CLOSED_IN_FLIGHT}, "), Cast("attempt", CharField()), Value(" times")
-                ),
-            )
-        count = held.update(
-            status=Status.PENDING,
-            # Whether the client saw the message cannot be known (or it was never sent): given
-            # back, so that a subscriber whose server restarts does not see its deliveries die
-            # of attempts that never reached it.
-            **({} if spend else {"attempt": Greatest(F("attempt") - 1, 0)}),
-            next_attempt_at=now,
-            ack_deadline=None,
-            lease_holder="",
-            last_error=reason,
+def _release(where, params, reason, wake, spend):
+    """One UPDATE of the in-flight deliveries `where` selects, returning whom to wake."""
+    table = Delivery._meta.db_table
+    if spend:
+        dead = _AT_LAST_ATTEMPT()
+        set_ = (
+            f"status = CASE WHEN {dead} THEN %s ELSE %s END,"
+            f" last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || ' times' ELSE %s END"
         )
-    if wake:
-        wakeups.notify_after_commit(subscriber_ids)
-    return count
+        set_params = [Status.DEAD, Status.PENDING, f"{CLOSED_IN_FLIGHT}, ", reason]
+    else:
+        # Whether the client saw the message cannot be known (or it was never sent): given
+        # back, so that a subscriber whose server restarts does not see its deliveries die of
+        # attempts that never reached it.
+        set_ = "status = %s, attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, last_error = %s"
+        set_params = [Status.PENDING, reason]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {table} SET {set_}, next_attempt_at = %s, ack_deadline = NULL, lease_holder = ''
+            WHERE status = %s AND {where}
+            RETURNING id, subscriber_id
+            """,
+            [*set_params, connection.ops.adapt_datetimefield_value(timezone.now()), Status.INFLIGHT, *params],
+        )
+        released = cursor.fetchall()
+        if wake:
+            wakeups.notify_after_commit({subscriber_id for _, subscriber_id in released})
+    return [id_ for id_, _ in released]
 
 
 def purge_dead(deliveries):

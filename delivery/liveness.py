@@ -132,7 +132,7 @@ def release_dead(now=None):
             if not ServerProcess.objects.filter(name=process, last_beat__lt=cutoff).delete()[0]:
                 continue
             prefix = holders_of(process)
-            count = ledger.release_held_by_prefix(prefix, reason=f"its server process {process} stopped")
+            count = len(ledger.release_held_by_prefix(prefix, reason=f"its server process {process} stopped"))
             Connection.objects.filter(channel_name__startswith=prefix).delete()
         log.warning("process %s stopped beating; handed back %d deliveries it held", process, count)
         released.append(process)

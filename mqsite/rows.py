@@ -1,8 +1,16 @@
 """One model row by a plain SQL condition, for the lookups every request makes."""
 
+import contextlib
 import functools
 
 from django.db import connection
+
+
+def writing():
+    """The process's SQLite write lock (mqsite/sqlite) around a write made outside a
+    transaction; nothing on other databases."""
+    lock = getattr(connection, "writing", None)
+    return lock() if lock is not None else contextlib.nullcontext()
 
 
 def first(model, where, params):

@@ -5,14 +5,13 @@ each open connection refreshes `last_seen` every HEARTBEAT_SECS and a sweep remo
 not refreshed for STALE_AFTER_SECS, handing back what they held.
 """
 
-import contextlib
 from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from delivery import ledger
-from mqsite import limits
+from mqsite import limits, rows
 
 from .models import Connection, Subscriber, Subscription
 
@@ -40,11 +39,11 @@ def lock_subscriber(subscriber):
     Subscriber.objects.select_for_update(no_key=True).filter(pk=subscriber.pk).values_list("pk").first()
 
 
-def close_connection(channel_name, spend=False):
+def close_connection(channel_name, spend=False, reason=ledger.CONNECTION_CLOSED):
     """The socket closed: what it held goes back to pending at once, and the row goes.
     `spend`: the client closed it, and the attempts it held count (ledger.release_held)."""
     with transaction.atomic():
-        ledger.release_held([channel_name], spend=spend)
+        ledger.release_held([channel_name], reason=reason, spend=spend)
         Connection.objects.filter(channel_name=channel_name).delete()
 
 
@@ -56,8 +55,7 @@ def heartbeat(channel_names):
         return set()
     table = Connection._meta.db_table
     names = list(channel_names)
-    writing = getattr(connection, "writing", contextlib.nullcontext)  # SQLite's writer lock
-    with writing(), connection.cursor() as cursor:
+    with rows.writing(), connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET last_seen = %s WHERE channel_name IN ({', '.join(['%s'] * len(names))})"
             " RETURNING channel_name",

@@ -50,9 +50,9 @@ RECHECK_SECS = 2.0
 # the contract, rather than racing the automatic resume. Short, since it delays every resume.
 RESUME_GRACE_SECS = 0.2
 CLOSE_BAD_TOKEN = 4401
-CLOSE_THROTTLED = 4429  # too many failed token attempts from the address (as HTTP 429)
 CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
 REVOKED = "its subscriber's token or right was revoked"
+UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
 # Daphne (autobahn) lets an application close only with 1000 or 3000-4999: the standard 1009
 # (too big) and 1011 (server error) raise instead of closing, so these mirror HTTP's codes.
 CLOSE_TOO_BIG = 4413
@@ -71,6 +71,21 @@ class FrameError(Exception):
     def __init__(self, code, detail, **extra):
         super().__init__(detail)
         self.code, self.detail, self.extra = code, detail, extra
+
+    @classmethod
+    def of_limit(cls, exc):
+        """A limits.LimitExceeded, as the socket tells it (with its retry_after, if any)."""
+        return cls(exc.code, exc.detail, **({"retry_after": exc.wait} if exc.wait is not None else {}))
+
+    def frame(self, ref=None):
+        """The error frame: every error the socket sends is built here."""
+        return {
+            "type": "error",
+            "code": self.code,
+            "detail": self.detail,
+            **self.extra,
+            **({"ref": ref} if ref is not None else {}),
+        }
 
 
 _maintenance = _recheck = _listener = _token_check = _loop = None
@@ -166,7 +181,7 @@ async def check_tokens(consumers):
 
     now = await db(current)()
     for c in consumers:
-        if now.get(c.subscriber.pk) != (c.token_hash, True):
+        if now.get(c.subscriber.pk) != (c.subscriber.token_hash, True):
             asyncio.ensure_future(c.revoke())
 
 
@@ -226,7 +241,6 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     # closes it (its shutdown, an operator); a client that goes away spends them.
     give_back = False
     revoked = None  # why the server closed it (its held deliveries' last error)
-    token_hash = None
     recheck_task = None
     recheck_wanted = False
 
@@ -252,9 +266,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.subscriber is None:
             # A missing token is no attempt; a bad one counts against the address.
             throttled = token and await db(auth_failed)(address)
-            await self.close(code=CLOSE_THROTTLED if throttled else CLOSE_BAD_TOKEN)
+            await self.close(code=limits.CLOSE_TOO_MANY if throttled else CLOSE_BAD_TOKEN)
             return
-        self.token_hash = self.subscriber.token_hash
         self.ended = set()  # subscriptions ended by a revoked right, told to the client
         self.held = {}  # delivery id -> monotonic time its lease ends
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
@@ -267,7 +280,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         try:
             await db(presence.open_connection)(self.subscriber, self.channel_name, address)
         except limits.LimitExceeded as exc:  # too many sockets: say why, then close
-            await self.send_json(limit_frame(exc))
+            await self.send_json(FrameError.of_limit(exc).frame())
             await self.close(code=limits.CLOSE_TOO_MANY)
             return
         self.pump_task = asyncio.ensure_future(self.pump())
@@ -364,7 +377,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
         def look():
             subscriber = Subscriber.objects.filter(pk=pk).first()
-            if subscriber is None or not subscriber.is_active or subscriber.token_hash != self.token_hash:
+            if (
+                subscriber is None
+                or not subscriber.is_active
+                or subscriber.token_hash != self.subscriber.token_hash
+            ):
                 return None, []
             forbidden = Subscription.objects.filter(subscriber=subscriber)
             if subscriber.subscribe_all:
@@ -451,17 +468,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 )
             await handler(self, frame)
         except limits.LimitExceeded as exc:
-            await self.send_json(limit_frame(exc, ref))
+            await self.send_json(FrameError.of_limit(exc).frame(ref))
         except FrameError as exc:
-            await self.send_json(
-                {
-                    "type": "error",
-                    "code": exc.code,
-                    "detail": exc.detail,
-                    **exc.extra,
-                    **({"ref": ref} if ref is not None else {}),
-                }
-            )
+            await self.send_json(exc.frame(ref))
 
     @cached_property
     def frame_rate(self):
@@ -484,13 +493,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.frame_rate.abusive:
             detail += " The socket stayed over the rate, so it is closed (4429)."
         await self.send_json(
-            {
-                "type": "error",
-                "code": "rate_limited",
-                "detail": detail,
-                "retry_after": max(round(wait, 3), 0.001),
-            }
-            | ({"ref": ref} if ref is not None else {})
+            FrameError("rate_limited", detail, retry_after=max(round(wait, 3), 0.001)).frame(ref)
         )
         if self.frame_rate.abusive:
             self.frame_rate.closed = True
@@ -556,7 +559,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.ack_task is None or self.ack_task.done():
             self.ack_task = asyncio.ensure_future(self.write_acks())
         if unknown:
-            raise FrameError("unknown_ids", "These delivery ids are not yours or do not exist.", ids=unknown)
+            raise FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown)
 
     async def write_acks(self):
         """Write buffered acks, one ledger call for all that arrived while the last ran."""
@@ -564,14 +567,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             ids, self.ack_buffer = self.ack_buffer, []
             _, unknown = await db(ledger.ack_deliveries)(self.subscriber, ids)
             if unknown:
-                await self.send_json(
-                    {
-                        "type": "error",
-                        "code": "unknown_ids",
-                        "detail": "These delivery ids are not yours or do not exist.",
-                        "ids": unknown,
-                    }
-                )
+                await self.send_json(FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown).frame())
 
     async def on_nack(self, frame):
         ids = self.ids_of(frame)
@@ -598,7 +594,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             self.held.pop(i, None)
         self.wake.set()
         if unknown:
-            raise FrameError("unknown_ids", "These delivery ids are not yours or do not exist.", ids=unknown)
+            raise FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown)
         if settled:
             raise FrameError("already_settled", "These deliveries are already acked or dead.", ids=settled)
 
@@ -629,9 +625,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 batch, self.publish_buffer = self.publish_buffer, []
                 for ref, answer in await db(self.publish_in_order)(batch):
                     if isinstance(answer, FrameError):
-                        frame = {"type": "error", "code": answer.code, "detail": answer.detail}
-                    else:
-                        frame = {"type": "published", **{k: answer[k] for k in PUBLISHED_FIELDS}}
+                        await self.send_json(answer.frame(ref))
+                        continue
+                    frame = {"type": "published", **{k: answer[k] for k in PUBLISHED_FIELDS}}
                     await self.send_json({**frame, "ref": ref} if ref is not None else frame)
         except Exception:
             # Unanswered, these publishes may or may not be in: the client publishes them
@@ -661,7 +657,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 try:
                     published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
                 except limits.LimitExceeded as exc:
-                    error = FrameError(exc.code, exc.detail)
+                    error = FrameError.of_limit(exc)
             if error is None:
                 answers += [(ref, answer) for (ref, _, _), (answer, _) in zip(run, published, strict=True)]
             else:
@@ -723,11 +719,3 @@ def _bad_queue_name(name):
     except BadName as exc:
         return FrameError("bad_name", str(exc))
     return None
-
-
-def limit_frame(exc, ref=None):
-    """The error frame for a limits.LimitExceeded."""
-    frame = {"type": "error", "code": exc.code, "detail": exc.detail}
-    if exc.wait is not None:
-        frame["retry_after"] = exc.wait
-    return frame | ({"ref": ref} if ref is not None else {})

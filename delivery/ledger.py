@@ -548,14 +548,21 @@ def _datetime(value):
     return value
 
 
-def nack_delivery(subscriber, delivery_id, retry_in=None, now=None, error=NACKED):
-    """nack_deliveries() of one id: NotOwned or AlreadySettled when it did not move, else the
-    updated Delivery (read again: for callers that want the row, not for hot paths)."""
+def nack_one(subscriber, delivery_id, retry_in=None, now=None, error=NACKED):
+    """nack_deliveries() of one id: NotOwned or AlreadySettled when it did not move, else its
+    (status, attempt, next_attempt_at)."""
     nacked = nack_deliveries(subscriber, [delivery_id], retry_in=retry_in, now=now, error=error)
     if nacked.unknown:
         raise NotOwned(delivery_id)
     if nacked.settled:
         raise AlreadySettled(nacked.settled[delivery_id])
+    return nacked.done[delivery_id]
+
+
+def nack_delivery(subscriber, delivery_id, retry_in=None, now=None, error=NACKED):
+    """nack_one(), answered with the updated Delivery (read again: for the admin, the demo and
+    tests, not for hot paths)."""
+    nack_one(subscriber, delivery_id, retry_in=retry_in, now=now, error=error)
     return Delivery.objects.select_related("queue").get(pk=delivery_id)
 
 

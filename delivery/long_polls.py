@@ -18,6 +18,9 @@ import uuid
 from collections import Counter
 
 from django.conf import settings
+from rest_framework import status
+
+from mqsite import limits
 
 from . import wakeups
 
@@ -42,8 +45,18 @@ return 1
 """
 
 
-class TooManyLongPolls(Exception):
-    """The subscriber already has MQ_MAX_LONG_POLLS waiting."""
+class TooManyLongPolls(limits.LimitExceeded):
+    """The subscriber already has MQ_MAX_LONG_POLLS waiting: 429 with Retry-After, as every
+    limit of mqsite.limits is answered."""
+
+    def __init__(self, cap):
+        super().__init__(
+            "too_many_long_polls",
+            f"This subscriber already has {cap} long polls waiting (MQ_MAX_LONG_POLLS); "
+            "wait for one to answer, or pull with wait=0.",
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            retry_after=RETRY_AFTER_SECS,
+        )
 
 
 @functools.cache

@@ -1,9 +1,7 @@
-import math
 import time
 
 from django.db import connection
 from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions
 from rest_framework.response import Response
 
 from delivery import ledger, liveness, long_polls, wakeups
@@ -24,12 +22,6 @@ from .serializers import (
 # While long-polling, look at the ledger at least this often even without a wake-up: a wake-up
 # from another process, or one that was lost, costs at most this much latency.
 LONG_POLL_RECHECK_SECS = 0.5
-
-
-def finite_or_400(value, name):
-    if value is not None and not math.isfinite(value):
-        raise exceptions.ValidationError({name: ["must be a finite number"]})
-    return value
 
 
 def release_connection():
@@ -70,7 +62,7 @@ class DeliveryListView(ApiView):
         query.is_valid(raise_exception=True)
         subscriber = self.subscriber
         params = query.validated_data
-        wait = finite_or_400(params["wait"], "wait")
+        wait = params["wait"]  # finite: DRF's FloatField refuses NaN and infinity
         queue = self.queue_or_404(params["queue"]) if params.get("queue") else None
         event_ids = None
         if params.get("event"):
@@ -143,16 +135,10 @@ class NackView(ApiView):
     def post(self, request, pk):
         body = NackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        retry_in = finite_or_400(body.validated_data.get("retry_in"), "retry_in")
-        nacked = ledger.nack_deliveries(
+        status, attempt, next_attempt_at = ledger.nack_one(  # NotOwned, AlreadySettled: ApiView answers
             self.subscriber,
-            [self.id_or_404(pk, "delivery")],
-            retry_in=retry_in,
+            self.id_or_404(pk, "delivery"),
+            retry_in=body.validated_data.get("retry_in"),
             error=ledger.nack_reason(body.validated_data.get("error")),
         )
-        if nacked.unknown:
-            raise ledger.NotOwned(pk)  # ApiView answers these two
-        if nacked.settled:
-            raise ledger.AlreadySettled(nacked.settled[pk])
-        status, attempt, next_attempt_at = nacked.done[pk]
         return Response({"id": pk, "status": status, "attempt": attempt, "next_attempt_at": next_attempt_at})

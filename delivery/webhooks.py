@@ -18,7 +18,6 @@ from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 from standardwebhooks import Webhook
 
-TIMEOUT_SECS = 10  # the contract: no answer within 10 s is a failed attempt (MQ_WEBHOOK_TIMEOUT_SECS)
 MAX_RESPONSE_BYTES = 64 * 1024  # what we read of an answer: enough for an error message
 USER_AGENT = "mqsite-webhooks/1"
 

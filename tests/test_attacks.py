@@ -950,7 +950,7 @@ def test_api10_a_webhook_answer_is_read_capped_and_time_limited(settings, monkey
     trusted: the worker reads at most MAX_RESPONSE_BYTES of it, for at most the timeout,
     keeps 200 characters of it, and follows no redirect (tests/test_webhooks.py)."""
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
-    monkeypatch.setattr(webhooks, "TIMEOUT_SECS", 2)
+    settings.MQ_WEBHOOK_TIMEOUT_SECS = 2
     server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessAnswer)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()

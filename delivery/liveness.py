@@ -3,9 +3,9 @@
 Every Daphne and Celery worker process beats from a thread of its own (a ServerProcess row,
 `last_beat` every BEAT_SECS) and names itself in every lease it takes (`holder()`): a socket's
 channel name, a pull, a webhook job. A process that stops beating for DEAD_AFTER_SECS was
-killed (a clean stop removes its row first): any other live process, at its next beat, and the
-sweeper hand back what it held, ready at once with the attempt given back (the client was not
-at fault), and remove its connections. So an ordered subscription whose head a killed process
+killed (a clean stop removes its row first): any other live process, at its next beat, hands
+back what it held, ready at once with the attempt given back (the client was not
+at fault), and removes its connections. So an ordered subscription whose head a killed process
 held moves on within DEAD_AFTER_SECS + BEAT_SECS, not at its ack deadline (30 s by default).
 
 A process that never beat (a test, a manage.py command) is never taken for dead: what it

@@ -281,7 +281,6 @@ def sweep():
     after the last attempt), remove connections whose server died, and enqueue webhook jobs
     for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
-    dead = liveness.release_dead_if_beating()  # as every live process's beat does: a second net
     stale = presence.sweep_stale_connections()
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
@@ -293,7 +292,6 @@ def sweep():
     )
     return {
         "expired": expired,
-        "dead_processes": len(dead),
         "stale_connections": stale,
         "webhook_jobs": enqueue_webhooks(due),
     }

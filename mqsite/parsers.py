@@ -95,15 +95,12 @@ class _BoundedJSONBody(BaseParser):
                 "('[' and '{' counted), more than this endpoint takes."
             )
         try:
-            text = raw.decode("utf-8")
-            data = json.loads(text, parse_constant=_reject_constant)
-        except RecursionError:
-            raise exceptions.ParseError("The JSON nests too deeply.") from None
-        except (UnicodeDecodeError, ValueError) as exc:
+            # UTF-8 only (json.loads would also guess UTF-16 and -32 from bytes).
+            return decode_json(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from None
-        if json_depth(data) > settings.MQ_MAX_JSON_DEPTH:
-            raise exceptions.ParseError(f"The JSON nests deeper than {settings.MQ_MAX_JSON_DEPTH} levels.")
-        return data
+        except BadJSON as exc:
+            raise exceptions.ParseError(str(exc)) from None
 
 
 class BoundedJSONParser(_BoundedJSONBody):

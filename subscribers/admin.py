@@ -550,8 +550,7 @@ class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
 
     def delete_queryset(self, request, queryset):
         names = [connection.channel_name for connection in queryset]
-        for name in names:
-            presence.close_connection(name)
+        presence.close_connections(names)
         # The socket itself closes, in whichever server process holds it.
         wakeups.announce_after_commit(channel_names=names)
 

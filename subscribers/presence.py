@@ -42,9 +42,14 @@ def lock_subscriber(subscriber):
 def close_connection(channel_name, spend=False, reason=ledger.CONNECTION_CLOSED):
     """The socket closed: what it held goes back to pending at once, and the row goes.
     `spend`: the client closed it, and the attempts it held count (ledger.release_held)."""
+    close_connections([channel_name], spend=spend, reason=reason)
+
+
+def close_connections(channel_names, spend=False, reason=ledger.CONNECTION_CLOSED):
+    """close_connection() of many (an operator's, a sweep's): one release and one DELETE."""
     with transaction.atomic():
-        ledger.release_held([channel_name], reason=reason, spend=spend)
-        Connection.objects.filter(channel_name=channel_name).delete()
+        ledger.release_held(channel_names, reason=reason, spend=spend)
+        Connection.objects.filter(channel_name__in=channel_names).delete()
 
 
 def heartbeat(channel_names):
@@ -75,8 +80,7 @@ def sweep_stale_connections(now=None):
             )
         )
         if stale:
-            ledger.release_held(stale)
-            Connection.objects.filter(channel_name__in=stale).delete()
+            close_connections(stale)
     return len(stale)
 
 

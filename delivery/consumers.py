@@ -19,6 +19,7 @@ import math
 import time
 import uuid
 import weakref
+from collections import defaultdict
 from functools import cached_property
 from urllib.parse import parse_qs
 
@@ -172,17 +173,33 @@ async def _check_tokens():
 
 
 async def check_tokens(consumers):
-    """Close the sockets whose subscriber is gone, inactive or has another token now: one
-    query for all of them."""
+    """Close the sockets whose subscriber is gone, inactive or has another token now, and make
+    those whose rights changed look again (an announcement lost with Redis): two queries for
+    all of them."""
 
     def current():
-        rows = Subscriber.objects.filter(pk__in={c.subscriber.pk for c in consumers})
-        return {pk: (h, active) for pk, h, active in rows.values_list("pk", "token_hash", "is_active")}
+        ids = {c.subscriber.pk for c in consumers}
+        granted = defaultdict(set)
+        through = Subscriber.subscribe_queues.through.objects.filter(subscriber_id__in=ids)
+        for subscriber_id, queue_id in through.values_list("subscriber_id", "queue_id"):
+            granted[subscriber_id].add(queue_id)
+        rows = Subscriber.objects.filter(pk__in=ids).values_list(
+            "pk", "token_hash", "is_active", "subscribe_all", "publish_all"
+        )
+        return {
+            pk: (token_hash, active, (subscribe_all, publish_all, frozenset(granted[pk])))
+            for pk, token_hash, active, subscribe_all, publish_all in rows
+        }
 
     now = await db(current)()
     for c in consumers:
-        if now.get(c.subscriber.pk) != (c.subscriber.token_hash, True):
+        token_hash, active, rights = now.get(c.subscriber.pk, (None, False, None))
+        if (token_hash, active) != (c.subscriber.token_hash, True):
             asyncio.ensure_future(c.revoke())
+        elif c.rights != rights:
+            if c.rights is not None:  # the first look only learns them
+                c.look_again()
+            c.rights = rights
 
 
 def _changed(subscriber_ids, channel_names):
@@ -241,6 +258,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     # closes it (its shutdown, an operator); a client that goes away spends them.
     give_back = False
     revoked = None  # why the server closed it (its held deliveries' last error)
+    rights = None  # as check_tokens last saw them: a change makes the socket look again
     recheck_task = None
     recheck_wanted = False
 

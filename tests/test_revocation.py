@@ -3,6 +3,7 @@ WebsocketCommunicator: the announcement after commit, the periodic token check (
 net when the announcement is lost), withdrawn rights, an operator closing a connection, and
 the throttle on failed token attempts. Across processes: tests/test_e2e_revocation.py."""
 
+import asyncio
 import json
 import time
 
@@ -120,6 +121,28 @@ async def test_the_token_check_closes_a_revoked_socket_when_the_announcement_is_
     assert code == 4401 and took < 2
     comm2 = await connect(token)  # and the old token no longer opens one
     assert (await closed_with(comm2))[0] == 4401
+
+
+async def test_the_check_ends_a_withdrawn_subscription_when_the_announcement_is_lost():
+    """A right withdrawn without the signals (a queryset delete; or Redis losing the word) is
+    found by the same periodic check: the socket is told, within 2 s, and holds nothing of it."""
+    queue, owner, token, subscription = await setup()
+    await publish(queue, 1)
+    comm = await connect(token)
+    assert (await recv(comm))["type"] == "message"
+    await asyncio.sleep(0.6)  # a check has seen the rights as they were
+    started = time.monotonic()
+    through = Subscriber.subscribe_queues.through.objects
+    await db(lambda: through.filter(subscriber_id=owner.pk, queue_id=queue.pk).delete())
+    frame = await recv(comm, timeout=2)
+    assert (frame["type"], frame["subscription"], frame["reason"]) == (
+        "unsubscribed",
+        subscription.pk,
+        "forbidden",
+    )
+    assert time.monotonic() - started < 2
+    assert await db(lambda: list(Delivery.objects.values_list("status", "attempt"))) == [(Status.PENDING, 0)]
+    await comm.disconnect()
 
 
 async def test_changes_that_keep_the_token_leave_the_socket_open():

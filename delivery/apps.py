@@ -7,6 +7,8 @@ class DeliveryConfig(AppConfig):
     def ready(self):
         # Here, not in subscribers: the signals announce to delivery's sockets, and imports
         # point down (mqsite <- queues <- subscribers <- delivery).
-        from . import revocation
+        from . import revocation, tasks, wakeups
 
         revocation.connect_signals()
+        # A commit's wake-ups also enqueue the webhook jobs of subscribers without a socket.
+        wakeups.on_wake(tasks.enqueue_webhooks)

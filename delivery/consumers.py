@@ -1,234 +1,59 @@
 """The websocket at /ws/: live delivery, with the same ledger as pull.
 
-Notify-then-lease: a wake-up (delivery.wakeups) only says "subscriber N may have work"; the consumer
-then leases from the ledger up to its free prefetch window and sends what it got. It does so
-on connect (the catch-up: every subscription of the subscriber resumes by itself), on a
-wake-up, after an ack or nack frees room, and when a lease it holds runs out. In case a wake-up
-was lost, one loop per process asks the ledger every RECHECK_SECS which of its sockets'
-subscribers have work, in one query for all of them, and wakes those: an idle socket costs no
-query of its own (each used to make three every 2 s, which bounded how many one process held).
-Each operation is one database call (database_sync_to_async), so the event loop never waits
-on a query per row.
+Notify-then-lease: a wake-up (delivery.wakeups) only says "subscriber N may have work"; the
+socket whose turn it is leases from the ledger up to its free prefetch window and sends what it
+got. It does so on connect (the catch-up: every subscription of the subscriber resumes by
+itself), on a wake-up, after an ack or nack frees room, and when a lease it holds runs out.
+Several sockets of one subscriber (a service's workers) take turns: each leases a share and
+passes the turn on when it leaves work behind, so N workers each get about 1/N of a stream.
+
+This module is the frame protocol of one connection; delivery.frames says what each frame
+holds, and delivery.socket_loops runs what every process does for all its sockets (heartbeat,
+the recheck of a lost wake-up, the token check, the listener of other processes). Each
+database call is one db() call, so the event loop never waits on a query per row.
 """
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
 import uuid
-import weakref
-from collections import defaultdict
 from functools import cached_property
+from typing import NamedTuple
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
-from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from rest_framework.utils.encoders import JSONEncoder
 
 from mqsite import limits
-from mqsite.api import is_db_id, storable_text
-from mqsite.parsers import BadJSON, decode_json
+from mqsite.api import is_db_id
 from queues import group_commit, publishing
-from queues.names import BadName, clean_name
 from subscribers import presence, subscribing
 from subscribers.auth import auth_failed, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
 
-from . import ledger, liveness, wakeups
-from .api.serializers import MAX_NACK_ERROR_CHARS
+from . import frames, ledger, liveness, socket_loops, wakeups
+from .frames import (
+    CLOSE_BAD_TOKEN,
+    CLOSE_SERVER_ERROR,
+    CLOSE_TOO_BIG,
+    REVOKED,
+    UNKNOWN_IDS,
+    FrameError,
+)
+from .socket_loops import db
 
 log = logging.getLogger(__name__)
 
-# How often an idle connection looks at the ledger without a wake-up: the most a lost
-# wake-up (or one from a process that could not reach Redis) can delay a delivery.
-RECHECK_SECS = 2.0
 # A socket hands out nothing in its first moments: a client that reconnects and sends its
 # subscribe frames again gets each "subscribed" answer before the catch-up, in the order of
 # the contract, rather than racing the automatic resume. Short, since it delays every resume.
 RESUME_GRACE_SECS = 0.2
-CLOSE_BAD_TOKEN = 4401
-CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
-REVOKED = "its subscriber's token or right was revoked"
-UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
-# Daphne (autobahn) lets an application close only with 1000 or 3000-4999: the standard 1009
-# (too big) and 1011 (server error) raise instead of closing, so these mirror HTTP's codes.
-CLOSE_TOO_BIG = 4413
-CLOSE_SERVER_ERROR = 4500
-MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
-PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
-
-
-def db(fn):
-    """Run a database call off the event loop, in a pool thread (not channels' single shared
-    thread: one slow call there would hold up every socket of the process)."""
-    return DatabaseSyncToAsync(fn, thread_sensitive=False)
-
-
-class FrameError(Exception):
-    def __init__(self, code, detail, **extra):
-        super().__init__(detail)
-        self.code, self.detail, self.extra = code, detail, extra
-
-    @classmethod
-    def of_limit(cls, exc):
-        """A limits.LimitExceeded, as the socket tells it (with its retry_after, if any)."""
-        return cls(exc.code, exc.detail, **({"retry_after": exc.wait} if exc.wait is not None else {}))
-
-    def frame(self, ref=None):
-        """The error frame: every error the socket sends is built here."""
-        return {
-            "type": "error",
-            "code": self.code,
-            "detail": self.detail,
-            **self.extra,
-            **({"ref": ref} if ref is not None else {}),
-        }
-
-
-_maintenance = _recheck = _listener = _token_check = _loop = None
-_open = weakref.WeakSet()  # the consumers of this process with a socket open
-
-
-async def release_open_sockets():
-    """The server is stopping (mqsite/shutdown.py): every socket of this process hands back
-    what it holds now, rather than at its ack deadline."""
-    consumers = list(_open)
-    for c in consumers:
-        c.give_back = True  # the client is not at fault: its attempts are not spent
-    await asyncio.gather(*(c.disconnect(None) for c in consumers), return_exceptions=True)
-
-
-def open_sockets():
-    return len(_open)
-
-
-def ensure_maintenance():
-    """Loops of a server process. One refreshes the heartbeat of every socket of the process
-    (one UPDATE), sweeps connections whose server died (their heartbeat stopped) and expires
-    overdue leases, so that nothing waits on a socket that is gone, even where no other
-    sweeper runs (the embedded mode). One wakes the sockets whose subscribers have work (see
-    the module's docstring). In the services mode, one hears the other processes' wake-ups."""
-    global _maintenance, _recheck, _listener, _token_check, _loop
-    _loop = asyncio.get_running_loop()
-    if not _running(_token_check):
-        _token_check = asyncio.ensure_future(_check_tokens())
-    if not _running(_maintenance):
-        _maintenance = asyncio.ensure_future(_maintain())
-    if not _running(_recheck):
-        _recheck = asyncio.ensure_future(_wake_those_with_work())
-    if settings.REDIS_URL and not _running(_listener):
-        _listener = asyncio.ensure_future(wakeups.listen())
-
-
-def _running(task):
-    # A task of another event loop (closed: one per test) never runs again, though not done.
-    return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
-
-
-async def _maintain():
-    while True:
-        await asyncio.sleep(presence.HEARTBEAT_SECS)
-        try:
-            gone = await db(presence.heartbeat)([c.channel_name for c in list(_open)])
-            # Their rows were deleted (an operator closed them, the announcement was lost).
-            for c in [c for c in list(_open) if c.channel_name in gone]:
-                asyncio.ensure_future(c.revoke(CLOSE_BY_OPERATOR, "closed by an operator"))
-            await db(presence.sweep_stale_connections)()
-            await db(ledger.expire_overdue_leases)()
-        except Exception:
-            log.exception("maintenance sweep failed; trying again in %s s", presence.HEARTBEAT_SECS)
-
-
-async def _wake_those_with_work():
-    while True:
-        await asyncio.sleep(RECHECK_SECS)
-        consumers = [c for c in list(_open) if not c.closing]
-        if not consumers:
-            continue
-        try:
-            due = await db(ledger.subscribers_with_work)({c.subscriber.pk for c in consumers})
-        except Exception:
-            log.exception("looking for work failed; trying again in %s s", RECHECK_SECS)
-            continue
-        for c in consumers:
-            if c.subscriber.pk in due:
-                c.wake.set()
-
-
-async def _check_tokens():
-    """The safety net of revocation: every MQ_REVOCATION_CHECK_SECS, whatever Redis lost."""
-    while True:
-        await asyncio.sleep(settings.MQ_REVOCATION_CHECK_SECS)
-        consumers = [c for c in list(_open) if not c.closing]
-        if not consumers:
-            continue
-        try:
-            await check_tokens(consumers)
-        except Exception:
-            log.exception("checking tokens failed; trying again in %s s", settings.MQ_REVOCATION_CHECK_SECS)
-
-
-async def check_tokens(consumers):
-    """Close the sockets whose subscriber is gone, inactive or has another token now, and make
-    those whose rights changed look again (an announcement lost with Redis): two queries for
-    all of them."""
-
-    def current():
-        ids = {c.subscriber.pk for c in consumers}
-        granted = defaultdict(set)
-        through = Subscriber.subscribe_queues.through.objects.filter(subscriber_id__in=ids)
-        for subscriber_id, queue_id in through.values_list("subscriber_id", "queue_id"):
-            granted[subscriber_id].add(queue_id)
-        rows = Subscriber.objects.filter(pk__in=ids).values_list(
-            "pk", "token_hash", "is_active", "subscribe_all", "publish_all"
-        )
-        return {
-            pk: (token_hash, active, (subscribe_all, publish_all, frozenset(granted[pk])))
-            for pk, token_hash, active, subscribe_all, publish_all in rows
-        }
-
-    now = await db(current)()
-    for c in consumers:
-        token_hash, active, rights = now.get(c.subscriber.pk, (None, False, None))
-        if (token_hash, active) != (c.subscriber.token_hash, True):
-            asyncio.ensure_future(c.revoke())
-        elif c.rights != rights:
-            if c.rights is not None:  # the first look only learns them
-                c.look_again()
-            c.rights = rights
-
-
-def _changed(subscriber_ids, channel_names):
-    """An announcement (delivery.wakeups.announce), from any thread: the sockets it names
-    look again, on their event loop."""
-    loop = _loop
-    if loop is None or loop.is_closed():
-        return
-    ids, names = set(subscriber_ids), set(channel_names)
-
-    def look_again():
-        for c in list(_open):
-            if c.channel_name in names:
-                asyncio.ensure_future(c.revoke(CLOSE_BY_OPERATOR, "closed by an operator"))
-            elif c.subscriber.pk in ids:
-                c.look_again()
-
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        look_again()
-    else:
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(look_again)
-
-
-wakeups.on_change(_changed)
+# What a socket leases at its turn while other sockets of its subscriber share the stream: a
+# backlog is dealt out in shares this big, round-robin (alone, a socket fills its window).
+FAIR_SHARE = 10
 
 
 def token_from_scope(scope):
@@ -287,14 +112,18 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             await self.close(code=limits.CLOSE_TOO_MANY if throttled else CLOSE_BAD_TOKEN)
             return
         self.ended = set()  # subscriptions ended by a revoked right, told to the client
+        # (queue, event or None) of the subscriptions whose deliveries go out as `messages`
+        # frames (a lease names the queue and event of each delivery, not its subscription)
+        self.batched = set()
         self.held = {}  # delivery id -> monotonic time its lease ends
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
         self.ack_task = None
-        self.publish_buffer = []  # [(ref, queue name, outgoing)] not yet published
+        self.publish_buffer = []  # [_Publish] not yet published
+        self.publish_buffered = 0  # messages in it
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
-        self.watching = wakeups.watch(self.subscriber.pk, self.wake)
+        self.watching = wakeups.watch(self.subscriber.pk, self.wake, self.has_room)
         try:
             await db(presence.open_connection)(self.subscriber, self.channel_name, address)
         except limits.LimitExceeded as exc:  # too many sockets: say why, then close
@@ -302,8 +131,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             await self.close(code=limits.CLOSE_TOO_MANY)
             return
         self.pump_task = asyncio.ensure_future(self.pump())
-        _open.add(self)
-        ensure_maintenance()
+        socket_loops.opened(self)
         self.wake.set()  # resume: what waited is sent first
 
     async def disconnect(self, code):
@@ -338,7 +166,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         await db(presence.close_connection)(
             self.channel_name, spend=not self.give_back, reason=self.revoked or ledger.CONNECTION_CLOSED
         )
-        _open.discard(self)
+        socket_loops.closed(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
 
     async def pump(self):
@@ -438,20 +266,43 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ends = min(self.held.values(), default=math.inf)
         return min(max(ends - time.monotonic(), 0.05), presence.HEARTBEAT_SECS)
 
+    def has_room(self):
+        """Whether this socket's window could take a delivery now (read from any thread, by a
+        wake-up choosing whose turn it is: a hint, as the wake-up itself is)."""
+        return not self.closing and len(self.held) < settings.MQ_PREFETCH
+
     async def send_ready(self):
+        pk = self.subscriber.pk
         async with self.sending:
             now = time.monotonic()
             self.held = {i: until for i, until in self.held.items() if until > now}
             free = settings.MQ_PREFETCH - len(self.held)
             if free <= 0:
+                wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
-            leased = await db(ledger.lease_deliveries)(self.subscriber, limit=free, holder=self.channel_name)
+            sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
+            want = min(free, FAIR_SHARE) if sharing else free
+            leased = await db(ledger.lease_deliveries)(self.subscriber, limit=want, holder=self.channel_name)
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back
             now_wall, now = time.time(), time.monotonic()
             for d in leased:
                 self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
-                await self.send_json({"type": "message", **{k: d[k] for k in MESSAGE_FIELDS}})
+            await self.send_deliveries(leased)
+        if sharing and len(leased) == want:
+            wakeups.pass_turn(pk)  # more may be ready: the next socket's turn (or ours again)
+
+    async def send_deliveries(self, leased):
+        """Each as a `message` frame, but those of subscriptions asked with `batch` together in
+        one `messages` frame (after the single ones, each subscription's in seq order)."""
+        batch = []
+        for d in leased:
+            if (d["queue"], d["event"]) in self.batched or (d["queue"], None) in self.batched:
+                batch.append(frames.message_frame(d))
+            else:
+                await self.send_json(frames.message_frame(d))
+        if batch:
+            await self.send_json({"type": "messages", "messages": batch})
 
     async def dispatch(self, message):
         # As Channels' own, without its close_old_connections() before every frame: that ran in
@@ -476,7 +327,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return
         ref = None
         try:
-            frame = self.parse(raw)
+            frame = frames.parse(raw)
             ref = frame.get("ref")
             handler = self.handlers.get(frame.get("type"))
             if handler is None:
@@ -500,7 +351,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if self.frame_rate.closed:
             return
         try:
-            ref = self.parse(raw).get("ref")
+            ref = frames.parse(raw).get("ref")
         except FrameError:
             ref = None
         wait = self.frame_rate.wait
@@ -517,18 +368,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             self.frame_rate.closed = True
             await self.close(code=limits.CLOSE_TOO_MANY)
 
-    @staticmethod
-    def parse(raw):
-        try:
-            frame = decode_json(raw)
-        except BadJSON as exc:
-            raise FrameError("bad_json", str(exc)) from None
-        if not isinstance(frame, dict):
-            raise FrameError("bad_frame", "A frame is a JSON object with a 'type'.")
-        return frame
-
     async def on_subscribe(self, frame):
         queue, event = await self.resolve(frame)
+        batch = frame.get("batch", False)
+        if not isinstance(batch, bool):
+            raise FrameError("bad_frame", "batch must be true or false.")
 
         def subscribe():
             if not self.subscriber.may_subscribe(queue):
@@ -537,6 +381,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription = await db(subscribe)()
+            (self.batched.add if batch else self.batched.discard)((queue.name, event))
             await self.send_json(
                 {"type": "subscribed", "subscription": subscription.pk, "queue": queue.name, "event": event}
             )
@@ -561,12 +406,13 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return subscription_id
 
         subscription_id = await db(unsubscribe)()
+        self.batched.discard((queue.name, event))
         await self.send_json(
             {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name, "event": event}
         )
 
     async def on_ack(self, frame):
-        ids = self.ids_of(frame)
+        ids = frames.ids_of(frame)
         unknown = [i for i in ids if not is_db_id(i)]
         self.ack_buffer += [i for i in ids if is_db_id(i)]
         for i in ids:
@@ -588,20 +434,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 await self.send_json(FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown).frame())
 
     async def on_nack(self, frame):
-        ids = self.ids_of(frame)
-        retry_in = frame.get("retry_in")
-        if retry_in is not None and (
-            isinstance(retry_in, bool)
-            or not isinstance(retry_in, int | float)
-            or not 0 <= retry_in <= 7 * 86400
-            or not math.isfinite(retry_in)
-        ):
-            raise FrameError("bad_frame", "retry_in must be a number of seconds from 0 to 604800.")
-        error = frame.get("error")
-        if error is not None and (
-            not isinstance(error, str) or len(error) > MAX_NACK_ERROR_CHARS or not storable_text(error)
-        ):
-            raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
+        ids, retry_in, error = frames.nack_of(frame)
 
         # One ledger call, one statement for every id (ledger.nack_deliveries).
         nacked = await db(ledger.nack_deliveries)(
@@ -619,34 +452,28 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     async def on_publish(self, frame):
         """Checked here, published in order by write_publishes: the frames that arrive while one
         batch commits go together in the next (and, through group_commit, with other sockets'
-        and requests' publishes to the same queue), so a client may keep many in flight."""
+        and requests' publishes to the same queue), so a client may keep many in flight. A
+        batch frame (`messages`) is all or nothing, and answered by one `published` frame."""
         queue_name = frame.get("queue")
         if not isinstance(queue_name, str):
             raise FrameError("bad_frame", "publish needs a 'queue' name.")
-        if "payload" not in frame:
-            raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
-        try:
-            outgoing = publishing.prepare(frame.get("event"), frame["payload"], frame.get("key"))
-        except publishing.PayloadTooLarge as exc:
-            raise FrameError("too_large", str(exc)) from None
-        except publishing.BadMessage as exc:
-            raise FrameError("bad_message", str(exc)) from None
-        self.publish_buffer.append((frame.get("ref"), queue_name, outgoing))
+        outgoing, batch = frames.outgoing_of(frame)
+        self.publish_buffer.append(_Publish(frame.get("ref"), queue_name, outgoing, batch))
+        self.publish_buffered += len(outgoing)
         if self.publish_task is None or self.publish_task.done():
             self.publish_task = asyncio.ensure_future(self.write_publishes())
-        if len(self.publish_buffer) >= publishing.MAX_BATCH:
+        if self.publish_buffered >= publishing.MAX_BATCH:
             await asyncio.shield(self.publish_task)  # back-pressure: read no more until written
 
     async def write_publishes(self):
         try:
             while self.publish_buffer:
-                batch, self.publish_buffer = self.publish_buffer, []
-                for ref, answer in await db(self.publish_in_order)(batch):
-                    if isinstance(answer, FrameError):
-                        await self.send_json(answer.frame(ref))
-                        continue
-                    frame = {"type": "published", **{k: answer[k] for k in PUBLISHED_FIELDS}}
-                    await self.send_json({**frame, "ref": ref} if ref is not None else frame)
+                batch, self.publish_buffer, self.publish_buffered = self.publish_buffer, [], 0
+                for p, answers in await db(self.publish_in_order)(batch):
+                    if isinstance(answers, FrameError):
+                        await self.send_json(answers.frame(p.ref))
+                    else:
+                        await self.send_json(frames.published_frame(answers, p.batch, p.ref))
         except Exception:
             # Unanswered, these publishes may or may not be in: the client publishes them
             # again (with their keys, once), as after any dropped connection.
@@ -655,32 +482,34 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):
                 await self.close(code=CLOSE_SERVER_ERROR)
 
-    def publish_in_order(self, batch):
-        """[(ref, answer or FrameError)] for [(ref, queue name, outgoing)]: each run of frames
-        for one queue is one publish, so their seqs follow the order the frames came in."""
-        answers, start = [], 0
-        while start < len(batch):
-            name = batch[start][1]
-            end = start
-            while end < len(batch) and batch[end][1] == name:
-                end += 1
-            run = batch[start:end]
-            error = _bad_queue_name(name)
-            queue = publishing.find_queue(name) if error is None else None
-            if error is None and queue is None:
-                error = FrameError("not_found", f"There is no queue named {name!r}.")
-            elif error is None and not self.subscriber.may_publish(queue):
-                error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
-            if error is None:
-                try:
-                    published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
-                except limits.LimitExceeded as exc:
-                    error = FrameError.of_limit(exc)
-            if error is None:
-                answers += [(ref, answer) for (ref, _, _), (answer, _) in zip(run, published, strict=True)]
-            else:
-                answers += [(ref, error) for ref, _, _ in run]
-            start = end
+    def publish_in_order(self, publishes):
+        """[(publish, its answers or a FrameError)] for the buffered publish frames: each run
+        of frames for one queue (up to MAX_BATCH messages, a frame never split) is one
+        publish, so their seqs follow the order the frames came in."""
+        answers = []
+        for name, run in _runs(publishes):
+            queue, error = None, None
+            try:
+                frames.check_queue_name(name)
+                queue = publishing.find_queue(name)
+                if queue is None:
+                    raise FrameError("not_found", f"There is no queue named {name!r}.")
+                if not self.subscriber.may_publish(queue):
+                    raise FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
+                published = group_commit.publish(
+                    queue, [o for p in run for o in p.outgoing], publisher=self.subscriber
+                )
+            except FrameError as exc:
+                error = exc
+            except limits.LimitExceeded as exc:
+                error = FrameError.of_limit(exc)
+            if error is not None:
+                answers += [(p, error) for p in run]
+                continue
+            start = 0
+            for p in run:
+                answers.append((p, [answer for answer, _ in published[start : start + len(p.outgoing)]]))
+                start += len(p.outgoing)
         return answers
 
     async def on_ping(self, frame):
@@ -699,41 +528,33 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def resolve(self, frame):
         """The queue and event name of a (un)subscribe frame."""
-        name, event = frame.get("queue"), frame.get("event")
-        if not isinstance(name, str):
-            raise FrameError("bad_frame", "This frame needs a 'queue' name.")
-        if event is not None:
-            try:
-                event = clean_name(event, "event")
-            except BadName as exc:
-                raise FrameError("bad_name", str(exc)) from None
-        error = _bad_queue_name(name)
-        if error is not None:
-            raise error
+        name = frames.queue_name_of(frame)
+        event = frames.event_of(frame)
         queue = await db(publishing.find_queue)(name)
         if queue is None:
             raise FrameError("not_found", f"There is no queue named {name!r}.")
         return queue, event
 
-    @staticmethod
-    def ids_of(frame):
-        ids = frame.get("ids")
-        if (
-            not isinstance(ids, list)
-            or len(ids) > 10000
-            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-        ):
-            raise FrameError("bad_frame", "'ids' must be a list of delivery ids (whole numbers).")
-        return ids
-
     async def send_json(self, content):
-        await self.send(text_data=json.dumps(content, cls=JSONEncoder))
+        await self.send(text_data=frames.encode(content))
 
 
-def _bad_queue_name(name):
-    """The error frame for a queue name that breaks the naming rule, or None."""
-    try:
-        clean_name(name, "queue")
-    except BadName as exc:
-        return FrameError("bad_name", str(exc))
-    return None
+class _Publish(NamedTuple):
+    ref: object
+    queue: str
+    outgoing: list
+    batch: bool  # a batch frame: answered with every message, in one `published` frame
+
+
+def _runs(publishes):
+    """(queue name, [publish]) for each run of consecutive publishes to one queue, each run at
+    most MAX_BATCH messages unless a single frame holds more."""
+    run, size = [], 0
+    for p in publishes:
+        if run and (p.queue != run[0].queue or size + len(p.outgoing) > publishing.MAX_BATCH):
+            yield run[0].queue, run
+            run, size = [], 0
+        run.append(p)
+        size += len(p.outgoing)
+    if run:
+        yield run[0].queue, run

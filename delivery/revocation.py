@@ -4,7 +4,7 @@ A subscriber saved (token rotated, deactivated, anything), deleted, or given or 
 queue in its rights is announced after commit (delivery.wakeups.announce): each socket of it
 looks at the row again, closes with 4401 if its token no longer holds, and ends the
 subscriptions it may no longer have. Changes that bypass the signals (a queryset update) are
-caught by each process's periodic check of its sockets' tokens (consumers.check_tokens).
+caught by each process's periodic check of its sockets' tokens (socket_loops.check_tokens).
 """
 
 from django.db.models.signals import m2m_changed, post_delete, post_save

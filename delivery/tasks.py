@@ -36,7 +36,7 @@ from django.utils import timezone
 from subscribers import presence
 from subscribers.models import Connection, Subscriber
 
-from . import ledger, liveness, webhooks
+from . import frames, ledger, liveness, webhooks
 from .models import Delivery, DeliveryAttempt, Status
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,6 @@ CLAIM_RUNNING_SECS = 3
 CLAIM_RENEW_SECS = 1
 # Why a delivery of a job's batch went back untried (operators read it as its last error).
 NOT_POSTED = "not posted: the webhook failed on an earlier delivery of the batch"
-FRAME_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
 # Set when the worker is told to stop (SIGTERM, a warm shutdown): a job finishes and acks the
 # batch it is posting, then stops leasing, so the worker exits within its grace and holds
 # nothing; the next job (after a restart) takes what is left.
@@ -254,8 +253,9 @@ def next_due_at(subscriber_id, now=None):
 
 
 def post_one(subscriber, delivery, client):
-    frame = {"type": "message", **{k: delivery[k] for k in FRAME_FIELDS}}
-    return webhooks.post(subscriber.webhook_url, subscriber.webhook_secret, frame, client)
+    return webhooks.post(
+        subscriber.webhook_url, subscriber.webhook_secret, frames.message_frame(delivery), client
+    )
 
 
 def record_attempts(deliveries, outcomes):

@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 _lock = threading.Condition()
 _generation = defaultdict(int)  # subscriber id -> how many wake-ups it has had
 _stopping = threading.Event()  # the server is shutting down: waiters stop waiting
-_sockets = defaultdict(set)  # subscriber id -> {(event loop, asyncio.Event)} of this process
+# subscriber id -> its sockets in this process, in turn order: a wake-up goes to the first that
+# has room, which then goes to the back of the line (competing consumers share round-robin)
+_sockets = defaultdict(list)
+_wake_listeners = []  # called with the subscriber ids of every wake-up (on_wake)
 # Tells this process's own PUBLISHes from the others' (its sockets were woken directly).
 _PROCESS = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 LISTEN_RETRY_SECS = 1.0
@@ -44,40 +47,105 @@ def notify(subscriber_ids):
     ids = list(subscriber_ids)
     if not ids:
         return
-    _wake_here(ids)
     client = _redis()
+    shared = _shared if client is not None else frozenset()
+    _wake_here(ids, sockets=[i for i in ids if i not in shared])
     if client is not None:
         try:
             client.publish(channel(), f"{_PROCESS} {' '.join(map(str, ids))}")
         except Exception:  # a wake-up is a hint: losing one costs latency, not a message
             log.warning("could not publish wake-ups for %s", ids, exc_info=True)
-    from .tasks import enqueue_webhooks  # here: tasks import the ledger, which imports us
+            wake_sockets([i for i in ids if i in shared])  # no echo will come
+    for listener in _wake_listeners:
+        try:
+            listener(ids)
+        except Exception:  # e.g. the webhook jobs: the sweeper enqueues them a moment later
+            log.warning("wake-up listener %r failed for %s", listener, ids, exc_info=True)
 
-    try:
-        enqueue_webhooks(ids)
-    except Exception:
-        log.warning("could not enqueue webhook jobs for %s; the sweeper will", ids, exc_info=True)
+
+def on_wake(listener):
+    """Call `listener(subscriber_ids)` at every wake-up of this process's commits, after its
+    own sockets and long polls were woken (delivery.apps registers the webhook jobs' enqueue:
+    so this module imports nothing of the ledger's users)."""
+    if listener not in _wake_listeners:
+        _wake_listeners.append(listener)
 
 
-def _wake_here(ids):
-    """Wake this process's long polls and sockets of these subscribers."""
+def _wake_here(ids, sockets=None):
+    """Wake this process's long polls of these subscribers, and one socket of each (of those
+    in `sockets`, if given)."""
     with _lock:
         for sid in ids:
             _generation[sid] += 1
         _lock.notify_all()
-        waiters = [w for sid in ids for w in _sockets.get(sid, ())]
+    wake_sockets(ids if sockets is None else sockets)
+
+
+# Subscribers whose sockets are spread over several server processes (as the recheck loop
+# last saw, delivery.socket_loops). Their wake-ups reach this process's sockets by the echo of
+# its own PUBLISH, at the moment the other processes hear it: a direct wake-up would let this
+# process's sockets lease first every time, and a worker on another process would starve.
+_shared = frozenset()
+
+
+def share_with_other_processes(subscriber_ids):
+    global _shared
+    _shared = frozenset(subscriber_ids)
+
+
+def shared_with_other_processes(subscriber_id):
+    return subscriber_id in _shared
+
+
+class _Socket:
+    __slots__ = ("loop", "event", "has_room")
+
+    def __init__(self, loop, event, has_room):
+        self.loop, self.event, self.has_room = loop, event, has_room
+
+    def wake(self, running):
+        if self.loop is running:
+            self.event.set()
+        else:
+            try:
+                self.loop.call_soon_threadsafe(self.event.set)
+            except RuntimeError:  # that loop is closed: its socket is gone
+                pass
+
+
+def wake_sockets(subscriber_ids):
+    """For each subscriber, wake the next of its sockets in this process whose window has room
+    (its turn), not all of them: the first to lease would take everything ready, and several
+    workers of one subscriber would not share a stream. The socket woken passes the turn on
+    when it leaves work behind (pass_turn); a full socket leases again when an ack frees room."""
+    with _lock:
+        chosen = [s for sid in subscriber_ids if (s := _take_turn(sid)) is not None]
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:  # a sync thread (a request, a Celery task)
         running = None
-    for loop, event in waiters:
-        if loop is running:
-            event.set()
-        else:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # that loop is closed: its socket is gone
-                pass
+    for socket in chosen:
+        socket.wake(running)
+
+
+def pass_turn(subscriber_id):
+    """The socket that had the turn left work ready: the next one with room takes it."""
+    wake_sockets([subscriber_id])
+
+
+def _take_turn(subscriber_id):
+    line = _sockets.get(subscriber_id)
+    for i, socket in enumerate(line or ()):
+        if socket.has_room():
+            line.append(line.pop(i))
+            return socket
+    return None
+
+
+def sockets_of(subscriber_id):
+    """How many sockets of the subscriber this process holds."""
+    with _lock:
+        return len(_sockets.get(subscriber_id, ()))
 
 
 def notify_after_commit(subscriber_ids):
@@ -87,21 +155,22 @@ def notify_after_commit(subscriber_ids):
         transaction.on_commit(lambda: notify(ids))
 
 
-def watch(subscriber_id, event):
-    """Set `event` (an asyncio.Event of the running loop) at every wake-up of the subscriber,
-    until unwatch() with what this returns."""
-    waiter = (asyncio.get_running_loop(), event)
+def watch(subscriber_id, event, has_room=lambda: True):
+    """Set `event` (an asyncio.Event of the running loop) when it is this socket's turn at a
+    wake-up of the subscriber (`has_room()`: whether its window could take a delivery, read
+    from any thread), until unwatch() with what this returns."""
+    socket = _Socket(asyncio.get_running_loop(), event, has_room)
     with _lock:
-        _sockets[subscriber_id].add(waiter)
-    return waiter
+        _sockets[subscriber_id].append(socket)
+    return socket
 
 
-def unwatch(subscriber_id, waiter):
+def unwatch(subscriber_id, socket):
     with _lock:
-        waiters = _sockets.get(subscriber_id)
-        if waiters is not None:
-            waiters.discard(waiter)
-            if not waiters:
+        line = _sockets.get(subscriber_id)
+        if line is not None and socket in line:
+            line.remove(socket)
+            if not line:
                 del _sockets[subscriber_id]
 
 
@@ -183,7 +252,7 @@ def _channel_of(url):  # parsed once, not at every commit
 
 async def listen():
     """Hear the other processes' wake-ups, for as long as the process runs (one task per
-    process; see consumers.ensure_maintenance). Reconnects after Redis goes away."""
+    process; see socket_loops.ensure_running). Reconnects after Redis goes away."""
     import redis.asyncio
 
     while True:
@@ -202,8 +271,11 @@ async def listen():
                             _changed_here(word["subscribers"], word["connections"])
                         continue
                     sender, _, ids = message["data"].decode().partition(" ")
+                    ids = [int(i) for i in ids.split()]
                     if sender != _PROCESS:
-                        _wake_here([int(i) for i in ids.split()])
+                        _wake_here(ids)
+                    else:  # our own: its long polls and other sockets were woken at the commit
+                        wake_sockets([i for i in ids if i in _shared])
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 
-from delivery import consumers, liveness, wakeups
+from delivery import liveness, socket_loops, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ def _request_ended(_task):
 
 async def _drain():
     global _idle
-    await consumers.release_open_sockets()
+    await socket_loops.release_open_sockets()
     # A clean stop, not a death: what pulls took stays theirs until their ack deadline.
-    await consumers.db(liveness.stop)()
+    await socket_loops.db(liveness.stop)()
     _idle = asyncio.Event()
     if _requests:
         await _idle.wait()
@@ -81,7 +81,7 @@ def before_shutdown():
     from twisted.internet.defer import Deferred
 
     wakeups.stop_waiting()
-    log.info("stopping: %d HTTP requests under way, %d websockets open", _requests, consumers.open_sockets())
+    log.info("stopping: %d HTTP requests under way, %d websockets open", _requests, socket_loops.open_sockets())
     return Deferred.fromFuture(asyncio.ensure_future(_bounded(_drain())))
 
 

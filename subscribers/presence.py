@@ -10,7 +10,7 @@ from datetime import timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from delivery import ledger
+from delivery import ledger, liveness
 from mqsite import limits, rows
 
 from .models import Connection, Subscriber, Subscription
@@ -105,3 +105,13 @@ def connections_now():
         }
         for c in rows
     ]
+
+
+def held_elsewhere(subscriber_ids, process_name):
+    """Which of these subscribers also have sockets open in server processes other than
+    `process_name` (their sockets share a stream across processes: delivery.wakeups)."""
+    prefix = liveness.holders_of(process_name)
+    others = Connection.objects.filter(subscriber_id__in=subscriber_ids).exclude(
+        channel_name__startswith=prefix
+    )
+    return set(others.values_list("subscriber_id", flat=True).distinct())

@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from delivery import wakeups
-from delivery.consumers import CLOSE_BY_OPERATOR
+from delivery.frames import CLOSE_BY_OPERATOR
 from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Queue

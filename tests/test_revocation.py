@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from delivery import consumers, ledger, wakeups
+from delivery import frames, ledger, wakeups
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
 from queues import publishing
@@ -223,7 +223,7 @@ async def test_an_announced_connection_is_closed_by_its_process():
     (name,) = await db(lambda: list(Connection.objects.values_list("channel_name", flat=True)))
     await db(lambda: (presence.close_connection(name), wakeups.announce(channel_names=[name])))
     code, took = await closed_with(comm, timeout=2)
-    assert code == consumers.CLOSE_BY_OPERATOR and took < 2
+    assert code == frames.CLOSE_BY_OPERATOR and took < 2
 
 
 async def test_a_connection_whose_row_is_gone_is_closed_at_the_next_heartbeat(monkeypatch):
@@ -234,7 +234,7 @@ async def test_a_connection_whose_row_is_gone_is_closed_at_the_next_heartbeat(mo
     await ping(comm)
     await db(lambda: Connection.objects.all().delete())  # no announcement
     code, took = await closed_with(comm, timeout=2)
-    assert code == consumers.CLOSE_BY_OPERATOR and took < 2
+    assert code == frames.CLOSE_BY_OPERATOR and took < 2
 
 
 async def test_the_heartbeat_names_the_connections_whose_row_is_gone():

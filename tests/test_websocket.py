@@ -252,7 +252,7 @@ async def test_a_message_its_client_dies_on_is_dead_after_max_attempts_and_the_o
 
 
 async def test_the_servers_own_shutdown_gives_the_attempts_back():
-    from delivery.consumers import release_open_sockets
+    from delivery.socket_loops import release_open_sockets
 
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
@@ -295,7 +295,7 @@ async def test_a_connection_that_fails_under_it_stops_leasing_and_gives_back_wha
 async def test_what_becomes_ready_without_a_wake_up_comes_within_the_recheck():
     """A nacked delivery's retry falls due with nobody publishing: no wake-up is sent, and the
     process's recheck loop (one query for all its sockets) must find it and wake the socket."""
-    from delivery.consumers import RECHECK_SECS
+    from delivery.socket_loops import RECHECK_SECS
 
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))

@@ -1,0 +1,179 @@
+"""The socket's frames: what a client may send (checked here, before anything is done) and
+what the server sends back. The consumer (delivery.consumers) only decides when; this module
+says what a frame must hold and how an answer looks, in one place for every handler."""
+
+import json
+import math
+
+from rest_framework.utils.encoders import JSONEncoder
+
+from mqsite.api import storable_text
+from mqsite.parsers import BadJSON, decode_json
+from queues import publishing
+from queues.names import BadName, clean_name
+
+from .api.serializers import MAX_NACK_ERROR_CHARS
+
+CLOSE_BAD_TOKEN = 4401
+CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
+# Daphne (autobahn) lets an application close only with 1000 or 3000-4999: the standard 1009
+# (too big) and 1011 (server error) raise instead of closing, so these mirror HTTP's codes.
+CLOSE_TOO_BIG = 4413
+CLOSE_SERVER_ERROR = 4500
+REVOKED = "its subscriber's token or right was revoked"
+UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
+MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
+PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
+MAX_IDS = 10_000
+
+
+class FrameError(Exception):
+    def __init__(self, code, detail, **extra):
+        super().__init__(detail)
+        self.code, self.detail, self.extra = code, detail, extra
+
+    @classmethod
+    def of_limit(cls, exc):
+        """A limits.LimitExceeded, as the socket tells it (with its retry_after, if any)."""
+        return cls(exc.code, exc.detail, **({"retry_after": exc.wait} if exc.wait is not None else {}))
+
+    def frame(self, ref=None):
+        """The error frame: every error the socket sends is built here."""
+        return {
+            "type": "error",
+            "code": self.code,
+            "detail": self.detail,
+            **self.extra,
+            **({"ref": ref} if ref is not None else {}),
+        }
+
+
+def encode(frame):
+    return json.dumps(frame, cls=JSONEncoder)
+
+
+def parse(raw):
+    try:
+        frame = decode_json(raw)
+    except BadJSON as exc:
+        raise FrameError("bad_json", str(exc)) from None
+    if not isinstance(frame, dict):
+        raise FrameError("bad_frame", "A frame is a JSON object with a 'type'.")
+    return frame
+
+
+def with_ref(frame, ref):
+    return {**frame, "ref": ref} if ref is not None else frame
+
+
+# --- what a client sends -------------------------------------------------------------------------
+
+
+def ids_of(frame):
+    ids = frame.get("ids")
+    if (
+        not isinstance(ids, list)
+        or len(ids) > MAX_IDS
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
+        raise FrameError("bad_frame", "'ids' must be a list of delivery ids (whole numbers).")
+    return ids
+
+
+def nack_of(frame):
+    """(ids, retry_in, error) of a nack frame."""
+    ids = ids_of(frame)
+    retry_in = frame.get("retry_in")
+    if retry_in is not None and (
+        isinstance(retry_in, bool)
+        or not isinstance(retry_in, int | float)
+        or not 0 <= retry_in <= 7 * 86400
+        or not math.isfinite(retry_in)
+    ):
+        raise FrameError("bad_frame", "retry_in must be a number of seconds from 0 to 604800.")
+    error = frame.get("error")
+    if error is not None and (
+        not isinstance(error, str) or len(error) > MAX_NACK_ERROR_CHARS or not storable_text(error)
+    ):
+        raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
+    return ids, retry_in, error
+
+
+def queue_name_of(frame):
+    """The queue name a frame names, checked against the naming rule (not looked up)."""
+    name = frame.get("queue")
+    if not isinstance(name, str):
+        raise FrameError("bad_frame", f"{frame.get('type')} needs a 'queue' name.")
+    check_queue_name(name)
+    return name
+
+
+def check_queue_name(name):
+    try:
+        clean_name(name, "queue")
+    except BadName as exc:
+        raise FrameError("bad_name", str(exc)) from None
+
+
+def event_of(frame):
+    """The event name of a (un)subscribe frame, or None for all events."""
+    event = frame.get("event")
+    if event is None:
+        return None
+    try:
+        return clean_name(event, "event")
+    except BadName as exc:
+        raise FrameError("bad_name", str(exc)) from None
+
+
+def outgoing_of(frame):
+    """The messages of a publish frame, prepared: one for a single frame, each item of
+    `messages` for a batch frame (up to publishing.MAX_BATCH, all or nothing: the first bad
+    item refuses the frame, naming its index). Returns (outgoing list, whether a batch)."""
+    if "messages" not in frame:
+        return [_prepare(frame)], False
+    items = frame["messages"]
+    if not isinstance(items, list) or not items or len(items) > publishing.MAX_BATCH:
+        raise FrameError("bad_frame", f"'messages' must be a list of 1 to {publishing.MAX_BATCH} messages.")
+    outgoing = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise FrameError(
+                "bad_message", f"messages[{index}]: a message is an object with an 'event'.", index=index
+            )
+        try:
+            outgoing.append(_prepare(item))
+        except FrameError as exc:
+            raise FrameError(exc.code, f"messages[{index}]: {exc.detail}", index=index) from None
+    return outgoing, True
+
+
+def _prepare(item):
+    if "payload" not in item:
+        raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
+    try:
+        return publishing.prepare(item.get("event"), item["payload"], item.get("key"))
+    except publishing.PayloadTooLarge as exc:
+        raise FrameError("too_large", str(exc)) from None
+    except publishing.BadMessage as exc:
+        raise FrameError("bad_message", str(exc)) from None
+
+
+# --- what the server sends -----------------------------------------------------------------------
+
+
+def message_frame(delivery):
+    return {"type": "message", **{k: delivery[k] for k in MESSAGE_FIELDS}}
+
+
+def published_frame(answers, batch, ref):
+    """The `published` answer of a publish frame: its one message, or every message of a
+    batch frame in the given order."""
+    if batch:
+        frame = {
+            "type": "published",
+            "messages": [{k: a[k] for k in ("id", "seq", "deliveries")} for a in answers],
+        }
+    else:
+        frame = {"type": "published", **{k: answers[0][k] for k in PUBLISHED_FIELDS}}
+    return with_ref(frame, ref)

@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import threading
 import uuid
 from collections import defaultdict
@@ -47,20 +48,62 @@ def notify(subscriber_ids):
     ids = list(subscriber_ids)
     if not ids:
         return
-    client = _redis()
-    shared = _shared if client is not None else frozenset()
+    shared = _shared if _redis() is not None else frozenset()
     _wake_here(ids, sockets=[i for i in ids if i not in shared])
+    if _hints is not None:
+        _hints.put(ids)  # the word to the others goes from a thread of its own (below)
+    else:
+        _send_hints(ids)
+
+
+def _send_hints(ids):
+    """Tell the other processes (one PUBLISH) and the wake-up listeners (the webhook jobs)."""
+    client = _redis()
     if client is not None:
         try:
             client.publish(channel(), f"{_PROCESS} {' '.join(map(str, ids))}")
         except Exception:  # a wake-up is a hint: losing one costs latency, not a message
             log.warning("could not publish wake-ups for %s", ids, exc_info=True)
-            wake_sockets([i for i in ids if i in shared])  # no echo will come
+            wake_sockets([i for i in ids if i in _shared])  # no echo will come
     for listener in _wake_listeners:
         try:
             listener(ids)
         except Exception:  # e.g. the webhook jobs: the sweeper enqueues them a moment later
             log.warning("wake-up listener %r failed for %s", listener, ids, exc_info=True)
+
+
+# In a server process, what notify() need not wait for goes from one thread: a publish is
+# answered after its commit and the wake-ups of its own process, not after a Redis round trip
+# and the webhook listener's query too (bench/PROFILE.md). Hints that arrive while one batch is
+# sent go together in the next. A hint lost with the process costs latency, never a message.
+_hints = None
+
+
+def send_hints_from_a_thread():
+    """From now on, this process (a server) sends the hints of its commits from a thread."""
+    global _hints
+    if _hints is None:
+        _hints = queue.SimpleQueue()
+        threading.Thread(
+            target=_send_hints_forever, args=(_hints,), name="wake-up hints", daemon=True
+        ).start()
+
+
+def _send_hints_forever(hints):
+    from django.db import connection
+
+    while True:
+        ids = dict.fromkeys(hints.get())
+        while True:
+            try:
+                ids.update(dict.fromkeys(hints.get_nowait()))
+            except queue.Empty:
+                break
+        connection.close_if_unusable_or_obsolete()  # a listener's query after a database restart
+        try:
+            _send_hints(list(ids))
+        except Exception:
+            log.exception("sending wake-up hints failed")
 
 
 def on_wake(listener):

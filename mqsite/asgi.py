@@ -42,7 +42,7 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
-    from delivery import liveness
+    from delivery import liveness, wakeups
     from mqsite import autobahn_quiet, daphne_bodies
 
     shutdown.install(reactor)
@@ -51,3 +51,5 @@ if "twisted.internet.reactor" in sys.modules:
     # What this process holds is handed back within seconds if it is killed (delivery.liveness).
     # Once the reactor runs: a test process that merely imported Daphne never beats.
     reactor.callWhenRunning(liveness.start, "web")
+    # A publish's answer waits for no Redis round trip or webhook query (delivery.wakeups).
+    wakeups.send_hints_from_a_thread()

@@ -81,7 +81,9 @@ def before_shutdown():
     from twisted.internet.defer import Deferred
 
     wakeups.stop_waiting()
-    log.info("stopping: %d HTTP requests under way, %d websockets open", _requests, socket_loops.open_sockets())
+    log.info(
+        "stopping: %d HTTP requests under way, %d websockets open", _requests, socket_loops.open_sockets()
+    )
     return Deferred.fromFuture(asyncio.ensure_future(_bounded(_drain())))
 
 

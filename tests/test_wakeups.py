@@ -68,3 +68,33 @@ async def test_the_channel_names_the_redis_database(settings):
     seven = wakeups.channel()
     settings.REDIS_URL = "redis://127.0.0.1:6379/8"
     assert wakeups.channel() != seven
+
+
+async def test_a_server_process_answers_without_waiting_for_the_hints_to_other_processes(monkeypatch):
+    """notify() wakes this process's own at once; the PUBLISH and the listeners (the webhook
+    jobs' query) follow from a thread, all that arrived meanwhile together."""
+    import threading
+
+    heard, slow = [], threading.Event()
+
+    def listener(ids):
+        slow.wait(5)  # a slow query: the publisher must not wait for it
+        heard.append(list(ids))
+
+    monkeypatch.setattr(wakeups, "_wake_listeners", [listener])
+    monkeypatch.setattr(wakeups, "_hints", None)
+    wakeups.send_hints_from_a_thread()
+    try:
+        before = wakeups.generation(61)
+        wakeups.notify([61])  # returns at once, though the listener blocks
+        assert wakeups.generation(61) == before + 1  # this process's waiters were woken
+        wakeups.notify([62])
+        wakeups.notify([61, 63])
+        slow.set()
+        for _ in range(100):
+            if sum(map(len, heard)) >= 3:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted({i for ids in heard for i in ids}) == [61, 62, 63]
+    finally:
+        slow.set()

@@ -89,7 +89,7 @@ class FrameError(Exception):
         }
 
 
-_maintenance = _recheck = _listener = _token_check = _loop = None
+_maintenance = _recheck = _token_check = _loop = None
 _open = weakref.WeakSet()  # the consumers of this process with a socket open
 
 
@@ -112,7 +112,7 @@ def ensure_maintenance():
     overdue leases, so that nothing waits on a socket that is gone, even where no other
     sweeper runs (the embedded mode). One wakes the sockets whose subscribers have work (see
     the module's docstring). In the services mode, one hears the other processes' wake-ups."""
-    global _maintenance, _recheck, _listener, _token_check, _loop
+    global _maintenance, _recheck, _token_check, _loop
     _loop = asyncio.get_running_loop()
     if not _running(_token_check):
         _token_check = asyncio.ensure_future(_check_tokens())
@@ -120,8 +120,7 @@ def ensure_maintenance():
         _maintenance = asyncio.ensure_future(_maintain())
     if not _running(_recheck):
         _recheck = asyncio.ensure_future(_wake_those_with_work())
-    if settings.REDIS_URL and not _running(_listener):
-        _listener = asyncio.ensure_future(wakeups.listen())
+    wakeups.ensure_listening()
 
 
 def _running(task):
@@ -202,7 +201,7 @@ async def check_tokens(consumers):
             c.rights = rights
 
 
-def _changed(subscriber_ids, channel_names):
+def _changed(subscriber_ids, channel_names, queue_ids=()):
     """An announcement (delivery.wakeups.announce), from any thread: the sockets it names
     look again, on their event loop."""
     loop = _loop

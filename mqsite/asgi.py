@@ -42,7 +42,7 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
-    from delivery import liveness
+    from delivery import liveness, wakeups
     from mqsite import autobahn_quiet, daphne_bodies
 
     shutdown.install(reactor)
@@ -51,3 +51,7 @@ if "twisted.internet.reactor" in sys.modules:
     # What this process holds is handed back within seconds if it is killed (delivery.liveness).
     # Once the reactor runs: a test process that merely imported Daphne never beats.
     reactor.callWhenRunning(liveness.start, "web")
+    # The other processes' wake-ups and announcements, heard from the start (not from the
+    # first socket): a process that serves only REST keeps rows that a change in another
+    # process must make it forget (delivery.revocation). Scheduled on the loop once it runs.
+    reactor.callWhenRunning(reactor.callLater, 0, wakeups.ensure_listening)

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from queues import publishing
 from queues.models import Queue
+from subscribers import auth
 from subscribers.provisioning import create_subscriber
 
 
@@ -89,10 +90,13 @@ def _consumers_return_their_connections():
 @pytest.fixture(autouse=True)
 def _forget_remembered_events():
     """Each test starts from an empty database, whose ids the next test uses again: events
-    remembered by publishing (after a commit) must not outlive the test that made them. A
-    server's database never goes back like this."""
+    remembered by publishing (after a commit) must not outlive the test that made them, nor
+    the queues and subscribers kept for requests (a rollback announces nothing). A server's
+    database never goes back like this."""
     yield
     publishing.forget_all_events()
+    publishing.forget_queues()
+    auth.forget_subscribers()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -69,14 +69,16 @@ INSTALLED_APPS = [
     "dashboard",
 ]
 
+# Django's own, but a bearer-token call to /api/ skips the session, CSRF, authentication and
+# messages middleware (mqsite/middleware.py): it needs none of them.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "mqsite.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "mqsite.middleware.CsrfViewMiddleware",
+    "mqsite.middleware.AuthenticationMiddleware",
+    "mqsite.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 

@@ -63,6 +63,19 @@ def outsider(make_subscriber):
 
 
 @pytest.fixture
+def announcing(settings):
+    """This process announces changes over the end-to-end servers' Redis, as a server or
+    worker would (delivery.wakeups.announce)."""
+    from delivery import wakeups
+    from tests.servers import E2E_REDIS
+
+    settings.REDIS_URL = E2E_REDIS
+    wakeups._redis.cache_clear()
+    yield
+    wakeups._redis.cache_clear()
+
+
+@pytest.fixture
 def operator(django_user_model):
     return django_user_model.objects.create_user(
         "op", password="op-password-1", is_staff=True, is_superuser=True

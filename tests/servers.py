@@ -15,6 +15,8 @@ from urllib.parse import quote
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# The machine's Redis, a database of the end-to-end tests' own (tests/conftest.py: announcing).
+E2E_REDIS = "redis://127.0.0.1:6379/9"
 
 
 def free_port():

@@ -18,23 +18,13 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from delivery import wakeups
 from queues.models import Message, Queue
 from subscribers.provisioning import create_subscriber
+from tests.servers import E2E_REDIS as REDIS
 from tests.servers import eventually, start_daphne, start_daphnes
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REDIS = "redis://127.0.0.1:6379/9"
 CHECK_RARELY = {"REDIS_URL": REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}
-
-
-@pytest.fixture
-def announcing(settings):
-    """This process announces over the servers' Redis, as a server or worker would."""
-    settings.REDIS_URL = REDIS
-    wakeups._redis.cache_clear()
-    yield
-    wakeups._redis.cache_clear()
 
 
 @pytest.fixture

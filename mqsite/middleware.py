@@ -1,20 +1,20 @@
-"""Django's session, CSRF, authentication and messages middleware, skipped by bearer-token API
-calls.
+"""Django's session, authentication and messages middleware, skipped by bearer-token API calls.
 
 A call to /api/ with `Authorization: Bearer ...` is a subscriber's (or a script's): DRF
-authenticates it by its token, and it has no session to load, no CSRF cookie to set and no
-messages to show. Those four cost a cookie parse, a lazy user and response processing on the
-busiest path of all (issue 15). Everything else keeps them: the admin, the dashboard, and an
-operator using the browsable API with a session, whose unsafe calls DRF still checks for a CSRF
-token (SessionAuthentication.enforce_csrf, which does not depend on this middleware). A browser
-cannot add an Authorization header to a cross-site request without a CORS preflight, which this
-server never grants, so the header cannot be used to step around the CSRF check.
+authenticates it by its token, and it has no session to load and no messages to show (issue
+15). Everything else keeps them: the admin, the dashboard, and an operator using the browsable
+API with a session, whose unsafe calls DRF still checks for a CSRF token
+(SessionAuthentication.enforce_csrf, which does not depend on any middleware). A browser cannot
+add an Authorization header to a cross-site request without a CORS preflight, which this server
+never grants, so the header cannot be used to step around a session's checks.
+
+Django's CsrfViewMiddleware stays as it is (settings.MIDDLEWARE says why): on an API call it
+only reads the cookie header, since DRF's views are csrf_exempt.
 """
 
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
-from django.middleware import csrf
 
 API_PREFIX = "/api/"
 
@@ -43,10 +43,3 @@ class AuthenticationMiddleware(_SkippedByBearerApiCalls, auth.AuthenticationMidd
 
 class MessageMiddleware(_SkippedByBearerApiCalls, messages.MessageMiddleware):
     pass
-
-
-class CsrfViewMiddleware(_SkippedByBearerApiCalls, csrf.CsrfViewMiddleware):
-    def process_view(self, request, callback, callback_args, callback_kwargs):
-        if is_bearer_api_call(request):
-            return None
-        return super().process_view(request, callback, callback_args, callback_kwargs)

@@ -69,14 +69,16 @@ INSTALLED_APPS = [
     "dashboard",
 ]
 
-# Django's own, but a bearer-token call to /api/ skips the session, CSRF, authentication and
-# messages middleware (mqsite/middleware.py): it needs none of them.
+# Django's own, but a bearer-token call to /api/ skips the session, authentication and
+# messages middleware (mqsite/middleware.py): it needs none of them. CSRF's stays Django's own
+# (`check --deploy` looks for it by name): on an API call it does nothing but read the cookie
+# header, since DRF's views are csrf_exempt and DRF checks a session's calls itself.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "mqsite.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "mqsite.middleware.CsrfViewMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
     "mqsite.middleware.AuthenticationMiddleware",
     "mqsite.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

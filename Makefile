@@ -29,7 +29,9 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap
-	PORT=$(PORT) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) $(BIN)/supervisord -c mqsite/supervisord.conf
+	PORT=$(PORT) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
+	MQ_WEB_PROCESSES=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings; print(settings.MQ_WEB_PROCESSES)') \
+	$(BIN)/supervisord -c mqsite/supervisord.conf
 
 demo: install
 	$(BIN)/python manage.py demo

@@ -113,32 +113,52 @@ def server(env, log_path):
 
 
 @contextlib.contextmanager
-def server_process(env, log_path):
-    """As server(), but yields (port, the Daphne Popen): a profiler needs its pid."""
+def server_process(env, log_path, processes=1):
+    """As server(), but yields (port, the first Daphne's Popen): a profiler needs its pid.
+    With `processes` > 1, that many Daphne processes accept on one listening socket made here
+    (`daphne --fd`), as supervisord's fcgi-program does for `make run` (MQ_WEB_PROCESSES)."""
     port = free_port()
+    listener = None
+    if processes > 1:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(1024)
+        where = ["--fd", str(listener.fileno())]
+    else:
+        where = ["-b", "127.0.0.1", "-p", str(port)]
+    procs = []
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [DAPHNE, "-b", "127.0.0.1", "-p", str(port), "mqsite.asgi:application"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        for _ in range(processes):
+            procs.append(
+                subprocess.Popen(
+                    [DAPHNE, *where, "mqsite.asgi:application"],
+                    cwd=ROOT,
+                    env={**env, "MQ_WEB_PROCESSES": str(processes)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=[listener.fileno()] if listener else (),
+                )
+            )
+    if listener is not None:
+        listener.close()  # the children hold it
     try:
         client, deadline = Client(port, ""), time.monotonic() + 60
         while client.request("GET", "/healthz")[0] != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                 raise RuntimeError(f"daphne did not become healthy:\n{Path(log_path).read_text()[-2000:]}")
             time.sleep(0.2)
         client.close()
-        yield port, proc
+        yield port, procs[0]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def fresh_database(backend, workdir, pg_db):

@@ -1,26 +1,54 @@
-"""Revocation: a change to a subscriber reaches its open sockets, in every process.
+"""Revocation: a change to a subscriber reaches its open sockets and its REST calls, in every
+process.
 
 A subscriber saved (token rotated, deactivated, anything), deleted, or given or refused a
 queue in its rights is announced after commit (delivery.wakeups.announce): each socket of it
 looks at the row again, closes with 4401 if its token no longer holds, and ends the
 subscriptions it may no longer have. Changes that bypass the signals (a queryset update) are
 caught by each process's periodic check of its sockets' tokens (socket_loops.check_tokens).
+
+Every process keeps the subscribers (by token hash) and queues (by name) its requests look up
+(mqsite.rows.Cached). Any announcement makes it forget them all, and so does a change made in
+this process, at once (before its commit: a test's transaction never commits); what no
+announcement told of is forgotten by age (MQ_REVOCATION_CHECK_SECS).
 """
 
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
+from queues import publishing
+from queues.models import Queue
+from subscribers import auth
 from subscribers.models import Subscriber
 
 from . import wakeups
 
 
+def forget_kept_rows(*_announced):
+    """A wakeups.on_change handler: whatever changed, the rows kept for requests go (changes
+    are rare, lookups are not)."""
+    auth.forget_subscribers()
+    publishing.forget_queues()
+
+
+def _announce(subscriber_ids=(), queue_ids=()):
+    forget_kept_rows()
+    wakeups.announce_after_commit(subscriber_ids, queue_ids=queue_ids)
+
+
 def _saved(sender, instance, created, raw=False, **kwargs):
     if not created and not raw:
-        wakeups.announce_after_commit([instance.pk])
+        _announce([instance.pk])
 
 
 def _deleted(sender, instance, **kwargs):
-    wakeups.announce_after_commit([instance.pk])  # still set here: it is unset after the signal
+    _announce([instance.pk])  # still set here: it is unset after the signal
+
+
+def _queue_changed(sender, instance, raw=False, **kwargs):
+    # A new queue too: its name may be one a process still keeps from a queue deleted by a
+    # path without signals.
+    if not raw:
+        _announce(queue_ids=[instance.pk])
 
 
 def _rights_changed(sender, instance, action, reverse, pk_set, **kwargs):
@@ -30,15 +58,18 @@ def _rights_changed(sender, instance, action, reverse, pk_set, **kwargs):
             relation = instance.subscribers if subscribing else instance.publishers
             instance._mq_clearing = list(relation.values_list("pk", flat=True))
         elif action == "post_clear":
-            wakeups.announce_after_commit(getattr(instance, "_mq_clearing", []))
+            _announce(getattr(instance, "_mq_clearing", []))
         elif action in ("post_add", "post_remove"):
-            wakeups.announce_after_commit(pk_set or [])
+            _announce(pk_set or [])
     elif action in ("post_add", "post_remove", "post_clear"):
-        wakeups.announce_after_commit([instance.pk])
+        _announce([instance.pk])
 
 
 def connect_signals():
     post_save.connect(_saved, sender=Subscriber, dispatch_uid="mq-revocation-saved")
     post_delete.connect(_deleted, sender=Subscriber, dispatch_uid="mq-revocation-deleted")
+    post_save.connect(_queue_changed, sender=Queue, dispatch_uid="mq-revocation-queue-saved")
+    post_delete.connect(_queue_changed, sender=Queue, dispatch_uid="mq-revocation-queue-deleted")
+    wakeups.on_change(forget_kept_rows)
     for through in (Subscriber.subscribe_queues.through, Subscriber.publish_queues.through):
         m2m_changed.connect(_rights_changed, sender=through, dispatch_uid=f"mq-revocation-{through.__name__}")

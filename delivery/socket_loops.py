@@ -35,7 +35,7 @@ def db(fn):
     return DatabaseSyncToAsync(fn, thread_sensitive=False)
 
 
-_maintenance = _recheck = _listener = _token_check = _loop = None
+_maintenance = _recheck = _token_check = _loop = None
 _open = weakref.WeakSet()  # the consumers of this process with a socket open
 
 
@@ -63,7 +63,7 @@ async def release_open_sockets():
 
 def ensure_running():
     """Start the loops of this process (once per event loop)."""
-    global _maintenance, _recheck, _listener, _token_check, _loop
+    global _maintenance, _recheck, _token_check, _loop
     _loop = asyncio.get_running_loop()
     if not _running(_token_check):
         _token_check = asyncio.ensure_future(_check_tokens())
@@ -71,8 +71,7 @@ def ensure_running():
         _maintenance = asyncio.ensure_future(_maintain())
     if not _running(_recheck):
         _recheck = asyncio.ensure_future(_wake_those_with_work())
-    if settings.REDIS_URL and not _running(_listener):
-        _listener = asyncio.ensure_future(wakeups.listen())
+    wakeups.ensure_listening()
 
 
 def _running(task):
@@ -155,7 +154,7 @@ async def check_tokens(consumers):
             c.rights = rights
 
 
-def _changed(subscriber_ids, channel_names):
+def _changed(subscriber_ids, channel_names, queue_ids=()):
     """An announcement (delivery.wakeups.announce), from any thread: the sockets it names
     look again, on their event loop."""
     loop = _loop

@@ -1,5 +1,6 @@
 """Wake-ups: "subscriber N may have work". They carry no message, only a hint to lease now.
-The same way carries announcements of revocation (announce(), below): "subscriber N changed".
+The same way carries announcements of revocation (announce(), below): "subscriber N changed",
+and of changed queues, so that every process forgets the rows it keeps (mqsite.rows.Cached).
 
 Four kinds of waiter hear them: long-polling requests of this process (a condition variable),
 websocket consumers of this process (their asyncio.Event, set directly), websocket consumers
@@ -24,6 +25,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import uuid
 from collections import defaultdict
 
@@ -220,43 +222,68 @@ def unwatch(subscriber_id, socket):
 # --- revocation: "subscriber N changed", "connection C was closed by an operator" ------------
 
 
-_change_handlers = []  # called in this process with (subscriber ids, channel names)
+_change_handlers = []  # called in this process with (subscriber ids, channel names, queue ids)
 
 
 def on_change(handler):
-    """Call `handler(subscriber_ids, channel_names)` at every announcement, from any thread
-    (the websocket consumers register one)."""
+    """Call `handler(subscriber_ids, channel_names, queue_ids)` at every announcement, from any
+    thread (the websocket consumers register one, delivery.revocation another)."""
     _change_handlers.append(handler)
 
 
-def announce(subscriber_ids=(), channel_names=()):
+def announce(subscriber_ids=(), channel_names=(), queue_ids=()):
     """Tell every process: these subscribers' token, activity or rights changed (or they are
-    gone), and these connections were closed by an operator. Their sockets look again and
-    close, or end the subscriptions they may no longer have. Redis carries the word to the
-    other processes; a lost word is caught by each process's own periodic check."""
-    ids, names = sorted(set(subscriber_ids)), sorted(set(channel_names))
-    if not ids and not names:
+    gone), these connections were closed by an operator, these queues changed. Their sockets
+    look again and close, or end the subscriptions they may no longer have; the rows kept
+    for requests are looked up again. Redis carries the word to the other processes, and this
+    returns once each that heard it has acted on it: from then on no process answers a request
+    with what changed (a rotated token is refused by all of them). A lost word is caught by each
+    process's own periodic check and by the kept rows' age (MQ_REVOCATION_CHECK_SECS), which is
+    also the longest this waits for a process that does not answer."""
+    ids, names, queues = sorted(set(subscriber_ids)), sorted(set(channel_names)), sorted(set(queue_ids))
+    if not ids and not names and not queues:
         return
-    _changed_here(ids, names)
+    _changed_here(ids, names, queues)
     client = _redis()
     if client is not None:
         try:
-            word = json.dumps({"from": _PROCESS, "subscribers": ids, "connections": names})
-            client.publish(changes_channel(), word)
+            acks = f"mq.acks.{uuid.uuid4().hex}"
+            word = {
+                "from": _PROCESS,
+                "subscribers": ids,
+                "connections": names,
+                "queues": queues,
+                "acks": acks,
+            }
+            _wait_for_acks(client, acks, client.publish(changes_channel(), json.dumps(word)))
         except Exception:  # the periodic check closes revoked sockets anyway, a moment later
-            log.warning("could not announce changes of %s %s", ids, names, exc_info=True)
+            log.warning("could not announce changes of %s %s %s", ids, names, queues, exc_info=True)
 
 
-def announce_after_commit(subscriber_ids=(), channel_names=()):
-    ids, names = list(subscriber_ids), list(channel_names)
-    if ids or names:
-        transaction.on_commit(lambda: announce(ids, names))
+def _wait_for_acks(client, key, count):
+    """Wait until `count` listeners (every process that heard a word, this one's too) have
+    pushed to `key` that they acted on it, or until MQ_REVOCATION_CHECK_SECS pass: by then the
+    rows a silent process kept have aged out anyway."""
+    deadline = time.monotonic() + settings.MQ_REVOCATION_CHECK_SECS
+    while count > 0:
+        left = deadline - time.monotonic()
+        if left <= 0 or client.blpop([key], timeout=max(left, 0.01)) is None:
+            log.warning("%s processes did not confirm an announcement in time", count)
+            break
+        count -= 1
+    client.delete(key)
 
 
-def _changed_here(ids, names):
+def announce_after_commit(subscriber_ids=(), channel_names=(), queue_ids=()):
+    ids, names, queues = list(subscriber_ids), list(channel_names), list(queue_ids)
+    if ids or names or queues:
+        transaction.on_commit(lambda: announce(ids, names, queues))
+
+
+def _changed_here(ids, names, queues=()):
     for handler in _change_handlers:
         try:
-            handler(ids, names)
+            handler(ids, names, queues)
         except Exception:
             log.exception("a revocation handler failed")
 
@@ -293,9 +320,27 @@ def _channel_of(url):  # parsed once, not at every commit
     return f"mq.wake.{parse_url(url).get('db', 0)}"
 
 
+_listener = None
+
+
+def ensure_listening():
+    """Run listen() on the running event loop, unless it runs there already (without Redis,
+    nothing: one process hears itself). A server process starts it as soon as its loop runs
+    (mqsite/asgi.py), so that its long polls and the rows it keeps hear the other processes
+    even while it has no socket open; the sockets start it too (the tests' servers)."""
+    global _listener
+    if not settings.REDIS_URL:
+        return
+    loop = asyncio.get_running_loop()
+    # A task of another event loop (closed: one per test) never runs again, though not done.
+    if _listener is None or _listener.done() or _listener.get_loop() is not loop:
+        _listener = asyncio.ensure_future(listen())
+
+
 async def listen():
-    """Hear the other processes' wake-ups, for as long as the process runs (one task per
-    process; see socket_loops.ensure_running). Reconnects after Redis goes away."""
+    """Hear the other processes' wake-ups and announcements, for as long as the process runs
+    (one task per process: ensure_listening()). Reconnects after Redis goes away; what was
+    announced meanwhile is lost, so the rows kept here are forgotten on every (re)connect."""
     import redis.asyncio
 
     while True:
@@ -306,12 +351,16 @@ async def listen():
         try:
             async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
                 await pubsub.subscribe(channel(), changes_channel())
+                _changed_here([], [], [])  # words may have been lost: the kept rows go
                 changes = changes_channel().encode()
                 async for message in pubsub.listen():
                     if message["channel"] == changes:
                         word = json.loads(message["data"])
-                        if word["from"] != _PROCESS:
-                            _changed_here(word["subscribers"], word["connections"])
+                        if word["from"] != _PROCESS:  # this process acted before it announced
+                            _changed_here(word["subscribers"], word["connections"], word.get("queues", ()))
+                        if word.get("acks"):  # the announcer waits for every listener's word
+                            async with client.pipeline(transaction=False) as pipe:
+                                await pipe.rpush(word["acks"], 1).expire(word["acks"], 60).execute()
                         continue
                     sender, _, ids = message["data"].decode().partition(" ")
                     ids = [int(i) for i in ids.split()]

@@ -53,3 +53,7 @@ if "twisted.internet.reactor" in sys.modules:
     reactor.callWhenRunning(liveness.start, "web")
     # A publish's answer waits for no Redis round trip or webhook query (delivery.wakeups).
     wakeups.send_hints_from_a_thread()
+    # The other processes' wake-ups and announcements, heard from the start (not from the
+    # first socket): a process that serves only REST keeps rows that a change in another
+    # process must make it forget (delivery.revocation). Scheduled on the loop once it runs.
+    reactor.callWhenRunning(reactor.callLater, 0, wakeups.ensure_listening)

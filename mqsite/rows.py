@@ -1,8 +1,12 @@
-"""One model row by a plain SQL condition, for the lookups every request makes."""
+"""One model row by a plain SQL condition, for the lookups every request makes, and a cache
+of such rows in the process."""
 
 import contextlib
 import functools
+import threading
+import time
 
+from django.conf import settings
 from django.db import connection
 
 
@@ -19,6 +23,11 @@ def first(model, where, params):
     which cost more CPU than running it (the token and the queue of every request, a third of
     a single publish's time in Daphne: bench/PROFILE.md). The values go through the same
     converters the ORM applies (SQLite's text datetimes and integer booleans)."""
+    values = _first_values(model, where, params)
+    return None if values is None else model.from_db(connection.alias, None, values)
+
+
+def _first_values(model, where, params):
     columns, converters = _shape(model, connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {columns} FROM {model._meta.db_table} WHERE {where} LIMIT 1", params)
@@ -28,7 +37,52 @@ def first(model, where, params):
     values = list(row)
     for i, expression, convert in converters:
         values[i] = convert(values[i], expression, connection)
-    return model.from_db(connection.alias, None, values)
+    return values
+
+
+class Cached:
+    """rows.first() by one key (a token's hash, a queue's name), kept in this process: the
+    lookups every request makes, which each cost a round trip to the database.
+
+    Whoever changes such a row calls forget() in every process (delivery.revocation, through
+    the announcements of delivery.wakeups), so a change holds from the next request on. A
+    change no announcement told of (one made by a process without Redis, a queryset update,
+    a word Redis lost) holds once the row is MQ_REVOCATION_CHECK_SECS old here, the bound the
+    sockets' periodic token check keeps too. A row read before a forget() and stored after it
+    is not kept (the forget() counts), so a change is never hidden by a lookup that raced it.
+    Only rows found are kept (a new token or queue is seen at once); each caller gets an
+    instance of its own."""
+
+    MAX_ROWS = 10_000
+
+    def __init__(self, model, where, params=lambda key: [key]):
+        self.model, self.where, self.params = model, where, params
+        self._lock = threading.Lock()
+        self._rows = {}  # key -> (values, monotonic time they are kept until)
+        self._forgotten = 0  # how many times forget() ran
+
+    def first(self, key):
+        now = time.monotonic()
+        with self._lock:
+            kept, forgotten = self._rows.get(key), self._forgotten
+        if kept is not None and kept[1] > now:
+            values = kept[0]
+        else:
+            values = _first_values(self.model, self.where, self.params(key))
+            if values is None:
+                return None
+            with self._lock:
+                if self._forgotten == forgotten:
+                    if len(self._rows) >= self.MAX_ROWS:
+                        self._rows.clear()
+                    self._rows[key] = (values, now + settings.MQ_REVOCATION_CHECK_SECS)
+        return self.model.from_db(connection.alias, None, list(values))
+
+    def forget(self):
+        """Every row: changes are rare (an operator's, a rotation), lookups are not."""
+        with self._lock:
+            self._forgotten += 1
+            self._rows.clear()
 
 
 @functools.cache

@@ -4,6 +4,7 @@ The defaults are the embedded mode: a SQLite file under var/, no outside service
 A malformed value stops start-up with a message naming the variable.
 """
 
+import os
 import secrets
 from pathlib import Path
 
@@ -68,14 +69,18 @@ INSTALLED_APPS = [
     "dashboard",
 ]
 
+# Django's own, but a bearer-token call to /api/ skips the session, authentication and
+# messages middleware (mqsite/middleware.py): it needs none of them. CSRF's stays Django's own
+# (`check --deploy` looks for it by name): on an API call it does nothing but read the cookie
+# header, since DRF's views are csrf_exempt and DRF checks a session's calls itself.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "mqsite.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "mqsite.middleware.AuthenticationMiddleware",
+    "mqsite.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -133,6 +138,20 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis (services mode) ------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
+# The services mode: PostgreSQL and Redis. Without either, the embedded mode's one process.
+SERVICES_MODE = bool(REDIS_URL) and DATABASES["default"]["ENGINE"] != "mqsite.sqlite"
+
+# Daphne processes `make run` starts on one port (mqsite/supervisord.conf: they share its
+# socket), each serving REST and websockets. Only the services mode runs several: wake-ups,
+# announcements, throttles and long-poll slots cross processes through Redis, and PostgreSQL
+# takes writers from many. The embedded mode keeps one, since SQLite's writer lock is this
+# process's (mqsite/sqlite): several would fight over the file's lock instead of queueing.
+MQ_WEB_PROCESSES = _positive_int("MQ_WEB_PROCESSES", (os.cpu_count() or 1) if SERVICES_MODE else 1)
+if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
+    raise ImproperlyConfigured(
+        "MQ_WEB_PROCESSES above 1 needs the services mode (a PostgreSQL DATABASE_URL and "
+        "REDIS_URL); the embedded mode (SQLite) serves from one process"
+    )
 
 # The channel layer serves the operators' dashboard socket: Redis between processes (services
 # mode), in memory in one process (embedded mode). Wake-ups do not use it (delivery/wakeups.py).

@@ -284,9 +284,19 @@ def _answer_of(id_, queue, event, seq, deliveries, created_at):
     }
 
 
+# Queues by name, forgotten in every process at any change of a queue (delivery.revocation).
+_by_name = rows.Cached(Queue, "name = %s")
+
+
 def find_queue(name):
-    """The queue of that name (any case), or None. Names that are not valid find nothing."""
+    """The queue of that name (any case), or None. Names that are not valid find nothing.
+    Its last_seq is not current (publish takes the next seq in the database)."""
     try:
-        return rows.first(Queue, "name = %s", [clean_name(name, "queue")])
+        return _by_name.first(clean_name(name, "queue"))
     except BadName:
         return None
+
+
+def forget_queues():
+    """A queue was made, changed or deleted (here or in another process): look names up again."""
+    _by_name.forget()

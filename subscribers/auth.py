@@ -59,16 +59,26 @@ class SubscriberUser:
         return self.subscriber.name
 
 
+# Active subscribers by token hash, forgotten in every process at any change of a subscriber
+# (delivery.revocation): a rotated or deactivated token is refused from the next request on.
+_by_token_hash = rows.Cached(Subscriber, "token_hash = %s AND is_active = %s", lambda h: [h, True])
+
+
 def subscriber_for_token(token):
     """The active subscriber holding `token`, or None."""
     if not token:
         return None
-    subscriber = rows.first(Subscriber, "token_hash = %s AND is_active = %s", [hash_token(token), True])
+    subscriber = _by_token_hash.first(hash_token(token))
     # The lookup is by hash, so its timing says nothing about the token; compare anyway, in
     # constant time, so that no future change of lookup can leak it.
     if subscriber is None or not token_matches(token, subscriber.token_hash):
         return None
     return subscriber
+
+
+def forget_subscribers():
+    """A subscriber changed (here or in another process): look tokens up again."""
+    _by_token_hash.forget()
 
 
 class BearerTokenAuthentication(BaseAuthentication):

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from queues import publishing
 from queues.models import Queue
+from subscribers import auth
 from subscribers.provisioning import create_subscriber
 
 
@@ -62,6 +63,19 @@ def outsider(make_subscriber):
 
 
 @pytest.fixture
+def announcing(settings):
+    """This process announces changes over the end-to-end servers' Redis, as a server or
+    worker would (delivery.wakeups.announce)."""
+    from delivery import wakeups
+    from tests.servers import E2E_REDIS
+
+    settings.REDIS_URL = E2E_REDIS
+    wakeups._redis.cache_clear()
+    yield
+    wakeups._redis.cache_clear()
+
+
+@pytest.fixture
 def operator(django_user_model):
     return django_user_model.objects.create_user(
         "op", password="op-password-1", is_staff=True, is_superuser=True
@@ -89,10 +103,13 @@ def _consumers_return_their_connections():
 @pytest.fixture(autouse=True)
 def _forget_remembered_events():
     """Each test starts from an empty database, whose ids the next test uses again: events
-    remembered by publishing (after a commit) must not outlive the test that made them. A
-    server's database never goes back like this."""
+    remembered by publishing (after a commit) must not outlive the test that made them, nor
+    the queues and subscribers kept for requests (a rollback announces nothing). A server's
+    database never goes back like this."""
     yield
     publishing.forget_all_events()
+    publishing.forget_queues()
+    auth.forget_subscribers()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,8 @@ from urllib.parse import quote
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# The machine's Redis, a database of the end-to-end tests' own (tests/conftest.py: announcing).
+E2E_REDIS = "redis://127.0.0.1:6379/9"
 
 
 def free_port():
@@ -78,6 +80,71 @@ def start_daphne(extra_env=None, port=None):
             time.sleep(0.1)
     server.stop()
     raise RuntimeError("daphne did not answer /healthz within 30 s")
+
+
+class SharedPortServers(Server):
+    """Several Daphne processes accepting on one listening socket, as `make run` starts them in
+    the services mode (supervisord's fcgi-program hands them its socket; here, this process
+    does). Each writes its access log to a file of its own, so a test can see which answered."""
+
+    def __init__(self, port, procs, access_logs):
+        super().__init__(port, procs[0], None)
+        self.procs, self.access_logs = procs, access_logs
+
+    def requests_served(self):
+        """Requests each process has logged, in the order of the processes."""
+        return [len(Path(p).read_text().splitlines()) for p in self.access_logs]
+
+    def stop(self, sig=signal.SIGTERM):
+        for proc in self.procs:
+            self.proc = proc
+            super().stop(sig)
+
+
+def start_daphnes(count, extra_env=None):
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "MQ_THROTTLE_RATE": "1000000/s",
+        "MQ_WEB_PROCESSES": str(count),
+        **(extra_env or {}),
+    }
+    env.pop("PYTEST_CURRENT_TEST", None)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port, procs, logs = listener.getsockname()[1], [], []
+    for _ in range(count):
+        access = tempfile.NamedTemporaryFile(prefix="daphne-access-", suffix=".log", delete=False)  # noqa: SIM115
+        logs.append(access.name)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "daphne", "--fd", str(listener.fileno()), "--access-log", access.name]
+                + ["mqsite.asgi:application"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=[listener.fileno()],
+            )
+        )
+    listener.close()  # the servers hold it
+    servers = SharedPortServers(port, procs, logs)
+    if not eventually(lambda: _healthy(servers) or any(p.poll() is not None for p in procs), timeout=30):
+        servers.stop()
+        raise RuntimeError("daphne did not answer /healthz within 30 s")
+    if any(p.poll() is not None for p in procs):
+        servers.stop()
+        raise RuntimeError("a daphne process exited at start")
+    return servers
+
+
+def _healthy(server):
+    try:
+        with urllib.request.urlopen(f"{server.http}/healthz", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 class Process:

@@ -18,7 +18,6 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from delivery import wakeups
 from delivery.frames import CLOSE_BY_OPERATOR
 from delivery.models import Delivery, Status
 from queues import publishing
@@ -26,10 +25,10 @@ from queues.models import Queue
 from subscribers import subscribing
 from subscribers.models import Connection, Subscription
 from subscribers.provisioning import create_subscriber
+from tests.servers import E2E_REDIS as REDIS
 from tests.servers import eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REDIS = "redis://127.0.0.1:6379/9"
 WITHIN = 2.0
 timings = []  # (what, process, seconds): printed at the end of the module, for the report
 
@@ -39,15 +38,6 @@ def _print_timings():
     yield
     for what, where, took in timings:
         print(f"revocation timing: {what} on {where}: {took * 1000:.0f} ms")
-
-
-@pytest.fixture
-def announcing(settings):
-    """This process announces over the servers' Redis, as a server or worker would."""
-    settings.REDIS_URL = REDIS
-    wakeups._redis.cache_clear()
-    yield
-    wakeups._redis.cache_clear()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from .serializers import (
     PublishedSerializer,
     PublishSerializer,
     QueueListSerializer,
+    publish_body,
 )
 
 # One message or a batch, as it was sent.
@@ -63,10 +64,7 @@ class MessagesView(ApiView):
         subscriber = self.subscriber
         if subscriber is not None and not subscriber.may_publish(queue):
             raise exceptions.PermissionDenied(f"{subscriber.name} may not publish to {queue.name}.")
-        batch = isinstance(request.data, dict) and "messages" in request.data
-        serializer = (PublishBatchSerializer if batch else PublishSerializer)(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        outgoing = serializer.validated_data["messages"] if batch else [serializer.validated_data]
+        outgoing, batch = publish_body(request.data)
         answers = group_commit.publish(queue, outgoing, publisher=subscriber)
         created = any(new for _, new in answers)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK

@@ -9,7 +9,7 @@ can be retried now or skipped (delivery.ledger.retry_now / skip_deliveries).
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from .models import Delivery, Status
@@ -52,22 +52,19 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
     """The heads of ordered subscriptions that hold others back (or would if others came):
     in flight, waiting for a retry, or failed before. Oldest seq first per queue.
 
-    Two queries: the heads (one correlated subquery per subscription on the lease index) and
-    how many wait behind each.
+    Two queries: the heads (an open delivery with no open one before it: two NOT EXISTS, each
+    on the partial index of its status) and how many wait behind each.
     """
     now = now or timezone.now()
-    open_ = Delivery.objects.filter(status__in=OPEN, queue__ordered=True, subscription__isnull=False)
+    # One term per status, not IN: each term can use its status's partial index (delivery.models).
+    open_ = Delivery.objects.filter(_open(), queue__ordered=True, subscription__isnull=False)
     if subscriber is not None:
         open_ = open_.filter(subscriber=subscriber)
     if queue is not None:
         open_ = open_.filter(queue=queue)
-    head_seq = (
-        Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), status__in=OPEN)
-        .order_by("seq")
-        .values("seq")[:1]
-    )
+    before = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), seq__lt=OuterRef("seq"))
     heads = list(
-        open_.filter(seq=Subquery(head_seq))
+        open_.filter(*(~Exists(before.filter(status=status)) for status in OPEN))
         .filter(
             Q(status=Status.INFLIGHT)
             | Q(next_attempt_at__gt=now)
@@ -79,7 +76,7 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
     if not heads:
         return []
     counts = dict(
-        Delivery.objects.filter(subscription_id__in={h.subscription_id for h in heads}, status__in=OPEN)
+        Delivery.objects.filter(_open(), subscription_id__in={h.subscription_id for h in heads})
         .order_by()
         .values_list("subscription_id")
         .annotate(n=Count("id"))
@@ -89,4 +86,10 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
 
 def head_of(subscription_id):
     """The current head of an ordered subscription (its lowest-seq open delivery), or None."""
-    return Delivery.objects.filter(subscription_id=subscription_id, status__in=OPEN).order_by("seq").first()
+    of_subscription = Delivery.objects.filter(subscription_id=subscription_id)
+    firsts = [of_subscription.filter(status=status).order_by("seq").first() for status in OPEN]
+    return min((d for d in firsts if d is not None), key=lambda d: d.seq, default=None)
+
+
+def _open():
+    return Q(status=Status.PENDING) | Q(status=Status.INFLIGHT)

@@ -34,6 +34,14 @@ from .models import Delivery, Status
 OPEN = (Status.PENDING, Status.INFLIGHT)
 
 
+def status_is(status, alias="d"):
+    """SQL: the delivery `alias` is in `status`, the status written as a literal. Where a partial
+    index (delivery.models) should serve a statement, its status must be a literal as in the
+    index's condition: the planner cannot prove a parameter's value matches it in a generic plan
+    (PostgreSQL's prepared statements), nor SQLite inside an IN list."""
+    return f"{alias}.status = '{Status(status).value}'"
+
+
 @contextmanager
 def _lease_durability():
     """On SQLite, commit a lease without waiting for fsync (synchronous=NORMAL in WAL mode).
@@ -158,7 +166,7 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
             _expire_overdue(now, overdue)
         for sub in ordered:
             if len(leased) < limit:
-                leased += _lease_head(sub, event_ids, holder, now)
+                leased += _lease_head(subscriber.pk, sub, event_ids, holder, now)
         leased = _describe(leased)
         for ack_timeout, ids in unordered.items():
             if len(leased) >= limit:
@@ -196,23 +204,22 @@ def _subscriptions(subscriber, queue, event_ids, now):
     at = connection.ops.adapt_datetimefield_value(now)
     of_events, event_params = _of_events("d.event_id", event_ids)
     deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
+    pending, inflight = status_is(Status.PENDING), status_is(Status.INFLIGHT)
     of_queue = "AND s.queue_id = %s" if queue is not None else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             SELECT s.id, q.ordered, q.ack_timeout,
-                   EXISTS ({deliveries} AND d.status = %s AND d.next_attempt_at <= %s),
-                   EXISTS ({deliveries} AND d.status = %s AND d.ack_deadline <= %s)
+                   EXISTS ({deliveries} AND {pending} AND d.next_attempt_at <= %s),
+                   EXISTS ({deliveries} AND {inflight} AND d.ack_deadline <= %s)
             FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
             JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
             WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
             """,
             [
                 *event_params,
-                Status.PENDING,
                 at,
                 *event_params,
-                Status.INFLIGHT,
                 at,
                 True,
                 True,
@@ -244,8 +251,8 @@ def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
     # "seq, id" PostgreSQL read and sorted every pending row of the backlog on each lease.
     order = "seq" if len(sub_ids) == 1 else "seq, id"
     pick = (
-        f"SELECT id FROM {table} WHERE {where} AND status = %s AND next_attempt_at <= %s"
-        f" ORDER BY {order} LIMIT %s"
+        f"SELECT id FROM {table} p WHERE {where} AND {status_is(Status.PENDING, 'p')}"
+        f" AND next_attempt_at <= %s ORDER BY {order} LIMIT %s"
     )
     at = connection.ops.adapt_datetimefield_value
     params = [
@@ -254,7 +261,6 @@ def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
         at(now),
         holder,
         *where_params,
-        Status.PENDING,
         at(now),
         limit,
     ]
@@ -290,7 +296,7 @@ def _mark_leased(ids, ack_timeout, holder, now):
     return list(ids)
 
 
-def _lease_head(sub, event_ids, holder, now):
+def _lease_head(subscriber_id, sub, event_ids, holder, now):
     # Lock the subscription row first: with SKIP LOCKED alone a second leaser would skip the
     # locked head and hand out the message behind it, breaking the order.
     # That row only (no join from the default ordering, OF self): locking its queue and
@@ -303,12 +309,7 @@ def _lease_head(sub, event_ids, holder, now):
         .order_by()
         .values_list("id")
     )
-    head = (
-        Delivery.objects.filter(subscription_id=sub["id"], status__in=OPEN)
-        .order_by("seq")
-        .values("id", "status", "next_attempt_at", "event_id")
-        .first()
-    )
+    head = _head(subscriber_id, sub["id"])
     if (
         head is None
         or head["status"] != Status.PENDING
@@ -317,6 +318,35 @@ def _lease_head(sub, event_ids, holder, now):
     ):
         return []
     return _mark_leased([head["id"]], sub["queue__ack_timeout"], holder, now)
+
+
+def _head(subscriber_id, subscription_id):
+    """The lowest-seq open delivery of a subscription (id, status, next_attempt_at, event_id,
+    seq), or None: the first pending one by delivery_ready and the first in flight by the
+    subscriber's (few, in an ordered queue) in-flight ones, in one statement. One query over
+    both statuses could use neither partial index, and would read the subscription's acked
+    history too."""
+    table = Delivery._meta.db_table
+    columns = "h.id, h.status, h.next_attempt_at, h.event_id, h.seq"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT * FROM (SELECT {columns} FROM {table} h
+                           WHERE h.subscription_id = %s AND {status_is(Status.PENDING, "h")}
+                           ORDER BY h.seq LIMIT 1) p
+            UNION ALL
+            SELECT * FROM (SELECT {columns} FROM {table} h
+                           WHERE h.subscriber_id = %s AND {status_is(Status.INFLIGHT, "h")}
+                             AND h.subscription_id = %s
+                           ORDER BY h.seq LIMIT 1) i
+            """,
+            [subscription_id, subscriber_id, subscription_id],
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: row[4])
+    return {"id": id_, "status": status, "next_attempt_at": _datetime(next_attempt_at), "event_id": event_id}
 
 
 def _describe(ids):
@@ -617,18 +647,33 @@ def expire_overdue_leases(now=None):
 
 
 def _expire_overdue(now, subscription_ids):
-    overdue = Delivery.objects.filter(status=Status.INFLIGHT, ack_deadline__lte=now)
+    table = Delivery._meta.db_table
+    of_subscriptions, params = "", [connection.ops.adapt_datetimefield_value(now)]
     if subscription_ids is not None:
-        overdue = overdue.filter(subscription_id__in=subscription_ids)
-    rows = list(
-        overdue.select_for_update(skip_locked=True, of=("self",))  # the rows, not their queue's
-        .only("id", "attempt", "ack_deadline", "subscriber_id", "queue__max_attempts")
-        .select_related("queue")
-    )
-    for d in rows:
-        d.ack_deadline, deadline = None, d.ack_deadline
+        of_subscriptions = f" AND d.subscription_id IN {_in(subscription_ids)}"
+        params += list(subscription_ids)
+    # Plain SQL for the status literal (delivery_overdue is partial). Locks the rows, not
+    # their queue's (publishers hold that); SKIP LOCKED: the sweeper and leases at once.
+    lock = " FOR UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT d.id, d.attempt, d.ack_deadline, d.next_attempt_at, d.subscriber_id, q.max_attempts
+            FROM {table} d JOIN {Queue._meta.db_table} q ON q.id = d.queue_id
+            WHERE {status_is(Status.INFLIGHT)} AND d.ack_deadline <= %s{of_subscriptions}{lock}
+            """,
+            params,
+        )
+        found = cursor.fetchall()
+    rows = []
+    for id_, attempt, deadline, next_attempt_at, subscriber_id, max_attempts in found:
+        d = Delivery(
+            id=id_, attempt=attempt, subscriber_id=subscriber_id, next_attempt_at=_datetime(next_attempt_at)
+        )
+        deadline = _datetime(deadline)
+        d.ack_deadline = None
         d.lease_holder = ""
-        if d.attempt >= d.queue.max_attempts:
+        if attempt >= max_attempts:
             d.status = Status.DEAD
             d.last_error = f"ack deadline passed; dead after {d.attempt} attempts"
         else:
@@ -636,6 +681,7 @@ def _expire_overdue(now, subscription_ids):
             d.status = Status.PENDING
             d.next_attempt_at = deadline + timedelta(seconds=backoff_secs(d.attempt))
             d.last_error = "ack deadline passed"
+        rows.append(d)
     if rows:
         Delivery.objects.bulk_update(
             rows, ["status", "ack_deadline", "lease_holder", "next_attempt_at", "last_error"], batch_size=500

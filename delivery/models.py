@@ -20,9 +20,10 @@ class Delivery(models.Model):
         on_delete=models.SET_NULL,  # acked history outlives an unsubscribe, for the analytics
         null=True,
         related_name="deliveries",
-        # No index of its own: delivery_lease and the unique (subscription, message) lead with
-        # it. Every lease and ack writes an entry into each index of this table, and an index
-        # that no query needs made both slower (bench/PROFILE.md); it also misled the planner.
+        # No index of its own: the unique (subscription, message) leads with it, and
+        # delivery_ready for the pending ones. Every lease and ack writes an entry into each
+        # index of this table, and an index that no query needs made both slower
+        # (bench/PROFILE.md); it also misled the planner.
         db_index=False,
     )
     subscriber = models.ForeignKey(
@@ -54,17 +55,44 @@ class Delivery(models.Model):
                 fields=["subscription", "message"], name="delivery_once_per_subscription"
             ),
         ]
+        # Every change of status writes a new version of the row, and (status being in an
+        # index, so no update is HOT) an entry into each index whose condition the new version
+        # meets. So the status-specific indexes are partial: a state change writes the six
+        # full ones (the primary key, the unique pair, the message, queue and event keys,
+        # delivery_by_subscriber) and the partial ones of its new status, 7 or 8 entries where
+        # it wrote 10, and acked history, most of the table, is in no status index. Statements
+        # that should use one name its status as a literal, as its condition does: a generic
+        # plan of a prepared statement cannot use a partial index against a parameter, and
+        # SQLite matches the condition's terms as written. bench/PROFILE.md, section 9.
         indexes = [
-            # lease: a subscription's pending deliveries in seq order
-            models.Index(fields=["subscription", "status", "seq"], name="delivery_lease"),
-            # expiry sweep: overdue leases by deadline
-            models.Index(fields=["status", "ack_deadline"], name="delivery_overdue"),
-            # retry sweep and backlog: pending by next_attempt_at
-            models.Index(fields=["status", "next_attempt_at"], name="delivery_due"),
-            # a subscriber's deliveries by status (what it is owed, stats)
+            # lease: a subscription's pending deliveries in seq order (and "anything ready?")
+            models.Index(
+                fields=["subscription", "seq"], name="delivery_ready", condition=models.Q(status="pending")
+            ),
+            # expiry: overdue leases by deadline (the sweep's, and a lease's for its subscriptions)
+            models.Index(
+                fields=["ack_deadline"], name="delivery_overdue", condition=models.Q(status="inflight")
+            ),
+            # a subscriber's pending deliveries by when they fall due: the recheck of its
+            # sockets, its next retry (webhooks)
+            models.Index(
+                fields=["subscriber", "next_attempt_at"],
+                name="delivery_due",
+                condition=models.Q(status="pending"),
+            ),
+            # a subscriber's deliveries by status: what it is owed, backlog counts, its in-flight
+            # ones (an ordered head). Not partial: SQLite could use it only where a query spells
+            # the same IN list in literals, which the ORM never does; and a full index of few
+            # distinct keys is small (deduplicated), which a partial one with a time would not be.
             models.Index(fields=["subscriber", "status"], name="delivery_by_subscriber"),
+            # dead letters, newest first (written only when one dies)
+            models.Index(
+                fields=["next_attempt_at", "id"], name="delivery_dead", condition=models.Q(status="dead")
+            ),
             # acks in the last minutes: the dashboard's and /metrics' ack rate and latency
-            models.Index(fields=["acked_at"], name="delivery_acked_at"),
+            models.Index(
+                fields=["acked_at"], name="delivery_acked_at", condition=models.Q(acked_at__isnull=False)
+            ),
         ]
 
     def __str__(self):

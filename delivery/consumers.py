@@ -130,6 +130,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             await self.send_json(FrameError.of_limit(exc).frame())
             await self.close(code=limits.CLOSE_TOO_MANY)
             return
+        if settings.REDIS_URL and await db(presence.held_elsewhere)([self.subscriber.pk], liveness.name()):
+            wakeups.joined_elsewhere(self.subscriber.pk)  # its workers there share with this one
         self.pump_task = asyncio.ensure_future(self.pump())
         socket_loops.opened(self)
         self.wake.set()  # resume: what waited is sent first

@@ -126,16 +126,35 @@ def _wake_here(ids, sockets=None):
     wake_sockets(ids if sockets is None else sockets)
 
 
-# Subscribers whose sockets are spread over several server processes (as the recheck loop
-# last saw, delivery.socket_loops). Their wake-ups reach this process's sockets by the echo of
-# its own PUBLISH, at the moment the other processes hear it: a direct wake-up would let this
-# process's sockets lease first every time, and a worker on another process would starve.
+# Subscribers whose sockets are spread over several server processes: learned when a socket
+# opens (joined_elsewhere) and corrected by the recheck loop (delivery.socket_loops). Their
+# wake-ups reach this process's sockets by the echo of its own PUBLISH, at the moment the other
+# processes hear it: a direct wake-up would let this process's sockets lease first every time,
+# and a worker on another process would starve.
 _shared = frozenset()
+JOINED = "+"  # a wake-up word "<process> +<id>": a socket of subscriber <id> opened there
 
 
 def share_with_other_processes(subscriber_ids):
     global _shared
     _shared = frozenset(subscriber_ids)
+
+
+def joined_elsewhere(subscriber_id):
+    """A socket of the subscriber opened here, and it has sockets in other processes too:
+    share its stream with them from now on, and tell them to (they may not know yet)."""
+    _share(subscriber_id)
+    client = _redis()
+    if client is not None:
+        try:
+            client.publish(channel(), f"{_PROCESS} {JOINED}{subscriber_id}")
+        except Exception:  # their recheck loop learns it within RECHECK_SECS
+            log.warning("could not tell other processes of a socket of %s", subscriber_id, exc_info=True)
+
+
+def _share(subscriber_id):
+    global _shared
+    _shared = _shared | {subscriber_id}
 
 
 def shared_with_other_processes(subscriber_id):
@@ -363,6 +382,11 @@ async def listen():
                                 await pipe.rpush(word["acks"], 1).expire(word["acks"], 60).execute()
                         continue
                     sender, _, ids = message["data"].decode().partition(" ")
+                    if ids.startswith(JOINED):
+                        joined = int(ids[len(JOINED) :])
+                        if sender != _PROCESS and sockets_of(joined):
+                            _share(joined)
+                        continue
                     ids = [int(i) for i in ids.split()]
                     if sender != _PROCESS:
                         _wake_here(ids)

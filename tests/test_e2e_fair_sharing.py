@@ -47,7 +47,7 @@ def test_workers_on_two_daphne_processes_share_a_stream_published_on_one():
             t.start()
         for _ in threads:
             assert ready.acquire(timeout=10)
-        time.sleep(2.5)  # each process's recheck has seen the other's socket
+        time.sleep(0.3)  # past the resume grace: each process knows of the other's socket at once
         with ws_connect(f"{one.ws}?token={api_token}") as publisher:
             for i in range(100):
                 publisher.send(json.dumps({"type": "publish", "queue": "db", "event": "e", "payload": i}))
@@ -64,3 +64,35 @@ def test_workers_on_two_daphne_processes_share_a_stream_published_on_one():
         two.stop()
     assert sum(got.values()) == 100
     assert min(got.values()) >= 25, got  # about half each
+
+
+def test_a_burst_published_right_after_two_workers_connected_to_two_processes_is_split():
+    """The held-out check of issue 15: 40 messages, two connections, and nothing waits for a
+    periodic loop to learn that the subscriber is shared."""
+    queue = Queue.objects.create(name="db")
+    worker, token = create_subscriber("worker", publish=["db"], subscribe=["db"])
+    subscribing.subscribe(worker, queue)
+    _, api_token = create_subscriber("api", publish=["db"])
+    env = {"REDIS_URL": "redis://127.0.0.1:6379/7"}
+    one, two = start_daphne(env), start_daphne(env)
+    try:
+        with ws_connect(f"{one.ws}?token={token}") as a, ws_connect(f"{two.ws}?token={token}") as b:
+            time.sleep(0.3)
+            with ws_connect(f"{one.ws}?token={api_token}") as publisher:
+                batch = [{"event": "e", "payload": i} for i in range(40)]
+                publisher.send(json.dumps({"type": "publish", "queue": "db", "messages": batch}))
+                assert json.loads(publisher.recv(timeout=10))["type"] == "published"
+            got = {}
+            for name, ws in (("a", a), ("b", b)):
+                got[name] = []
+                while True:
+                    try:
+                        got[name].append(json.loads(ws.recv(timeout=1)))
+                    except TimeoutError:
+                        break
+    finally:
+        one.stop()
+        two.stop()
+    ids = [f["id"] for frames in got.values() for f in frames]
+    assert len(ids) == 40 and len(set(ids)) == 40
+    assert min(len(frames) for frames in got.values()) >= 10, {k: len(v) for k, v in got.items()}

@@ -843,7 +843,7 @@ def socket_mode_noted(check, col, chosen):
     """A target's (name, met, note), its note saying which socket mode it was judged on."""
     name, met, note = check
     mode = chosen.get((name.split()[0], col))
-    return (name, met, f"{note} ({mode})" if mode else note)
+    return (name, met, f"{note} ({mode})" if mode and met is not None else note)
 
 
 def targets(grid):

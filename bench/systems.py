@@ -24,6 +24,7 @@ import time
 PREFETCH = 100
 ACK_BATCH = 50  # ack at once when this many are waiting; otherwise within ACK_EVERY
 ACK_EVERY = 0.005
+MAX_BATCH_FRAME = 1000  # items of one batch `publish` frame (the server's publishing.MAX_BATCH)
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -707,6 +708,86 @@ class OursConsumerWs:
         await self.ws.close()
 
 
+class OursPublisherWsBatch(OursPublisherWs):
+    """As OursPublisherWs, but a batch goes as one batch `publish` frame (`"messages": [...]`,
+    all or nothing) answered by one `published` frame listing every message in order. A single
+    message is still one plain `publish` frame (W1a, W3)."""
+
+    async def send_batch(self, payloads):
+        if self.ws.state.name != "OPEN":
+            self.reconnects += 1
+            await self.connect()
+        self.ref += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[self.ref] = fut
+        frame = {
+            "type": "publish",
+            "queue": self.queue,
+            "messages": [{"event": "create", "payload": p} for p in payloads],
+            "ref": self.ref,
+        }
+        await self.ws.send(json.dumps(frame))
+        return fut
+
+    async def many(self, payloads):
+        for first in range(0, len(payloads), MAX_BATCH_FRAME):
+            part = payloads[first : first + MAX_BATCH_FRAME]
+            answer = await (await self.send_batch(part))
+            if len(answer.get("messages") or ()) != len(part):
+                raise RuntimeError(f"a batch of {len(part)} answered {json.dumps(answer)[:200]}")
+
+
+class OursConsumerWsBatch(OursConsumerWs):
+    """Subscribes with `"batch": true`: deliveries come as `messages` frames of many `message`
+    frames each, acked with the usual `ack` frame. What the server sends before `subscribed`
+    (the resume of the connect, which does not know of the batch yet) may still be single
+    `message` frames; after it, a single one is an error. Counts the frames and their items."""
+
+    async def start(self):
+        from websockets.asyncio.client import connect
+
+        self.ws = await connect(self.url, max_size=None, ping_interval=None, open_timeout=60)
+        await self.ws.send(json.dumps({"type": "subscribe", "queue": self.queue, "batch": True}))
+        self.frames = asyncio.Queue()
+        self.counts = {"single_before_subscribed": 0, "batch_frames": 0, "batch_items": 0, "largest": 0}
+        batch = []
+        while True:
+            frame = json.loads(await asyncio.wait_for(self.ws.recv(), 60))
+            if frame.get("type") == "subscribed":
+                break
+            if frame.get("type") == "message":
+                self.counts["single_before_subscribed"] += 1
+                batch.append(frame)
+            else:
+                self.frames.put_nowait(frame)
+        if batch:
+            self.frames.put_nowait({"type": "messages", "messages": batch, "before_subscribed": True})
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def batches(self):
+        while True:
+            frames = [await self.frames.get()]
+            while not self.frames.empty():
+                frames.append(self.frames.get_nowait())
+            batch = []
+            for f in frames:
+                if f.get("type") != "messages":
+                    raise RuntimeError(f"unexpected frame {json.dumps(f)[:200]}")
+                items = f["messages"]
+                if not f.get("before_subscribed"):
+                    self.counts["batch_frames"] += 1
+                    self.counts["batch_items"] += len(items)
+                    self.counts["largest"] = max(self.counts["largest"], len(items))
+                for m in items:
+                    if m.get("type") != "message":
+                        raise RuntimeError(f"unexpected item {json.dumps(m)[:200]}")
+                    batch.append((m["id"], m["payload"]))
+            yield batch
+
+    def stats(self):
+        return self.counts
+
+
 class OursConsumerRest:
     """Pull: GET /api/deliveries (long-polling), POST /api/deliveries/ack."""
 
@@ -752,6 +833,7 @@ CONSUMERS = {
     "redis": RedisConsumer,
     "pg-ceiling": CeilingConsumer,
     "ours-ws": OursConsumerWs,
+    "ours-ws-batch": OursConsumerWsBatch,
     "ours-rest": OursConsumerRest,
 }
 
@@ -815,12 +897,34 @@ async def _subscriber_main(spec, n, expect, phase, limit, pipe):
     except Exception as exc:
         error = f"{exc.__class__.__name__}: {exc}"
     await asyncio.sleep(0.2)  # let the last acks leave
+    frames = frame_stats(consumers)
     for c in consumers:
         with contextlib.suppress(Exception):  # a consumer that failed may be half open
             await c.close()
     pipe.send(
-        ("done", {"records": records, "done_at": [d[0] if d else None for d in done_at], "error": error})
+        (
+            "done",
+            {
+                "records": records,
+                "done_at": [d[0] if d else None for d in done_at],
+                "error": error,
+                "frames": frames,
+            },
+        )
     )
+
+
+def frame_stats(consumers):
+    """The frames batch consumers received, summed over them (None if none counts them)."""
+    counted = [c.stats() for c in consumers if hasattr(c, "stats")]
+    if not counted:
+        return None
+    out = {k: sum(c[k] for c in counted) for k in counted[0] if k != "largest"}
+    out["largest"] = max(c["largest"] for c in counted)
+    out["items_per_frame"] = (
+        round(out["batch_items"] / out["batch_frames"], 1) if out["batch_frames"] else None
+    )
+    return out
 
 
 def subscriber_process(spec, n, expect, phase, limit, pipe):

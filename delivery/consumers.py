@@ -54,7 +54,6 @@ RESUME_GRACE_SECS = 0.2
 # What a socket leases at its turn while other sockets of its subscriber share the stream: a
 # backlog is dealt out in shares this big, round-robin (alone, a socket fills its window).
 FAIR_SHARE = 10
-MIN_ITEMS_PER_FRAME = 10  # a `messages` frame carries at least this many, when there are
 
 
 def token_from_scope(scope):
@@ -297,19 +296,15 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def send_deliveries(self, leased):
         """Each as a `message` frame, but those of subscriptions asked with `batch` together in
-        `messages` frames (after the single ones, in seq order), a quarter of the window each:
-        a client that acks what it got while the rest is on its way lets the next lease start
-        before it has read the whole window (in one frame of 100, a catch-up went in lockstep,
-        a round trip per window)."""
+        one `messages` frame (after the single ones, each subscription's in seq order)."""
         batch = []
         for d in leased:
             if (d["queue"], d["event"]) in self.batched or (d["queue"], None) in self.batched:
                 batch.append(frames.message_frame(d))
             else:
                 await self.send_json(frames.message_frame(d))
-        size = max(settings.MQ_PREFETCH // 4, MIN_ITEMS_PER_FRAME)
-        for start in range(0, len(batch), size):
-            await self.send_json({"type": "messages", "messages": batch[start : start + size]})
+        if batch:
+            await self.send_json({"type": "messages", "messages": batch})
 
     async def dispatch(self, message):
         # As Channels' own, without its close_old_connections() before every frame: that ran in

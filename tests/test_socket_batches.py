@@ -175,16 +175,3 @@ async def test_without_batch_a_subscription_gets_message_frames_and_batch_must_b
     await publish(queue, 2)
     assert [(await recv(comm))["type"] for _ in range(2)] == ["message", "message"]
     await comm.disconnect()
-
-
-async def test_a_full_window_goes_out_in_frames_of_a_quarter_of_it():
-    """So that a client's acks of the first items overlap the rest (no lockstep per window)."""
-    queue, (owner, token), _ = await setup()
-    await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 100)  # MQ_PREFETCH is 100
-    comm = await connect(token)
-    await send(comm, {"type": "subscribe", "queue": "db", "batch": True})
-    assert (await recv(comm))["type"] == "subscribed"
-    sizes = [len((await recv(comm))["messages"]) for _ in range(4)]
-    assert sizes == [25, 25, 25, 25]
-    await comm.disconnect()

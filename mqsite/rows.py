@@ -5,6 +5,8 @@ import functools
 
 from django.db import connection
 
+from . import adb
+
 
 def writing():
     """The process's SQLite write lock (mqsite/sqlite) around a write made outside a
@@ -19,13 +21,16 @@ def first(model, where, params):
     which cost more CPU than running it (the token and the queue of every request, a third of
     a single publish's time in Daphne: bench/PROFILE.md). The values go through the same
     converters the ORM applies (SQLite's text datetimes and integer booleans)."""
+    return adb.run_sync(first_statement(model, where, params))
+
+
+def first_statement(model, where, params):
+    """first() as a sans-I/O operation, for either driver (mqsite/adb.py)."""
     columns, converters = _shape(model, connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {columns} FROM {model._meta.db_table} WHERE {where} LIMIT 1", params)
-        row = cursor.fetchone()
-    if row is None:
+    found = yield f"SELECT {columns} FROM {model._meta.db_table} WHERE {where} LIMIT 1", params
+    if not found:
         return None
-    values = list(row)
+    values = list(found[0])
     for i, expression, convert in converters:
         values[i] = convert(values[i], expression, connection)
     return model.from_db(connection.alias, None, values)

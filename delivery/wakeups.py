@@ -29,6 +29,8 @@ from collections import defaultdict
 from django.conf import settings
 from django.db import transaction
 
+from mqsite import adb
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Condition()
@@ -45,6 +47,26 @@ def notify(subscriber_ids):
     if not ids:
         return
     _wake_here(ids)
+    _tell_others(ids)
+
+
+def notify_from_loop(subscriber_ids):
+    """notify() after a commit made on the event loop (mqsite/adb.py): this process's sockets
+    and long polls at once; the other processes (a Redis PUBLISH) and the webhook jobs (a
+    query) from a thread, since both block, and nobody waits for them."""
+    ids = list(subscriber_ids)
+    if not ids:
+        return
+    _wake_here(ids)
+    task = asyncio.ensure_future(adb.thread(_tell_others)(ids))
+    _telling.add(task)  # a reference, or the task could be collected before it ran
+    task.add_done_callback(_telling.discard)
+
+
+_telling = set()
+
+
+def _tell_others(ids):
     client = _redis()
     if client is not None:
         try:

@@ -445,7 +445,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             free = settings.MQ_PREFETCH - len(self.held)
             if free <= 0:
                 return
-            leased = await db(ledger.lease_deliveries)(self.subscriber, limit=free, holder=self.channel_name)
+            leased = await ledger.alease_deliveries(self.subscriber, limit=free, holder=self.channel_name)
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back
             now_wall, now = time.time(), time.monotonic()
@@ -583,7 +583,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """Write buffered acks, one ledger call for all that arrived while the last ran."""
         while self.ack_buffer:
             ids, self.ack_buffer = self.ack_buffer, []
-            _, unknown = await db(ledger.ack_deliveries)(self.subscriber, ids)
+            _, unknown = await ledger.aack_deliveries(self.subscriber, ids)
             if unknown:
                 await self.send_json(FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown).frame())
 
@@ -604,7 +604,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
 
         # One ledger call, one statement for every id (ledger.nack_deliveries).
-        nacked = await db(ledger.nack_deliveries)(
+        nacked = await ledger.anack_deliveries(
             self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
         )
         unknown, settled = nacked.unknown, list(nacked.settled)
@@ -641,7 +641,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         try:
             while self.publish_buffer:
                 batch, self.publish_buffer = self.publish_buffer, []
-                for ref, answer in await db(self.publish_in_order)(batch):
+                for ref, answer in await self.publish_in_order(batch):
                     if isinstance(answer, FrameError):
                         await self.send_json(answer.frame(ref))
                         continue
@@ -655,7 +655,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):
                 await self.close(code=CLOSE_SERVER_ERROR)
 
-    def publish_in_order(self, batch):
+    async def publish_in_order(self, batch):
         """[(ref, answer or FrameError)] for [(ref, queue name, outgoing)]: each run of frames
         for one queue is one publish, so their seqs follow the order the frames came in."""
         answers, start = [], 0
@@ -666,14 +666,16 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 end += 1
             run = batch[start:end]
             error = _bad_queue_name(name)
-            queue = publishing.find_queue(name) if error is None else None
+            queue = await publishing.afind_queue(name) if error is None else None
             if error is None and queue is None:
                 error = FrameError("not_found", f"There is no queue named {name!r}.")
-            elif error is None and not self.subscriber.may_publish(queue):
+            elif error is None and not await self.subscriber.amay_publish(queue):
                 error = FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
             if error is None:
                 try:
-                    published = group_commit.publish(queue, [o for _, _, o in run], publisher=self.subscriber)
+                    published = await group_commit.apublish(
+                        queue, [o for _, _, o in run], publisher=self.subscriber
+                    )
                 except limits.LimitExceeded as exc:
                     error = FrameError.of_limit(exc)
             if error is None:

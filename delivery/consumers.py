@@ -284,7 +284,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 return
             sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
             want = min(free, FAIR_SHARE) if sharing else free
-            leased = await db(ledger.lease_deliveries)(self.subscriber, limit=want, holder=self.channel_name)
+            leased = await ledger.alease_deliveries(self.subscriber, limit=want, holder=self.channel_name)
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back
             now_wall, now = time.time(), time.monotonic()
@@ -431,7 +431,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """Write buffered acks, one ledger call for all that arrived while the last ran."""
         while self.ack_buffer:
             ids, self.ack_buffer = self.ack_buffer, []
-            _, unknown = await db(ledger.ack_deliveries)(self.subscriber, ids)
+            _, unknown = await ledger.aack_deliveries(self.subscriber, ids)
             if unknown:
                 await self.send_json(FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown).frame())
 
@@ -439,7 +439,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ids, retry_in, error = frames.nack_of(frame)
 
         # One ledger call, one statement for every id (ledger.nack_deliveries).
-        nacked = await db(ledger.nack_deliveries)(
+        nacked = await ledger.anack_deliveries(
             self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
         )
         unknown, settled = nacked.unknown, list(nacked.settled)
@@ -471,7 +471,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         try:
             while self.publish_buffer:
                 batch, self.publish_buffer, self.publish_buffered = self.publish_buffer, [], 0
-                for p, answers in await db(self.publish_in_order)(batch):
+                for p, answers in await self.publish_in_order(batch):
                     if isinstance(answers, FrameError):
                         await self.send_json(answers.frame(p.ref))
                     else:
@@ -484,7 +484,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):
                 await self.close(code=CLOSE_SERVER_ERROR)
 
-    def publish_in_order(self, publishes):
+    async def publish_in_order(self, publishes):
         """[(publish, its answers or a FrameError)] for the buffered publish frames: each run
         of frames for one queue (up to MAX_BATCH messages, a frame never split) is one
         publish, so their seqs follow the order the frames came in."""
@@ -493,12 +493,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             queue, error = None, None
             try:
                 frames.check_queue_name(name)
-                queue = publishing.find_queue(name)
+                queue = await publishing.afind_queue(name)
                 if queue is None:
                     raise FrameError("not_found", f"There is no queue named {name!r}.")
-                if not self.subscriber.may_publish(queue):
+                if not await self.subscriber.amay_publish(queue):
                     raise FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
-                published = group_commit.publish(
+                published = await group_commit.apublish(
                     queue, [o for p in run for o in p.outgoing], publisher=self.subscriber
                 )
             except FrameError as exc:

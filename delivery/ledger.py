@@ -23,7 +23,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from mqsite import rows
+from mqsite import adb, rows
 from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
@@ -146,17 +146,10 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
     now = now or timezone.now()
     if limit <= 0:
         return []
-    # Only the subscriptions with something ready or overdue: an idle poller's lease is this
-    # one read, and takes no write lock (on SQLite, the whole database's).
-    subs = [s for s in _subscriptions(subscriber, queue, event_ids, now) if s["ready"] or s["overdue"]]
+    subs = _leasable(adb.run_sync(_subscriptions(subscriber, queue, event_ids, now)))
     if not subs:
         return []
-    overdue = [s["id"] for s in subs if s["overdue"]]
-    ordered = [s for s in subs if s["queue__ordered"]]
-    unordered = defaultdict(list)
-    for sub in subs:
-        if not sub["queue__ordered"]:
-            unordered[sub["queue__ack_timeout"]].append(sub["id"])
+    overdue, ordered, unordered = _plan(subs)
     # The common case, nothing overdue and one group of unordered subscriptions, is a single
     # statement: it needs no transaction of its own (two more round trips, BEGIN and COMMIT).
     alone = not overdue and not ordered and len(unordered) == 1
@@ -174,6 +167,53 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
             leased += _lease_ready(ids, event_ids, limit - len(leased), ack_timeout, holder, now)
     leased.sort(key=lambda d: (d["seq"], d["id"]))
     return leased
+
+
+async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
+    """lease_deliveries() from the event loop. Its common case (nothing overdue, one group of
+    unordered subscriptions) runs on the async connection: the read and the one UPDATE. The
+    others (an expiry first, an ordered queue's head under its lock) take a thread, where the
+    sync lease reads again and does it all in its transaction."""
+    if not adb.enabled():
+        return await adb.thread(lease_deliveries)(
+            subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now
+        )
+    now = now or timezone.now()
+    if limit <= 0:
+        return []
+    async with adb.connect() as conn:
+        subs = _leasable(await adb.run(_subscriptions(subscriber, queue, event_ids, now), conn))
+        if not subs:
+            return []
+        overdue, ordered, unordered = _plan(subs)
+        if not overdue and not ordered and len(unordered) == 1:
+            [(ack_timeout, ids)] = unordered.items()
+            leased = await adb.run(
+                _lease_ready_statement(ids, event_ids, limit, ack_timeout, holder, now), conn
+            )
+            leased.sort(key=lambda d: (d["seq"], d["id"]))
+            return leased
+    return await adb.thread(lease_deliveries)(
+        subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now
+    )
+
+
+def _leasable(subs):
+    """Only the subscriptions with something ready or overdue: an idle poller's lease is the
+    one read, and takes no write lock (on SQLite, the whole database's)."""
+    return [s for s in subs if s["ready"] or s["overdue"]]
+
+
+def _plan(subs):
+    """(subscription ids with a lease overdue, ordered subscriptions, {ack timeout: ids of the
+    unordered subscriptions})."""
+    overdue = [s["id"] for s in subs if s["overdue"]]
+    ordered = [s for s in subs if s["queue__ordered"]]
+    unordered = defaultdict(list)
+    for sub in subs:
+        if not sub["queue__ordered"]:
+            unordered[sub["queue__ack_timeout"]].append(sub["id"])
+    return overdue, ordered, unordered
 
 
 def _in(values):
@@ -206,9 +246,8 @@ def _subscriptions(subscriber, queue, event_ids, now):
     deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
     pending, inflight = status_is(Status.PENDING), status_is(Status.INFLIGHT)
     of_queue = "AND s.queue_id = %s" if queue is not None else ""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
+    found = yield (
+        f"""
             SELECT s.id, q.ordered, q.ack_timeout,
                    EXISTS ({deliveries} AND {pending} AND d.next_attempt_at <= %s),
                    EXISTS ({deliveries} AND {inflight} AND d.ack_deadline <= %s)
@@ -216,31 +255,36 @@ def _subscriptions(subscriber, queue, event_ids, now):
             JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
             WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
             """,
-            [
-                *event_params,
-                at,
-                *event_params,
-                at,
-                True,
-                True,
-                subscriber.pk,
-                False,
-                *([queue.pk] if queue is not None else []),
-            ],
-        )
-        return [
-            {
-                "id": id_,
-                "queue__ordered": bool(ordered),
-                "queue__ack_timeout": ack_timeout,
-                "ready": bool(ready),
-                "overdue": bool(overdue),
-            }
-            for id_, ordered, ack_timeout, ready, overdue in cursor.fetchall()
-        ]
+        [
+            *event_params,
+            at,
+            *event_params,
+            at,
+            True,
+            True,
+            subscriber.pk,
+            False,
+            *([queue.pk] if queue is not None else []),
+        ],
+    )
+    return [
+        {
+            "id": id_,
+            "queue__ordered": bool(ordered),
+            "queue__ack_timeout": ack_timeout,
+            "ready": bool(ready),
+            "overdue": bool(overdue),
+        }
+        for id_, ordered, ack_timeout, ready, overdue in found
+    ]
 
 
 def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
+    leased = adb.run_sync(_lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now))
+    return leased if connection.vendor == "postgresql" else _describe(leased)
+
+
+def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
     """Lease the oldest ready deliveries of these subscriptions (one statement) and describe
     them. SKIP LOCKED: two leasers running at once each take rows the other has not locked, so
     no delivery is handed to both (PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE)."""
@@ -265,14 +309,13 @@ def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
         limit,
     ]
     set_ = "status = %s, attempt = attempt + 1, ack_deadline = %s, delivered_at = %s, lease_holder = %s"
-    with connection.cursor() as cursor:
-        if connection.vendor != "postgresql":
-            cursor.execute(f"UPDATE {table} SET {set_} WHERE id IN ({pick}) RETURNING id", params)
-            return _describe([row[0] for row in cursor.fetchall()])
-        # PostgreSQL returns the message with the lease: one round trip where the ORM took four
-        # (lock, update, then read back with the joins), bench/PROFILE.md.
-        cursor.execute(
-            f"""
+    if connection.vendor != "postgresql":  # the ids, that _lease_ready() describes
+        leased = yield f"UPDATE {table} SET {set_} WHERE id IN ({pick}) RETURNING id", params
+        return [row[0] for row in leased]
+    # PostgreSQL returns the message with the lease: one round trip where the ORM took four
+    # (lock, update, then read back with the joins), bench/PROFILE.md.
+    leased = yield (
+        f"""
             UPDATE {table} d SET {set_}
             FROM {Message._meta.db_table} m, {Queue._meta.db_table} q, {Event._meta.db_table} e
             WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
@@ -280,9 +323,9 @@ def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
             RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
                       m.created_at, d.ack_deadline
             """,
-            params,
-        )
-        return [_delivery(*row) for row in cursor.fetchall()]
+        params,
+    )
+    return [_delivery(*row) for row in leased]
 
 
 def _mark_leased(ids, ack_timeout, holder, now):
@@ -417,7 +460,18 @@ def ack_deliveries(subscriber, ids, now=None):
     twice is harmless; a late ack of a delivery that was expired or dead still counts, since
     the client did get it.
     """
-    now = now or timezone.now()
+    with rows.writing():
+        return adb.run_sync(_ack(subscriber.pk, ids, now or timezone.now()))
+
+
+async def aack_deliveries(subscriber, ids, now=None):
+    """ack_deliveries() from the event loop: the same statements on the async connection."""
+    if not adb.enabled():
+        return await adb.thread(ack_deliveries)(subscriber, ids, now=now)
+    return await adb.run(_ack(subscriber.pk, ids, now or timezone.now()))
+
+
+def _ack(subscriber_id, ids, now):
     ids = list(dict.fromkeys(ids))
     if not ids:
         return 0, []
@@ -425,22 +479,23 @@ def ack_deliveries(subscriber, ids, now=None):
     # (PostgreSQL, SQLite 3.35+). Only when it did not ack them all is a second query needed,
     # to tell ids acked before from ids that are not the subscriber's.
     table = Delivery._meta.db_table
-    with rows.writing(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
-            WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
-            RETURNING id
-            """,
-            [Status.ACKED, connection.ops.adapt_datetimefield_value(now), *ids, subscriber.pk, Status.ACKED],
-        )
-        acked = {row[0] for row in cursor.fetchall()}
+    returned = yield (
+        f"""
+        UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
+        WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
+        RETURNING id
+        """,
+        [Status.ACKED, connection.ops.adapt_datetimefield_value(now), *ids, subscriber_id, Status.ACKED],
+    )
+    acked = {row[0] for row in returned}
     mine = acked
     if len(acked) < len(ids):
         rest = [i for i in ids if i not in acked]
-        mine = acked | set(
-            Delivery.objects.filter(id__in=rest, subscriber=subscriber).values_list("id", flat=True)
+        found = yield (
+            f"SELECT id FROM {table} WHERE id IN {_in(rest)} AND subscriber_id = %s",
+            [*rest, subscriber_id],
         )
+        mine = acked | {row[0] for row in found}
     # No wake-up: the acking client leases next itself (its consumer wakes on its own acks).
     return len(acked), [i for i in ids if i not in mine]
 
@@ -482,11 +537,31 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     head of an ordered queue. The ids go as one parameter (an array, or JSON on SQLite), so
     there is no limit of parameters to mind.
     """
-    now = now or timezone.now()
+    with transaction.atomic():
+        nacked, wake = adb.run_sync(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error))
+        if wake:
+            wakeups.notify_after_commit([subscriber.pk])
+    return nacked
+
+
+async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
+    """nack_deliveries() from the event loop: the same statements, in one transaction of the
+    async connection, the wake-up after its commit."""
+    if not adb.enabled():
+        return await adb.thread(nack_deliveries)(subscriber, ids, retry_in=retry_in, now=now, error=error)
+    async with adb.transaction() as conn:
+        nacked, wake = await adb.run(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error), conn)
+    if wake:
+        wakeups.notify_from_loop([subscriber.pk])
+    return nacked
+
+
+def _nack(subscriber_id, ids, retry_in, now, error):
+    """The nack's statements; (Nacked, whether to wake the subscriber after the commit)."""
     ids = list(dict.fromkeys(ids))
     valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
     if not valid:
-        return Nacked({}, ids, {})
+        return Nacked({}, ids, {}), False
     table, at = Delivery._meta.db_table, connection.ops.adapt_datetimefield_value
     dead = _AT_LAST_ATTEMPT()
     if retry_in is None:
@@ -494,51 +569,58 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     else:
         next_at, next_params = "%s", [at(now + timedelta(seconds=retry_in))]
     of_ids, ids_param = _id_set(valid)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {table} SET
-                status = CASE WHEN {dead} THEN %s ELSE %s END,
-                next_attempt_at = CASE WHEN {dead} THEN next_attempt_at ELSE {next_at} END,
-                last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || ' attempts' ELSE %s END,
-                ack_deadline = NULL,
-                lease_holder = ''
-            WHERE id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)
-            RETURNING id, status, attempt, next_attempt_at, queue_id
-            """,
-            [
-                Status.DEAD,
-                Status.PENDING,
-                *next_params,
-                f"{error}; dead after ",
-                error,
-                ids_param,
-                subscriber.pk,
-                Status.PENDING,
-                Status.INFLIGHT,
-            ],
-        )
-        rows = cursor.fetchall()
-        done = {
-            id_: (status, attempt, _datetime(next_attempt_at))
-            for id_, status, attempt, next_attempt_at, _ in rows
-        }
-        settled = {}
-        if len(done) < len(valid):
-            of_rest, rest_param = _id_set([i for i in valid if i not in done])
-            cursor.execute(
-                f"SELECT id, status FROM {table} WHERE id {of_rest} AND subscriber_id = %s",
-                [rest_param, subscriber.pk],
+    rows = yield (
+        f"""
+        UPDATE {table} SET
+            status = CASE WHEN {dead} THEN %s ELSE %s END,
+            next_attempt_at = CASE WHEN {dead} THEN next_attempt_at ELSE {next_at} END,
+            last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || ' attempts' ELSE %s END,
+            ack_deadline = NULL,
+            lease_holder = ''
+        WHERE id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)
+        RETURNING id, status, attempt, next_attempt_at, queue_id
+        """,
+        [
+            Status.DEAD,
+            Status.PENDING,
+            *next_params,
+            f"{error}; dead after ",
+            error,
+            ids_param,
+            subscriber_id,
+            Status.PENDING,
+            Status.INFLIGHT,
+        ],
+    )
+    done = {
+        id_: (status, attempt, _datetime(next_attempt_at))
+        for id_, status, attempt, next_attempt_at, _ in rows
+    }
+    settled = {}
+    if len(done) < len(valid):
+        of_rest, rest_param = _id_set([i for i in valid if i not in done])
+        settled = dict(
+            (
+                yield (
+                    f"SELECT id, status FROM {table} WHERE id {of_rest} AND subscriber_id = %s",
+                    [rest_param, subscriber_id],
+                )
             )
-            settled = dict(cursor.fetchall())
-        # Wake only for what is ready now, or for a dead head of an ordered queue (what waited
-        # behind it may go): as _fail.
-        died_in = {queue_id for _, status, _, _, queue_id in rows if status == Status.DEAD}
-        if any(status == Status.PENDING and at_ <= now for status, _, at_ in done.values()) or (
-            died_in and Queue.objects.filter(pk__in=died_in, ordered=True).exists()
-        ):
-            wakeups.notify_after_commit([subscriber.pk])
-    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled)
+        )
+    # Wake only for what is ready now, or for a dead head of an ordered queue (what waited
+    # behind it may go): as _fail.
+    wake = any(status == Status.PENDING and at_ <= now for status, _, at_ in done.values())
+    died_in = sorted({queue_id for _, status, _, _, queue_id in rows if status == Status.DEAD})
+    if not wake and died_in:
+        wake = bool(
+            (
+                yield (
+                    f"SELECT 1 FROM {Queue._meta.db_table} WHERE id IN {_in(died_in)} AND ordered = %s",
+                    [*died_in, True],
+                )
+            )
+        )
+    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled), wake
 
 
 def _backoff_case(now):

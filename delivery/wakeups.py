@@ -32,6 +32,8 @@ from collections import defaultdict
 from django.conf import settings
 from django.db import transaction
 
+from mqsite import adb
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Condition()
@@ -50,12 +52,36 @@ def notify(subscriber_ids):
     ids = list(subscriber_ids)
     if not ids:
         return
-    shared = _shared if _redis() is not None else frozenset()
-    _wake_here(ids, sockets=[i for i in ids if i not in shared])
+    _wake_here(ids, sockets=_not_shared(ids))
     if _hints is not None:
         _hints.put(ids)  # the word to the others goes from a thread of its own (below)
     else:
         _send_hints(ids)
+
+
+def notify_from_loop(subscriber_ids):
+    """notify() after a commit made on the event loop (mqsite/adb.py): this process's sockets
+    and long polls at once; the other processes (a Redis PUBLISH) and the webhook jobs (a
+    query) from a thread, since both block, and nobody waits for them."""
+    ids = list(subscriber_ids)
+    if not ids:
+        return
+    _wake_here(ids, sockets=_not_shared(ids))
+    if _hints is not None:
+        _hints.put(ids)
+        return
+    task = asyncio.ensure_future(adb.thread(_send_hints)(ids))
+    _telling.add(task)  # a reference, or the task could be collected before it ran
+    task.add_done_callback(_telling.discard)
+
+
+_telling = set()
+
+
+def _not_shared(ids):
+    """Of these subscribers, those whose sockets here are woken at once (the others' by the
+    echo of the PUBLISH, below)."""
+    return ids if _redis() is None else [i for i in ids if i not in _shared]
 
 
 def _send_hints(ids):

@@ -9,6 +9,8 @@ import time
 from django.conf import settings
 from django.db import connection
 
+from . import adb
+
 
 def writing():
     """The process's SQLite write lock (mqsite/sqlite) around a write made outside a
@@ -27,14 +29,23 @@ def first(model, where, params):
     return None if values is None else model.from_db(connection.alias, None, values)
 
 
+def first_statement(model, where, params):
+    """first() as a sans-I/O operation, for either driver (mqsite/adb.py)."""
+    values = yield from first_values_statement(model, where, params)
+    return None if values is None else model.from_db(connection.alias, None, values)
+
+
 def _first_values(model, where, params):
+    return adb.run_sync(first_values_statement(model, where, params))
+
+
+def first_values_statement(model, where, params):
+    """The converted values of the first row, or None (sans-I/O)."""
     columns, converters = _shape(model, connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {columns} FROM {model._meta.db_table} WHERE {where} LIMIT 1", params)
-        row = cursor.fetchone()
-    if row is None:
+    found = yield f"SELECT {columns} FROM {model._meta.db_table} WHERE {where} LIMIT 1", params
+    if not found:
         return None
-    values = list(row)
+    values = list(found[0])
     for i, expression, convert in converters:
         values[i] = convert(values[i], expression, connection)
     return values
@@ -62,21 +73,34 @@ class Cached:
         self._forgotten = 0  # how many times forget() ran
 
     def first(self, key):
-        now = time.monotonic()
+        values, forgotten = self._kept(key)
+        if values is None:
+            values = _first_values(self.model, self.where, self.params(key))
+            self._keep(key, values, forgotten)
+        return None if values is None else self.model.from_db(connection.alias, None, list(values))
+
+    async def afirst(self, key):
+        """first() from the event loop (mqsite/adb.py's driver for a miss)."""
+        values, forgotten = self._kept(key)
+        if values is None:
+            values = await adb.run(first_values_statement(self.model, self.where, self.params(key)))
+            self._keep(key, values, forgotten)
+        return None if values is None else self.model.from_db(connection.alias, None, list(values))
+
+    def _kept(self, key):
+        """(the values kept for key, or None; the forget() count to store a miss's answer by)."""
         with self._lock:
             kept, forgotten = self._rows.get(key), self._forgotten
-        if kept is not None and kept[1] > now:
-            values = kept[0]
-        else:
-            values = _first_values(self.model, self.where, self.params(key))
-            if values is None:
-                return None
-            with self._lock:
-                if self._forgotten == forgotten:
-                    if len(self._rows) >= self.MAX_ROWS:
-                        self._rows.clear()
-                    self._rows[key] = (values, now + settings.MQ_REVOCATION_CHECK_SECS)
-        return self.model.from_db(connection.alias, None, list(values))
+        return (kept[0] if kept is not None and kept[1] > time.monotonic() else None), forgotten
+
+    def _keep(self, key, values, forgotten):
+        if values is None:
+            return
+        with self._lock:
+            if self._forgotten == forgotten:
+                if len(self._rows) >= self.MAX_ROWS:
+                    self._rows.clear()
+                self._rows[key] = (values, time.monotonic() + settings.MQ_REVOCATION_CHECK_SECS)
 
     def forget(self):
         """Every row: changes are rare (an operator's, a rotation), lookups are not."""

@@ -133,6 +133,11 @@ else:
         "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
         "timeout": 10,
     }
+# The socket's publishes, leases, acks and nacks run on an async pool of their own, on the
+# event loop (mqsite/adb.py); MQ_ASYNC_DB=false runs them in threads as the rest of the code
+# (for comparison). SQLite always does.
+MQ_ASYNC_DB = env.bool("MQ_ASYNC_DB", default=True)
+MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", 10)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

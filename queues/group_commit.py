@@ -14,11 +14,15 @@ caller still waiting. A batch that fails is run again one publish at a time, so 
 caller gets its own answer or its own error and no caller's publish fails for another's.
 """
 
+import asyncio
 import logging
 import threading
+import weakref
 from dataclasses import replace
 
 from django.db import connection
+
+from mqsite import adb
 
 from . import publishing
 
@@ -100,15 +104,106 @@ def _run(queue, batch):
         try:
             answers = publishing.publish(queue, [o for job in batch for o in job.outgoing])
         except Exception:  # one at a time below, so that each caller gets its own answer or error
-            log.info("%s publishes to %s failed together; each again alone", len(batch), queue, exc_info=True)
+            _failed_together(queue, batch)
         else:
-            start = 0
-            for job in batch:
-                job.result = answers[start : start + len(job.outgoing)]
-                start += len(job.outgoing)
-            return
+            return _share(batch, answers)
     for job in batch:
         try:
             job.result = publishing.publish(queue, job.outgoing)
         except Exception as exc:  # the caller's thread raises it
             job.error = exc
+
+
+def _failed_together(queue, batch):
+    log.info("%s publishes to %s failed together; each again alone", len(batch), queue, exc_info=True)
+
+
+def _share(batch, answers):
+    start = 0
+    for job in batch:
+        job.result = answers[start : start + len(job.outgoing)]
+        start += len(job.outgoing)
+
+
+# --- the same on the event loop ---------------------------------------------------------------
+#
+# The socket's publishes (publishing.apublish(), on the async connection) batch the same way,
+# among the publishers of one event loop: the first caller starts a task that commits a batch
+# at a time for as long as callers keep arriving; each caller awaits its own answer. A task
+# rather than the first caller itself leading, so that a caller that goes away (its socket
+# closed) does not take the others' batch with it. (The event loop's publishers and the
+# threads' still serialise on the queue's row lock, in two groups.)
+
+
+class _Waiter:
+    __slots__ = ("outgoing", "result", "error", "future")
+
+    def __init__(self, outgoing, future):
+        self.outgoing, self.future = outgoing, future
+        self.result = self.error = None
+
+
+_loops = weakref.WeakKeyDictionary()  # event loop -> {queue id: [_Waiter], in order of arrival}
+_draining = set()  # the batching tasks (referenced, or they could be collected while running)
+
+
+async def apublish(queue, outgoing, publisher=None):
+    """publish() from the event loop: publishing.apublish() in batches, each answer after the
+    commit that holds it. In the embedded mode, publish() in a thread (it shares its
+    transaction with the requests' publishes)."""
+    if not outgoing:
+        return []
+    if not adb.enabled():
+        return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+    if publisher is not None:
+        outgoing = [o if o.publisher is not None else replace(o, publisher=publisher) for o in outgoing]
+    loop = asyncio.get_running_loop()
+    waiting = _loops.setdefault(loop, {})
+    waiter = _Waiter(outgoing, loop.create_future())
+    if queue.pk not in waiting:
+        waiting[queue.pk] = []
+        task = loop.create_task(_drain(queue, waiting))
+        _draining.add(task)
+        task.add_done_callback(_draining.discard)
+    waiting[queue.pk].append(waiter)
+    return await waiter.future
+
+
+async def _drain(queue, waiting):
+    waiters = waiting[queue.pk]
+    batch = []
+    try:
+        while waiters:
+            batch = _take(waiters)
+            await _arun(queue, batch)
+            _answer(batch)
+    finally:
+        del waiting[queue.pk]
+        for waiter in batch + waiters:  # only when this task itself was cancelled (the loop ends)
+            if not waiter.future.done():
+                waiter.future.cancel()
+
+
+async def _arun(queue, batch):
+    if len(batch) > 1:
+        try:
+            answers = await publishing.apublish(queue, [o for waiter in batch for o in waiter.outgoing])
+        except Exception:
+            _failed_together(queue, batch)
+        else:
+            return _share(batch, answers)
+    for waiter in batch:
+        try:
+            waiter.result = await publishing.apublish(queue, waiter.outgoing)
+        except Exception as exc:  # the caller raises it
+            waiter.error = exc
+
+
+def _answer(batch):
+    for waiter in batch:
+        if waiter.future.done():  # its caller went away
+            continue
+        if waiter.error is not None:
+            waiter.future.set_exception(waiter.error)
+        else:
+            waiter.future.set_result(waiter.result)

@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from delivery import ledger, wakeups
-from mqsite import limits, rows
+from mqsite import adb, limits, rows
 from mqsite.api import storable_text
 
 from .models import Event, Message, Queue
@@ -151,6 +151,35 @@ def _publish_at_once(queue, outgoing, publisher, now):
     that is one round trip and one commit, where the steps above took six (bench/PROFILE.md).
     The UPDATE of last_seq still locks the queue row until the commit, as _take_seqs does."""
     events = _events(queue, {o.event for o in outgoing}, outgoing, publisher)
+    answers, owed = adb.run_sync(_publish_statement(queue, outgoing, publisher, now, events))
+    wakeups.notify_after_commit(owed)
+    return answers
+
+
+async def apublish(queue, outgoing, publisher=None):
+    """publish() from the event loop. In the services mode, without idempotency keys and with
+    every event known (the usual publish), it is _publish_at_once's one statement on the async
+    connection, in autocommit: the answers come back after its commit, the wake-ups go after
+    it. Otherwise (keys need a look and a lock first, a new event is made and counted against
+    the limits, SQLite) it is publish() in a thread."""
+    if not outgoing:
+        return []
+    events = _remembered_events(queue, {o.event for o in outgoing})
+    if not adb.enabled() or events is None or any(o.key is not None for o in outgoing):
+        return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+    try:
+        answers, owed = await adb.run(_publish_statement(queue, outgoing, publisher, timezone.now(), events))
+    except IntegrityError:
+        # A remembered event deleted since (the admin): publish() looks them up again.
+        _forget_events(queue.pk)
+        return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+    wakeups.notify_from_loop(owed)
+    return answers
+
+
+def _publish_statement(queue, outgoing, publisher, now, events):
+    """_publish_at_once's statement, for either driver (mqsite/adb.py): (the answers, the
+    subscribers owed something)."""
     count = len(outgoing)
     at = connection.ops.adapt_datetimefield_value(now)
     fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now)
@@ -180,16 +209,14 @@ def _publish_at_once(queue, outgoing, publisher, now):
         [p.pk if (p := o.publisher or publisher) is not None else None for o in outgoing],
         *fan_out_params,
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    rows = yield sql, params
     made = sorted((seq, id_) for id_, seq, _ in rows if seq is not None)  # seq order is input order
     counts, owed = ledger.fanned_out([(id_, subscriber) for id_, seq, subscriber in rows if seq is None])
-    wakeups.notify_after_commit(owed)
-    return [
+    answers = [
         (_answer_of(id_, queue, o.event, seq, counts.get(id_, 0), now), True)
         for (seq, id_), o in zip(made, outgoing, strict=True)
     ]
+    return answers, owed
 
 
 # Events of a queue, by (queue id, name), as committed: a row never changes its name or queue,
@@ -217,6 +244,12 @@ def _events(queue, names, outgoing=(), publisher=None):
         found.update(looked_up)
         transaction.on_commit(lambda: _remember_events(queue.pk, looked_up.values()))
     return found
+
+
+def _remembered_events(queue, names):
+    """The queue's Event rows for these names when all are remembered, else None."""
+    found = {n: _known_events.get((queue.pk, n)) for n in names}
+    return None if None in found.values() else found
 
 
 def _charge_new_events(names, outgoing, publisher):
@@ -293,6 +326,16 @@ def find_queue(name):
     Its last_seq is not current (publish takes the next seq in the database)."""
     try:
         return _by_name.first(clean_name(name, "queue"))
+    except BadName:
+        return None
+
+
+async def afind_queue(name):
+    """find_queue() from the event loop."""
+    if not adb.enabled():
+        return await adb.thread(find_queue)(name)
+    try:
+        return await _by_name.afirst(clean_name(name, "queue"))
     except BadName:
         return None
 

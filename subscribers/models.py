@@ -1,6 +1,8 @@
 from django.core.exceptions import ValidationError
-from django.db import connection, models
+from django.db import models
 from django.utils import timezone
+
+from mqsite import adb
 
 from .tokens import hash_token, new_token, new_webhook_secret
 
@@ -64,15 +66,25 @@ class Subscriber(models.Model):
     def may_subscribe(self, queue):
         return self.subscribe_all or self._granted(self.subscribe_queues.through, queue)
 
+    async def amay_publish(self, queue):
+        """may_publish() from the event loop (mqsite/adb.py)."""
+        if self.publish_all:
+            return True
+        if not adb.enabled():
+            return await adb.thread(self.may_publish)(queue)
+        return await adb.run(self._granted_statement(self.publish_queues.through, queue))
+
     def _granted(self, through, queue):
+        return adb.run_sync(self._granted_statement(through, queue))
+
+    def _granted_statement(self, through, queue):
         # Asked on every publish: plain SQL, since building the ORM's query cost more than
         # running it.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT 1 FROM {through._meta.db_table} WHERE subscriber_id = %s AND queue_id = %s",
-                [self.pk, queue.pk],
-            )
-            return cursor.fetchone() is not None
+        found = yield (
+            f"SELECT 1 FROM {through._meta.db_table} WHERE subscriber_id = %s AND queue_id = %s",
+            [self.pk, queue.pk],
+        )
+        return bool(found)
 
     def visible_queue_filter(self):
         """A Q over Queue for the queues this subscriber may publish or subscribe to."""

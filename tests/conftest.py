@@ -136,3 +136,14 @@ def _forget_limit_counts():
 
     if isinstance(caches["default"], LocMemCache):
         caches["default"].clear()
+
+
+@pytest.fixture(autouse=True)
+def _close_async_pools():
+    """The async pool of the socket's hot path (mqsite/adb.py) belongs to the event loop of
+    the test that opened it: closed after the test, so that no connection outlives its loop
+    (nor keeps pytest-django from dropping the test database)."""
+    yield
+    from mqsite import adb
+
+    adb.close_pools()

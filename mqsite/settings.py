@@ -135,9 +135,12 @@ else:
     }
 # The socket's publishes, leases, acks and nacks run on an async pool of their own, on the
 # event loop (mqsite/adb.py); MQ_ASYNC_DB=false runs them in threads as the rest of the code
-# (for comparison). SQLite always does.
+# (for comparison). SQLite always does. The pool opens connections only as they are needed
+# at once; 10 starved a fan-out to 10 socket subscribers (W2: 1,900/s against 4,500 to 5,000
+# with 20 and 4,500 to 7,700 on threads, bench/PROFILE.md section 10). Mind PostgreSQL's
+# max_connections (100 by default): each web process may open both pools in full.
 MQ_ASYNC_DB = env.bool("MQ_ASYNC_DB", default=True)
-MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", 10)
+MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", 20)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

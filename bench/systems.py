@@ -632,20 +632,16 @@ class OursPublisherWs:
         """Send one frame; returns the future of its answer. A socket the server closed is
         opened again first, as a client would (the close is counted, and the frames it left
         unanswered fail)."""
+        return await self._send({"event": "create", "payload": payload})
+
+    async def _send(self, fields):
         if self.ws.state.name != "OPEN":
             self.reconnects += 1
             await self.connect()
         self.ref += 1
         fut = asyncio.get_running_loop().create_future()
         self.waiting[self.ref] = fut
-        frame = {
-            "type": "publish",
-            "queue": self.queue,
-            "event": "create",
-            "payload": payload,
-            "ref": self.ref,
-        }
-        await self.ws.send(json.dumps(frame))
+        await self.ws.send(json.dumps({"type": "publish", "queue": self.queue, **fields, "ref": self.ref}))
         return fut
 
     async def one(self, payload):
@@ -714,20 +710,7 @@ class OursPublisherWsBatch(OursPublisherWs):
     message is still one plain `publish` frame (W1a, W3)."""
 
     async def send_batch(self, payloads):
-        if self.ws.state.name != "OPEN":
-            self.reconnects += 1
-            await self.connect()
-        self.ref += 1
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[self.ref] = fut
-        frame = {
-            "type": "publish",
-            "queue": self.queue,
-            "messages": [{"event": "create", "payload": p} for p in payloads],
-            "ref": self.ref,
-        }
-        await self.ws.send(json.dumps(frame))
-        return fut
+        return await self._send({"messages": [{"event": "create", "payload": p} for p in payloads]})
 
     async def many(self, payloads):
         for first in range(0, len(payloads), MAX_BATCH_FRAME):

@@ -4,8 +4,8 @@ Each rule names its setting and the error a client gets beyond it; the services 
 own (presence its connections, subscribing its subscriptions, publishing its new events) and ask
 here. Operators (the admin, manage.py) are never limited: the callers pass no subscriber then.
 
-- frames a socket sends: MQ_WS_FRAME_RATE a second (1000) in bursts of MQ_WS_FRAME_BURST
-  (2000); beyond, an error frame `rate_limited`; a socket refused for MQ_WS_ABUSE_SECS (5) on
+- frames a socket sends: MQ_WS_FRAME_RATE a second (5000) in bursts of MQ_WS_FRAME_BURST
+  (10000); beyond, an error frame `rate_limited`; a socket refused for MQ_WS_ABUSE_SECS (5) on
   end is closed with 4429.
 - sockets a subscriber holds open: MQ_MAX_CONNECTIONS_PER_SUBSCRIBER (64); beyond, an error
   frame `too_many_connections` and the close 4429.

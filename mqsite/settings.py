@@ -262,8 +262,8 @@ MQ_REVOCATION_CHECK_SECS = _positive_float("MQ_REVOCATION_CHECK_SECS", 0.5)
 # socket may stay over that before it is closed; and caps on its open sockets (each a row and
 # a heartbeat), subscriptions (each fanned out to) and event names made per hour (each a row
 # and a /metrics label forever).
-MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 1000)
-MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 2000)
+MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 5000)
+MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 10000)
 MQ_WS_ABUSE_SECS = _positive_float("MQ_WS_ABUSE_SECS", 5.0)
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
 MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)

@@ -25,7 +25,11 @@ from .test_group_commit import QueueLock
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 on_postgres = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="the async connection is PostgreSQL's (SQLite takes a thread)"
+    connection.vendor != "postgresql",
+    reason=(
+        "the async connection is PostgreSQL's (SQLite takes a thread): "
+        "the PostgreSQL pass of make test runs it"
+    ),
 )
 
 

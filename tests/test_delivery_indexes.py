@@ -120,7 +120,10 @@ def test_it_expires_overdue_leases_through_the_partial_overdue_index(backlog):
     assert "delivery_overdue" in plan_of(sql, params)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's generic plans")
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="PostgreSQL's generic plans: the PostgreSQL pass of make test runs it",
+)
 @pytest.mark.django_db
 def test_it_could_not_use_the_index_were_the_status_a_parameter(backlog):
     """Why the ledger writes statuses as literals: the same lease with its status sent as a

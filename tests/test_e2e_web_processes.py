@@ -68,7 +68,10 @@ def publish(server, token, i=0):
 
 def test_several_processes_on_one_port_each_take_requests(world):
     if connection.vendor != "postgresql":
-        pytest.skip("several web processes are the services mode's (PostgreSQL and Redis)")
+        pytest.skip(
+            "several web processes are the services mode's (PostgreSQL and Redis): "
+            "the PostgreSQL pass of make test runs it"
+        )
     _, token = world
     servers = start_daphnes(2, {"REDIS_URL": REDIS})
     try:

@@ -115,6 +115,17 @@ def point_of(value, names=True):
     return Point(TIME, time_of(value[TIME], field or TIME))
 
 
+def point_of_text(text):
+    """A Point as an operator types it (`listen --from`, the admin): new, all, a seq, or an
+    ISO 8601 time."""
+    text = text.strip()
+    if text.lower() in (NEW, ALL):
+        return Point(text.lower())
+    if text.isdigit():
+        return point_of({SEQ: int(text)}, names=False)
+    return point_of({TIME: text}, names=False)
+
+
 def time_of(text, field=TIME):
     """An ISO 8601 time as an aware UTC datetime (none given: UTC). A time before or after what
     a datetime can hold in UTC (year 1 with a positive offset) is taken as its earliest or

@@ -5,9 +5,13 @@ seq or a time owes exactly those still in the hot tables from that point, in seq
 hands acked ones out again with the same delivery ids and a new attempt.
 """
 
+import io
+import json
 from datetime import timedelta
 
 import pytest
+from channels.db import database_sync_to_async
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -402,3 +406,140 @@ def test_a_replay_of_many_messages_is_as_many_statements_as_one_of_a_few(logger,
     assert (few, many) == (ledger.Replayed(n - 9, 10), ledger.Replayed(1, n // 2))
     assert len(many_made) == len(few_made) <= 4, many_made
     assert Delivery.objects.filter(subscriber=logger, status=Status.PENDING).count() == n
+
+
+# --- the socket ---------------------------------------------------------------------------------
+
+
+async def _socket(token):
+    from channels.testing import WebsocketCommunicator
+
+    from mqsite.asgi import application
+
+    comm = WebsocketCommunicator(application, f"/ws/?token={token}")
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    return comm
+
+
+async def _send(comm, frame):
+    await comm.send_to(text_data=json.dumps(frame))
+
+
+async def _recv(comm, timeout=3):
+    return json.loads(await comm.receive_from(timeout=timeout))
+
+
+def _setup_socket_world(ordered=False, n=3):
+    from queues.models import Queue
+    from subscribers.provisioning import create_subscriber
+
+    queue = Queue.objects.create(name="db", ordered=ordered)
+    subscriber, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
+    publish(queue, n)
+    return queue, subscriber, token
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_subscribe_frame_from_all_is_answered_with_the_replay_then_the_history_in_order():
+    queue, _, token = await database_sync_to_async(_setup_socket_world)(n=3)
+    comm = await _socket(token)
+    await _send(comm, {"type": "subscribe", "queue": "db", "from": "all"})
+    subscribed = await _recv(comm)
+    assert subscribed["type"] == "subscribed"
+    assert subscribed["replay"] == {"from_seq": 1, "deliveries": 3}
+    frames = [await _recv(comm) for _ in range(3)]
+    assert [(f["type"], f["seq"], f["payload"]) for f in frames] == [
+        ("message", i + 1, {"n": i}) for i in range(3)
+    ]
+    await _send(comm, {"type": "ack", "ids": [f["id"] for f in frames]})
+    # sent again (a reconnecting client does): the same subscription, nothing replayed again
+    await _send(comm, {"type": "subscribe", "queue": "db", "from": "all"})
+    again = await _recv(comm)
+    assert again == {**subscribed, "replay": {"from_seq": None, "deliveries": 0}}
+    assert await comm.receive_nothing(0.3)
+    # without "from", the answer is as it always was
+    await _send(comm, {"type": "subscribe", "queue": "db"})
+    assert "replay" not in await _recv(comm)
+    await comm.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("point", ["everything", {"seq": 0}, {"time": "soon"}, {"seq": 1, "time": "x"}, None])
+async def test_a_subscribe_frame_with_a_bad_from_is_an_error_frame_and_makes_nothing(point):
+    _, _, token = await database_sync_to_async(_setup_socket_world)()
+    comm = await _socket(token)
+    await _send(comm, {"type": "subscribe", "queue": "db", "from": point, "ref": 7})
+    error = await _recv(comm)
+    assert error["type"] == "error" and error["code"] == "bad_frame" and error["ref"] == 7
+    assert error["detail"].startswith("from: ")
+    assert not await database_sync_to_async(Subscription.objects.exists)()
+    await _send(comm, {"type": "ping"})  # the socket stays open
+    assert (await _recv(comm))["type"] == "pong"
+    await comm.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_replay_on_an_ordered_queue_comes_over_the_socket_one_at_a_time_in_seq_order():
+    queue, subscriber, token = await database_sync_to_async(_setup_socket_world)(ordered=True, n=4)
+    comm = await _socket(token)
+    await _send(comm, {"type": "subscribe", "queue": "db", "from": {"seq": 2}})
+    assert (await _recv(comm))["replay"] == {"from_seq": 2, "deliveries": 3}
+    seen = []
+    for _ in range(3):
+        frame = await _recv(comm)
+        assert await comm.receive_nothing(0.2)  # nothing else while it is in flight
+        seen.append(frame["seq"])
+        await _send(comm, {"type": "ack", "ids": [frame["id"]]})
+    assert seen == [2, 3, 4]
+    await comm.disconnect()
+
+
+# --- manage.py listen --from --------------------------------------------------------------------
+
+
+def listen(*args):
+    out = io.StringIO()
+    call_command("listen", *args, stdout=out, stderr=io.StringIO())
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_listen_from_all_makes_the_subscription_and_prints_the_history_oldest_first(logger, db_queue):
+    publish(db_queue, 4)
+    got = listen("logger", "db", "--from", "all", "--count", "4")
+    assert [d["seq"] for d in got] == [1, 2, 3, 4]
+    assert Subscription.objects.get(subscriber=logger).event is None
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
+
+
+def test_listen_from_a_seq_seeks_an_existing_subscription_back(logger, db_queue):
+    subscribing.subscribe(logger, db_queue)
+    publish(db_queue, 3)
+    first = listen("logger", "db", "--count", "3")
+    again = listen("logger", "db", "--from", "2", "--count", "2")
+    assert [(d["id"], d["seq"], d["attempt"]) for d in again] == [(d["id"], d["seq"], 2) for d in first[1:]]
+
+
+def test_listen_from_a_time_of_one_event_replays_only_that_event(logger, db_queue):
+    subscribing.subscribe(logger, db_queue)  # to every event
+    publish(db_queue, 2, event="create")
+    publish(db_queue, 2, event="delete", start=2)
+    listen("logger", "db", "--count", "4")
+    got = listen(
+        "logger", "db", "create", "--from", (timezone.now() - timedelta(hours=1)).isoformat(), "--count", "2"
+    )
+    assert [(d["seq"], d["event"]) for d in got] == [(1, "create"), (2, "create")]
+    # the other event's history was not handed out again
+    assert set(Delivery.objects.filter(event__name="delete").values_list("status", flat=True)) == {
+        Status.ACKED
+    }
+
+
+@pytest.mark.parametrize("start", ["yesterday", "0", "-3", "2026-13-01T00:00:00"])
+def test_listen_refuses_a_bad_from(logger, db_queue, start):
+    with pytest.raises(CommandError, match="--from"):
+        listen("logger", "db", "--from", start)
+    assert not Subscription.objects.exists()

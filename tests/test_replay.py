@@ -11,9 +11,13 @@ from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from delivery import ledger
@@ -543,3 +547,59 @@ def test_listen_refuses_a_bad_from(logger, db_queue, start):
     with pytest.raises(CommandError, match="--from"):
         listen("logger", "db", "--from", start)
     assert not Subscription.objects.exists()
+
+
+# --- the admin ----------------------------------------------------------------------------------
+
+
+def _replay_action(client, subscriptions, **form):
+    return client.post(
+        reverse("admin:subscribers_subscription_changelist"),
+        {"action": "replay_from", "_selected_action": [s.pk for s in subscriptions], **form},
+        follow=True,
+    )
+
+
+@pytest.fixture
+def staff(operator):
+    client = Client()
+    client.force_login(operator)
+    return client
+
+
+def test_the_admin_asks_where_from_then_replays_the_selected_subscriptions(staff, operator, logger, db_queue):
+    sub, _ = subscribing.subscribe(logger, db_queue)
+    publish(db_queue, 4)
+    first = pull(logger)
+    ack(logger, [d["id"] for d in first])
+
+    asked = _replay_action(staff, [sub])
+    assert asked.status_code == 200
+    assert "Replay from" in asked.content.decode() and 'name="start"' in asked.content.decode()
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}  # nothing yet
+
+    bad = _replay_action(staff, [sub], start="someday")
+    assert "time must be an ISO 8601" in bad.content.decode()
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
+
+    done = _replay_action(staff, [sub], start="3")
+    assert "replayed from seq 3: 2 deliveries owed again" in done.content.decode()
+    assert [(d["id"], d["attempt"]) for d in pull(logger)] == [(d["id"], 2) for d in first[2:]]
+    entry = LogEntry.objects.get(object_id=str(sub.pk))
+    assert entry.user == operator and "replayed from seq 3" in entry.get_change_message()
+
+
+def test_the_admin_replay_needs_the_right_to_change_deliveries(django_user_model, logger, db_queue):
+    sub, _ = subscribing.subscribe(logger, db_queue)
+    publish(db_queue, 1)
+    ack(logger, [d["id"] for d in pull(logger)])
+    viewer = django_user_model.objects.create_user("viewer", password="pw-viewer-1", is_staff=True)
+    viewer.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_subscription", "view_delivery"])
+    )
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(reverse("admin:subscribers_subscription_changelist"))
+    assert page.status_code == 200 and "replay_from" not in page.content.decode()
+    _replay_action(client, [sub], start="all")
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import ledger
+from delivery import heads, ledger
 from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Message
@@ -359,6 +359,21 @@ def test_a_replay_on_an_ordered_queue_goes_in_seq_order_one_at_a_time_behind_one
         seen.append(leased[0]["seq"])
         ack(logger, [leased[0]["id"]])
     assert seen == [1, 2, 4]
+
+
+def test_the_head_of_line_is_the_one_in_flight_when_a_seek_reopened_seqs_behind_it(logger, db_queue):
+    db_queue.ordered = True
+    db_queue.save()
+    sub = subscribe(logger, {"queue": "db"}).json()
+    publish(db_queue, 3)
+    for _ in range(2):
+        ack(logger, [d["id"] for d in pull(logger)])
+    (in_flight,) = pull(logger)
+    seek(logger, sub["id"], {"seq": 1})
+    assert heads.head_of(sub["id"]).pk == in_flight["id"]
+    (head,) = heads.blocked_heads()
+    assert (head.delivery.pk, head.behind) == (in_flight["id"], 2)
+    assert head.reason.startswith("in flight")
 
 
 def test_a_new_subscription_from_all_on_an_ordered_queue_is_handed_out_in_seq_order(logger, db_queue):

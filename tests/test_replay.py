@@ -130,6 +130,19 @@ def test_a_time_without_an_offset_is_utc_and_z_works_too(logger, peer, db_queue)
     assert r.json()["replay"] == {"from_seq": 2, "deliveries": 1}
 
 
+@pytest.mark.parametrize(
+    ("time", "from_seq", "owed"),
+    [("0001-01-01T00:00:00+23:59", 1, 2), ("9999-12-31T23:59:59.999999-23:59", 3, 0), ("2026-11-24", 1, 2)],
+)
+def test_a_time_at_the_ends_of_the_calendar_is_the_oldest_or_past_the_last(
+    logger, db_queue, time, from_seq, owed
+):
+    publish(db_queue, 2)
+    r = subscribe(logger, {"queue": "db", "from": {"time": time}})
+    assert r.status_code == 201, r.content
+    assert r.json()["replay"] == {"from_seq": from_seq, "deliveries": owed}
+
+
 def test_a_point_past_the_last_seq_owes_nothing_and_says_that_point(logger, peer, db_queue):
     publish(db_queue, 3)
     r = subscribe(logger, {"queue": "db", "from": {"seq": 50}})

@@ -23,6 +23,9 @@ MAX_HEADERS_BYTES = 8192
 MAX_VALUE_CHARS = MAX_HEADERS_BYTES - 1
 
 
+_AS_STORED = {"ensure_ascii": False, "separators": (",", ":")}
+
+
 class BadHeaders(ValueError):
     """Headers that cannot be published as given (the caller answers 400 naming `headers`)."""
 
@@ -54,7 +57,28 @@ def encode_headers(headers):
         raise BadHeaders(
             f"headers are over {MAX_HEADERS_BYTES} bytes (UTF-8 of every name and value together)"
         )
-    return json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(headers, **_AS_STORED)
+
+
+def headers_of_pairs(pairs):
+    """Headers from NAME=VALUE texts (`manage.py publish --header`, the admin's test publish):
+    split at the first '=', so a value may hold '='; a name given twice is refused rather than
+    one of its values dropped. encode_headers() checks the rest."""
+    headers = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise BadHeaders(f"{_short(pair)} is not NAME=VALUE")
+        if name in headers:
+            raise BadHeaders(f"header {_short(name)} is given twice")
+        headers[name] = value
+    return headers
+
+
+def stored_pair(name, value):
+    """One header as the stored text holds it ("name":"value"): what a search for exactly
+    that header looks for."""
+    return json.dumps({name: value}, **_AS_STORED)[1:-1]
 
 
 def decode_headers(text):

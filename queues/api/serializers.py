@@ -8,15 +8,18 @@ from queues import headers, publishing
 @extend_schema_field(
     {
         "type": "object",
-        "additionalProperties": {
-            "type": "string",
-            "pattern": STORABLE_PATTERN,
-            "maxLength": headers.MAX_VALUE_CHARS,
+        # The name rule as patternProperties, with no other name allowed: JSON Schema since draft
+        # 4 (what Schemathesis and validators read an OpenAPI 3.0 schema as) and OpenAPI 3.1;
+        # propertyNames would need draft 6, and additionalProperties alone cannot name them.
+        "patternProperties": {
+            headers.SCHEMA_NAME_PATTERN: {
+                "type": "string",
+                "pattern": STORABLE_PATTERN,
+                "maxLength": headers.MAX_VALUE_CHARS,
+            }
         },
+        "additionalProperties": False,
         "maxProperties": headers.MAX_HEADERS,
-        # Not OpenAPI 3.0 (3.1 has it), but what JSON Schema validators and Schemathesis read:
-        # without it the schema would allow names the server refuses.
-        "propertyNames": {"pattern": headers.SCHEMA_NAME_PATTERN},
         "description": (
             f"Optional headers beside the payload (e.g. traceparent), carried on every delivery: "
             f"{headers.NAME_HELP}; text values; at most {headers.MAX_HEADERS} of them and "

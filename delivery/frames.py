@@ -152,9 +152,11 @@ def _prepare(item):
     if "payload" not in item:
         raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
     try:
-        return publishing.prepare(item.get("event"), item["payload"], item.get("key"))
+        return publishing.prepare(item.get("event"), item["payload"], item.get("key"), item.get("headers"))
     except publishing.PayloadTooLarge as exc:
         raise FrameError("too_large", str(exc)) from None
+    except publishing.BadMessageHeaders as exc:
+        raise FrameError("bad_message", f"headers: {exc}") from None
     except publishing.BadMessage as exc:
         raise FrameError("bad_message", str(exc)) from None
 
@@ -163,7 +165,12 @@ def _prepare(item):
 
 
 def message_frame(delivery):
-    return {"type": "message", **{k: delivery[k] for k in MESSAGE_FIELDS}}
+    """A `message` frame (also each item of a `messages` frame, and a webhook's body), with
+    `headers` only when its message has some."""
+    frame = {"type": "message", **{k: delivery[k] for k in MESSAGE_FIELDS}}
+    if "headers" in delivery:
+        frame["headers"] = delivery["headers"]
+    return frame
 
 
 def published_frame(answers, batch, ref):

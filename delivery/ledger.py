@@ -321,7 +321,7 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
             WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
               AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id
             RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                      m.created_at, d.ack_deadline
+                      m.created_at, d.ack_deadline, m.headers_json
             """,
         params,
     )
@@ -408,14 +408,18 @@ def _describe(ids):
             "attempt",
             "message__created_at",
             "ack_deadline",
+            "message__headers_json",
         )
     )
     return [_delivery(*row) for row in rows]
 
 
-def _delivery(id, message_id, queue, event, seq, payload_json, attempt, published_at, ack_deadline):  # noqa: A002
-    """A leased delivery as the API gives it."""
-    return {
+def _delivery(
+    id, message_id, queue, event, seq, payload_json, attempt, published_at, ack_deadline, headers_json=None
+):
+    """A leased delivery as the API gives it: with `headers` only when its message has some
+    (queues.headers), so that clients that send none see exactly what they saw before."""
+    delivery = {
         "id": id,
         "message_id": message_id,
         "queue": queue,
@@ -426,6 +430,9 @@ def _delivery(id, message_id, queue, event, seq, payload_json, attempt, publishe
         "published_at": published_at,
         "ack_deadline": ack_deadline,
     }
+    if headers_json:
+        delivery["headers"] = json.loads(headers_json)
+    return delivery
 
 
 def subscribers_with_work(subscriber_ids, now=None):

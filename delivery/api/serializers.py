@@ -39,6 +39,11 @@ class DeliverySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     published_at = serializers.DateTimeField()
     ack_deadline = serializers.DateTimeField()
+    headers = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="The message's headers, only when it was published with some.",
+    )
 
 
 class DeliveryListSerializer(serializers.Serializer):

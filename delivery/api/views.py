@@ -115,6 +115,11 @@ class AckView(ApiView):
 
 
 class ExtendView(ApiView):
+    """A worker that needs longer than its queue's ack timeout keeps its deliveries: each of the
+    caller's in-flight deliveries among `ids` is leased until now + `seconds`, its attempt
+    unchanged. Ids that are pending, acked, dead, expired or another subscriber's are `unknown`
+    and untouched."""
+
     permission_classes = [IsSubscriber]
 
     @extend_schema(

@@ -13,6 +13,7 @@ from queues import publishing
 from queues.names import BadName, clean_name
 
 from .api.serializers import MAX_NACK_ERROR_CHARS
+from .ledger import MAX_EXTEND_SECS
 
 CLOSE_BAD_TOKEN = 4401
 CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
@@ -22,6 +23,7 @@ CLOSE_TOO_BIG = 4413
 CLOSE_SERVER_ERROR = 4500
 REVOKED = "its subscriber's token or right was revoked"
 UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
+NOT_EXTENDED = "Not extended: these delivery ids are not in flight on this connection (or not yours)."
 MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
 PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
 MAX_IDS = 10_000
@@ -97,6 +99,15 @@ def nack_of(frame):
     ):
         raise FrameError("bad_frame", f"error must be text of at most {MAX_NACK_ERROR_CHARS} characters.")
     return ids, retry_in, error
+
+
+def extend_of(frame):
+    """(ids, seconds) of an extend frame."""
+    ids = ids_of(frame)
+    seconds = frame.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= MAX_EXTEND_SECS:
+        raise FrameError("bad_frame", f"'seconds' must be a whole number from 1 to {MAX_EXTEND_SECS}.")
+    return ids, seconds
 
 
 def queue_name_of(frame):

@@ -507,6 +507,68 @@ def _ack(subscriber_id, ids, now):
     return len(acked), [i for i in ids if i not in mine]
 
 
+# --- lease extension ----------------------------------------------------------------------------
+
+# The longest a client may push its ack deadline out in one call (API.md, Extensions): SQS's
+# limit on a visibility timeout. A worker that needs longer extends again; one that died holds
+# its deliveries no longer than this.
+MAX_EXTEND_SECS = 12 * 3600
+
+
+class Extended(NamedTuple):
+    """What an extension did: the ids whose deadline moved, and the ids that are not the
+    caller's in-flight deliveries (another's, pending, acked, dead, held by another socket, or
+    no delivery at all)."""
+
+    ids: list
+    unknown: list
+
+
+def extend_deliveries(subscriber, ids, seconds, holder=None, now=None):
+    """Move the ack deadline of the subscriber's in-flight deliveries among `ids` to now +
+    `seconds` (Pub/Sub's modifyAckDeadline, SQS's ChangeMessageVisibility): a slow worker says
+    it is still working. `holder`: only leases held by it (a socket's own); None: any of the
+    subscriber's (REST, where a pull is no connection of its own).
+
+    A lease whose deadline passed but that nobody expired yet is still the caller's, and is
+    extended; once expired it is pending (or leased again, to its new holder) and unknown here.
+    """
+    with rows.writing():
+        return adb.run_sync(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
+
+
+async def aextend_deliveries(subscriber, ids, seconds, holder=None, now=None):
+    """extend_deliveries() from the event loop: the same statement on the async connection."""
+    if not adb.enabled():
+        return await adb.thread(extend_deliveries)(subscriber, ids, seconds, holder=holder, now=now)
+    return await adb.run(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
+
+
+def _extend(subscriber_id, ids, seconds, holder, now):
+    if not 1 <= seconds <= MAX_EXTEND_SECS:
+        raise ValueError(f"seconds must be from 1 to {MAX_EXTEND_SECS}")
+    ids = list(dict.fromkeys(ids))
+    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
+    if not valid:
+        return Extended([], ids)
+    # One statement, compare-and-set on the owner and the status (and the holder): an expiry
+    # that ran first made it pending, so it is not extended; one that runs after sees the new
+    # deadline (on PostgreSQL it locks the row, and waits for or skips this UPDATE's lock).
+    of_ids, ids_param = _id_set(valid)
+    of_holder, holder_params = ("AND lease_holder = %s", [holder]) if holder is not None else ("", [])
+    deadline = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=seconds))
+    returned = yield (
+        f"""
+        UPDATE {Delivery._meta.db_table} SET ack_deadline = %s
+        WHERE id {of_ids} AND subscriber_id = %s AND status = %s {of_holder}
+        RETURNING id
+        """,
+        [deadline, ids_param, subscriber_id, Status.INFLIGHT, *holder_params],
+    )
+    extended = {row[0] for row in returned}
+    return Extended([i for i in ids if i in extended], [i for i in ids if i not in extended])
+
+
 NACKED = "nacked by the client"
 
 

@@ -39,7 +39,16 @@ log = logging.getLogger(__name__)
 # delete transaction takes them; a few thousand keeps both small.
 BATCH_MESSAGES = 2000
 
-MESSAGE_FIELDS = ("id", "event__name", "seq", "created_at", "payload_json", "key", "publisher__name")
+MESSAGE_FIELDS = (
+    "id",
+    "event__name",
+    "seq",
+    "created_at",
+    "payload_json",
+    "key",
+    "publisher__name",
+    "headers_json",
+)
 DELIVERY_FIELDS = (
     "id",
     "message_id",

@@ -41,6 +41,7 @@ MESSAGE_SCHEMA = T.StructType(
         T.StructField("payload", T.StringType()),
         T.StructField("key", T.StringType()),
         T.StructField("publisher", T.StringType()),
+        T.StructField("headers", T.StringType()),  # files written before issue 16: null
         T.StructField("queue", T.StringType()),
         T.StructField("day", T.StringType()),
     ]

@@ -35,6 +35,7 @@ MESSAGE_SCHEMA = pa.schema(
         ("payload", pa.string()),  # the JSON text as published
         ("key", pa.string()),
         ("publisher", pa.string()),  # subscriber name; null when an operator published it
+        ("headers", pa.string()),  # the headers' JSON text as published; null when none
     ]
 )
 

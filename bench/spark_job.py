@@ -96,6 +96,7 @@ def generate(base, deliveries):
             "payload": pa.repeat(pa.scalar('{"host":"bench-01","size":1024}'), n_msg),
             "key": pa.nulls(n_msg, pa.string()),
             "publisher": pa.nulls(n_msg, pa.string()),
+            "headers": pa.nulls(n_msg, pa.string()),
             "queue": queue,
             "day": day,
         }

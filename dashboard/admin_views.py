@@ -3,7 +3,7 @@
 - Head of line: for ordered queues, the delivery at the head of each subscription that holds
   the others back, with "retry now" and "skip". Both go through delivery.ledger; each choice
   is written on the delivery (its last_error) and in the admin's history (LogEntry).
-- Publish a test message: queue, event, JSON payload, through queues.publishing.
+- Publish a test message: queue, event, JSON payload, key and headers, through queues.publishing.
 """
 
 import json
@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from delivery import heads, ledger
 from delivery.models import Delivery, Status
 from queues import publishing
+from queues.headers import BadHeaders, headers_of_pairs
 from queues.models import Message, Queue
 from subscribers.models import Subscriber
 
@@ -119,6 +120,12 @@ class PublishForm(forms.Form):
         max_length=255,
         help_text="Optional idempotency key: the same key again publishes nothing.",
     )
+    headers = forms.CharField(
+        required=False,
+        strip=False,  # a value is kept as typed
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField"}),
+        help_text="Optional headers: one NAME=VALUE a line, or a JSON object of names to text.",
+    )
 
     def clean_payload(self):
         try:
@@ -128,14 +135,30 @@ class PublishForm(forms.Form):
         except RecursionError:
             raise forms.ValidationError("This JSON is nested too deeply.") from None
 
+    def clean_headers(self):
+        text = self.cleaned_data["headers"]
+        if text.strip().startswith("{"):
+            try:
+                return json.loads(text)
+            except ValueError as exc:
+                raise forms.ValidationError(f"This is not a JSON object: {exc}") from None
+            except RecursionError:
+                raise forms.ValidationError("This JSON is nested too deeply.") from None
+        try:
+            return headers_of_pairs(line.rstrip("\r") for line in text.split("\n") if line.strip())
+        except BadHeaders as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def clean(self):
         cleaned = super().clean()
         if self.errors:
             return cleaned
         try:
             cleaned["outgoing"] = publishing.prepare(
-                cleaned["event"], cleaned["payload"], cleaned["key"] or None
+                cleaned["event"], cleaned["payload"], cleaned["key"] or None, cleaned["headers"]
             )
+        except publishing.BadMessageHeaders as exc:
+            self.add_error("headers", str(exc))
         except publishing.BadMessage as exc:
             raise forms.ValidationError(str(exc)) from None
         return cleaned

@@ -18,6 +18,7 @@ refuses) is served in this process, through the ledger, as the API would.
 import json
 import os
 import random
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -104,6 +105,12 @@ POISON_ERROR = "monitor: malformed error report"
 
 def is_poison(payload):
     return isinstance(payload, dict) and payload.get("malformed") is True
+
+
+def trace_headers():
+    """A W3C trace context, as a traced service would send beside its payload (the feed shows
+    it). Not from the demo's rng: the traffic stays the same for a seed."""
+    return {"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"}
 
 
 class DemoTraffic:
@@ -202,7 +209,10 @@ class DemoTraffic:
         for queue, messages in batches.items():
             token = self.publish_tokens.get(queue)
             if token is None:
-                publishing.publish(self.queues[queue], [publishing.prepare(e, p) for e, p in messages])
+                publishing.publish(
+                    self.queues[queue],
+                    [publishing.prepare(e, p, headers=trace_headers()) for e, p in messages],
+                )
             elif not self._publish_over_rest(queue, token, messages):
                 continue  # lost: the demo goes on, and says why in its report
             published += len(messages)
@@ -210,7 +220,7 @@ class DemoTraffic:
         return published
 
     def _publish_over_rest(self, queue, token, messages):
-        body = {"messages": [{"event": e, "payload": p} for e, p in messages]}
+        body = {"messages": [{"event": e, "payload": p, "headers": trace_headers()} for e, p in messages]}
         try:
             r = self.server.post(f"/api/queues/{queue}/messages", token, body)
         except httpx.HTTPError as exc:

@@ -245,6 +245,7 @@ class DeliveryAdmin(LedgerOperatorMixin, admin.ModelAdmin):
         "delivered_at",
         "acked_at",
         "last_error",
+        "headers",
         "payload",
     ]
     readonly_fields = fields
@@ -302,6 +303,10 @@ class DeliveryAdmin(LedgerOperatorMixin, admin.ModelAdmin):
     @admin.display(description="payload")
     def payload(self, obj):
         return pretty_json(obj.message.payload_json)
+
+    @admin.display(description="headers")
+    def headers(self, obj):
+        return pretty_json(obj.message.headers_json) if obj.message.headers_json else "-"
 
     @admin.action(
         description="Redeliver: back to pending, ready now (acked ones are left alone)",

@@ -464,6 +464,25 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if settled:
             raise FrameError("already_settled", "These deliveries are already acked or dead.", ids=settled)
 
+    async def on_extend(self, frame):
+        ids, seconds = frames.extend_of(frame)
+        # Only the leases this socket holds: a delivery keeps its id across attempts, so a late
+        # extend must not prolong the lease another connection took after this one's expired.
+        extended = await ledger.aextend_deliveries(self.subscriber, ids, seconds, holder=self.channel_name)
+        until = time.monotonic() + seconds
+        for i in extended.ids:
+            if i in self.held:  # its window and its wake-up at the deadline follow the lease
+                self.held[i] = until
+        if extended.unknown:
+            # As an ack frame's unknown ids, with the REST answer's fields beside them.
+            raise FrameError(
+                "unknown_ids",
+                frames.NOT_EXTENDED,
+                ids=extended.unknown,
+                extended=len(extended.ids),
+                unknown=extended.unknown,
+            )
+
     async def on_publish(self, frame):
         """Checked here, published in order by write_publishes: the frames that arrive while one
         batch commits go together in the next (and, through group_commit, with other sockets'
@@ -535,6 +554,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         "unsubscribe": on_unsubscribe,
         "ack": on_ack,
         "nack": on_nack,
+        "extend": on_extend,
         "publish": on_publish,
         "ping": on_ping,
     }

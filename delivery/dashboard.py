@@ -37,6 +37,7 @@ FEED_LIMIT = 30
 DEAD_LIMIT = 20
 SUBSCRIBERS_LIMIT = 100
 PAYLOAD_PREVIEW_CHARS = 300
+HEADERS_PREVIEW_CHARS = 200  # headers are at most 8 KiB; the feed shows their start
 # The analytics panel: its hourly chart covers the last this many hours of the analyzed
 # history (ending at its newest message), and its tables at most this many rows each.
 HISTORY_HOURS = 48
@@ -364,14 +365,27 @@ def newest_dead_letters(limit=DEAD_LIMIT):
 
 def newest_messages(after_id=None, limit=FEED_LIMIT):
     """The newest messages (after `after_id`, when given), newest first, with the start of
-    their payload (a payload may be large: only its first characters are read)."""
+    their payload (a payload may be large: only its first characters are read) and of their
+    headers, when they have some."""
     messages = Message.objects.all()
     if after_id is not None:
         messages = messages.filter(id__gt=after_id)
     rows = (
         messages.order_by("-id")
-        .annotate(preview=Substr("payload_json", 1, PAYLOAD_PREVIEW_CHARS + 1))
-        .values("id", "queue__name", "event__name", "seq", "created_at", "publisher__name", "preview")[:limit]
+        .annotate(
+            preview=Substr("payload_json", 1, PAYLOAD_PREVIEW_CHARS + 1),
+            headers_preview=Substr("headers_json", 1, HEADERS_PREVIEW_CHARS + 1),
+        )
+        .values(
+            "id",
+            "queue__name",
+            "event__name",
+            "seq",
+            "created_at",
+            "publisher__name",
+            "preview",
+            "headers_preview",
+        )[:limit]
     )
     return [
         {
@@ -382,9 +396,20 @@ def newest_messages(after_id=None, limit=FEED_LIMIT):
             "published_at": r["created_at"],
             "publisher": r["publisher__name"],
             "payload": _preview(r["preview"]),
+            **({"headers": _headers_preview(r["headers_preview"])} if r["headers_preview"] else {}),
         }
         for r in rows
     ]
+
+
+def _headers_preview(text):
+    """name=value pairs, for reading; the start of the stored text when there is more."""
+    if len(text) > HEADERS_PREVIEW_CHARS:
+        return text[:HEADERS_PREVIEW_CHARS] + "…"
+    try:
+        return "  ".join(f"{name}={value}" for name, value in json.loads(text).items())
+    except (ValueError, AttributeError):
+        return text
 
 
 def _preview(text):

@@ -14,6 +14,7 @@ from queues.names import BadName, clean_name
 from subscribers import replay
 
 from .api.serializers import MAX_NACK_ERROR_CHARS
+from .ledger import MAX_EXTEND_SECS
 
 CLOSE_BAD_TOKEN = 4401
 CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
@@ -23,6 +24,7 @@ CLOSE_TOO_BIG = 4413
 CLOSE_SERVER_ERROR = 4500
 REVOKED = "its subscriber's token or right was revoked"
 UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
+NOT_EXTENDED = "Not extended: these delivery ids are not in flight on this connection (or not yours)."
 MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
 PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
 MAX_IDS = 10_000
@@ -100,6 +102,15 @@ def nack_of(frame):
     return ids, retry_in, error
 
 
+def extend_of(frame):
+    """(ids, seconds) of an extend frame."""
+    ids = ids_of(frame)
+    seconds = frame.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= MAX_EXTEND_SECS:
+        raise FrameError("bad_frame", f"'seconds' must be a whole number from 1 to {MAX_EXTEND_SECS}.")
+    return ids, seconds
+
+
 def queue_name_of(frame):
     """The queue name a frame names, checked against the naming rule (not looked up)."""
     name = frame.get("queue")
@@ -163,9 +174,11 @@ def _prepare(item):
     if "payload" not in item:
         raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
     try:
-        return publishing.prepare(item.get("event"), item["payload"], item.get("key"))
+        return publishing.prepare(item.get("event"), item["payload"], item.get("key"), item.get("headers"))
     except publishing.PayloadTooLarge as exc:
         raise FrameError("too_large", str(exc)) from None
+    except publishing.BadMessageHeaders as exc:
+        raise FrameError("bad_message", f"headers: {exc}") from None
     except publishing.BadMessage as exc:
         raise FrameError("bad_message", str(exc)) from None
 
@@ -174,7 +187,12 @@ def _prepare(item):
 
 
 def message_frame(delivery):
-    return {"type": "message", **{k: delivery[k] for k in MESSAGE_FIELDS}}
+    """A `message` frame (also each item of a `messages` frame, and a webhook's body), with
+    `headers` only when its message has some."""
+    frame = {"type": "message", **{k: delivery[k] for k in MESSAGE_FIELDS}}
+    if "headers" in delivery:
+        frame["headers"] = delivery["headers"]
+    return frame
 
 
 def published_frame(answers, batch, ref):

@@ -321,7 +321,7 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
             WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
               AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id
             RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                      m.created_at, d.ack_deadline
+                      m.created_at, d.ack_deadline, m.headers_json
             """,
         params,
     )
@@ -409,14 +409,18 @@ def _describe(ids):
             "attempt",
             "message__created_at",
             "ack_deadline",
+            "message__headers_json",
         )
     )
     return [_delivery(*row) for row in rows]
 
 
-def _delivery(id, message_id, queue, event, seq, payload_json, attempt, published_at, ack_deadline):  # noqa: A002
-    """A leased delivery as the API gives it."""
-    return {
+def _delivery(
+    id, message_id, queue, event, seq, payload_json, attempt, published_at, ack_deadline, headers_json=None
+):
+    """A leased delivery as the API gives it: with `headers` only when its message has some
+    (queues.headers), so that clients that send none see exactly what they saw before."""
+    delivery = {
         "id": id,
         "message_id": message_id,
         "queue": queue,
@@ -427,6 +431,9 @@ def _delivery(id, message_id, queue, event, seq, payload_json, attempt, publishe
         "published_at": published_at,
         "ack_deadline": ack_deadline,
     }
+    if headers_json:
+        delivery["headers"] = json.loads(headers_json)
+    return delivery
 
 
 def subscribers_with_work(subscriber_ids, now=None):
@@ -499,6 +506,68 @@ def _ack(subscriber_id, ids, now):
         mine = acked | {row[0] for row in found}
     # No wake-up: the acking client leases next itself (its consumer wakes on its own acks).
     return len(acked), [i for i in ids if i not in mine]
+
+
+# --- lease extension ----------------------------------------------------------------------------
+
+# The longest a client may push its ack deadline out in one call (API.md, Extensions): SQS's
+# limit on a visibility timeout. A worker that needs longer extends again; one that died holds
+# its deliveries no longer than this.
+MAX_EXTEND_SECS = 12 * 3600
+
+
+class Extended(NamedTuple):
+    """What an extension did: the ids whose deadline moved, and the ids that are not the
+    caller's in-flight deliveries (another's, pending, acked, dead, held by another socket, or
+    no delivery at all)."""
+
+    ids: list
+    unknown: list
+
+
+def extend_deliveries(subscriber, ids, seconds, holder=None, now=None):
+    """Move the ack deadline of the subscriber's in-flight deliveries among `ids` to now +
+    `seconds` (Pub/Sub's modifyAckDeadline, SQS's ChangeMessageVisibility): a slow worker says
+    it is still working. `holder`: only leases held by it (a socket's own); None: any of the
+    subscriber's (REST, where a pull is no connection of its own).
+
+    A lease whose deadline passed but that nobody expired yet is still the caller's, and is
+    extended; once expired it is pending (or leased again, to its new holder) and unknown here.
+    """
+    with rows.writing():
+        return adb.run_sync(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
+
+
+async def aextend_deliveries(subscriber, ids, seconds, holder=None, now=None):
+    """extend_deliveries() from the event loop: the same statement on the async connection."""
+    if not adb.enabled():
+        return await adb.thread(extend_deliveries)(subscriber, ids, seconds, holder=holder, now=now)
+    return await adb.run(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
+
+
+def _extend(subscriber_id, ids, seconds, holder, now):
+    if not 1 <= seconds <= MAX_EXTEND_SECS:
+        raise ValueError(f"seconds must be from 1 to {MAX_EXTEND_SECS}")
+    ids = list(dict.fromkeys(ids))
+    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
+    if not valid:
+        return Extended([], ids)
+    # One statement, compare-and-set on the owner and the status (and the holder): an expiry
+    # that ran first made it pending, so it is not extended; one that runs after sees the new
+    # deadline (on PostgreSQL it locks the row, and waits for or skips this UPDATE's lock).
+    of_ids, ids_param = _id_set(valid)
+    of_holder, holder_params = ("AND lease_holder = %s", [holder]) if holder is not None else ("", [])
+    deadline = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=seconds))
+    returned = yield (
+        f"""
+        UPDATE {Delivery._meta.db_table} SET ack_deadline = %s
+        WHERE id {of_ids} AND subscriber_id = %s AND status = %s {of_holder}
+        RETURNING id
+        """,
+        [deadline, ids_param, subscriber_id, Status.INFLIGHT, *holder_params],
+    )
+    extended = {row[0] for row in returned}
+    return Extended([i for i in ids if i in extended], [i for i in ids if i not in extended])
 
 
 NACKED = "nacked by the client"

@@ -124,7 +124,12 @@ def schema_says_what_the_server_refuses(result, generator, request, public):
         one, batch = body["oneOf"]
         body["oneOf"] = [
             {"allOf": [one, {"not": {"required": ["messages"]}}]},
-            {"allOf": [batch, {"not": {"anyOf": [{"required": [f]} for f in ("event", "payload", "key")]}}]},
+            {
+                "allOf": [
+                    batch,
+                    {"not": {"anyOf": [{"required": [f]} for f in ("event", "payload", "key", "headers")]}},
+                ]
+            },
         ]
     return result
 

@@ -9,7 +9,7 @@ from drf_spectacular.renderers import (
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dashboard.urls import admin_tools
-from delivery.api.views import AckView, DeliveryListView, NackView
+from delivery.api.views import AckView, DeliveryListView, ExtendView, NackView
 from delivery.metrics import metrics
 from queues.api.views import MessagesView, QueueListView
 from subscribers.api.views import (
@@ -34,6 +34,7 @@ api = [
     path("subscriptions/<int:pk>/seek", SubscriptionSeekView.as_view(), name="subscription-seek"),
     path("deliveries", DeliveryListView.as_view(), name="delivery-list"),
     path("deliveries/ack", AckView.as_view(), name="delivery-ack"),
+    path("deliveries/extend", ExtendView.as_view(), name="delivery-extend"),
     path("deliveries/<int:pk>/nack", NackView.as_view(), name="delivery-nack"),
     path("connections", ConnectionListView.as_view(), name="connection-list"),
     path("schema/", schema_view, name="schema"),

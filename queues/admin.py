@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import display_for_value
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils.html import format_html, format_html_join
 
 from delivery import ledger, wakeups
@@ -36,8 +37,19 @@ from subscribers.admin import (
 )
 from subscribers.models import Subscription
 
+from .headers import NAME_RE, stored_pair
 from .models import Event, Message, Queue
 from .names import BadName, clean_name
+
+
+def headers_matching(term):
+    """Messages whose headers' text contains the term; NAME=VALUE finds that header with that
+    value exactly."""
+    found = Q(headers_json__icontains=term)
+    name, sep, value = term.partition("=")
+    if sep and NAME_RE.match(name):
+        found |= Q(headers_json__contains=stored_pair(name, value))
+    return found
 
 
 class NameCleaningForm(forms.ModelForm):
@@ -239,8 +251,13 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelA
     ]
     list_filter = ["queue", EventFilter, "publisher"]
     list_select_related = ["queue", "event", "publisher"]
-    search_fields = ["=id", "=key"]
-    search_help_text = "A number finds a message id; anything else an idempotency key."
+    # The headers are searched as their stored JSON text, contains, case-insensitive: a scan of
+    # the messages that have headers (no index serves it), for an operator's occasional search.
+    search_fields = ["=id", "=key", "headers_json"]
+    search_help_text = (
+        "A number finds a message id; anything else an idempotency key, or messages whose "
+        "header names or values contain it (NAME=VALUE: that header with that value)."
+    )
     raw_id_fields = ["publisher"]
     ordering = ["-id"]
     list_per_page = 100
@@ -256,6 +273,7 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelA
         "key",
         "publisher",
         "created_at",
+        "headers",
         "payload",
         "delivery_summary",
         "not_acked_by",
@@ -267,7 +285,7 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelA
             super()
             .get_queryset(request)
             # Payloads may be large: the list does not show them; the page loads its own.
-            .defer("payload_json")
+            .defer("payload_json", "headers_json")
             .annotate(
                 n_deliveries=correlated_count(Delivery.objects.all(), "message"),
                 n_unacked=correlated_count(Delivery.objects.filter(status__in=UNSETTLED), "message"),
@@ -277,7 +295,7 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelA
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         if term and not term.isdigit():
-            return queryset.filter(key=term), False
+            return queryset.filter(Q(key=term) | headers_matching(term)), False
         return search_by_id_or_name(queryset, term, ["id"], []), False
 
     # Messages are published (API, websocket, `publish`), never made or edited in a form.
@@ -313,6 +331,10 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelA
     @admin.display(description="payload")
     def payload(self, obj):
         return pretty_json(obj.payload_json)
+
+    @admin.display(description="headers")
+    def headers(self, obj):
+        return pretty_json(obj.headers_json) if obj.headers_json else "-"
 
     @admin.display(description="deliveries")
     def delivery_summary(self, obj):

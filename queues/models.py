@@ -70,6 +70,9 @@ class Message(models.Model):
     # The payload's JSON text as published: stored as text, not jsonb, so that any JSON value
     # the client sent is kept as it was (PostgreSQL's jsonb refuses "\u0000" and reorders keys).
     payload_json = models.TextField("payload (JSON)")
+    # Its headers' JSON text as sent (queues.headers), the same way; NULL when it has none, so
+    # that the messages of clients that send none cost nothing more.
+    headers_json = models.TextField("headers (JSON)", null=True, blank=True)  # noqa: DJ001
     # NULL, not "", means no key: the partial unique constraint below leaves NULLs out.
     key = models.CharField("idempotency key", max_length=255, null=True, blank=True)  # noqa: DJ001
     publisher = models.ForeignKey(

@@ -16,6 +16,7 @@ from delivery import ledger, wakeups
 from mqsite import adb, limits, rows
 from mqsite.api import storable_text
 
+from .headers import BadHeaders, encode_headers
 from .models import Event, Message, Queue
 from .names import BadName, clean_name
 
@@ -31,16 +32,22 @@ class PayloadTooLarge(BadMessage):
     """A payload over MQ_MAX_PAYLOAD_BYTES (the caller answers 413)."""
 
 
+class BadMessageHeaders(BadMessage):
+    """Headers that break a rule of queues.headers (the caller answers 400 naming `headers`)."""
+
+
 @dataclass(frozen=True)
 class Outgoing:
     event: str
     payload_json: str
     key: str | None
     publisher: object = None  # a Subscriber; publish()'s `publisher` fills it in when None
+    headers_json: str | None = None  # None: no headers (queues.headers)
 
 
-def prepare(event, payload, key=None):
-    """Check one message and encode its payload; BadMessage says what is wrong."""
+def prepare(event, payload, key=None, headers=None):
+    """Check one message and encode its payload and headers; BadMessage says what is wrong
+    (BadMessageHeaders when it is the headers)."""
     try:
         event = clean_name(event, "event")
     except BadName as exc:
@@ -63,7 +70,11 @@ def prepare(event, payload, key=None):
         raise PayloadTooLarge(
             f"payload is {size} bytes of JSON, over the limit of {settings.MQ_MAX_PAYLOAD_BYTES}"
         )
-    return Outgoing(event, text, key)
+    try:
+        headers_json = encode_headers(headers)
+    except BadHeaders as exc:
+        raise BadMessageHeaders(str(exc)) from None
+    return Outgoing(event, text, key, headers_json=headers_json)
 
 
 def publish(queue, outgoing, publisher=None):
@@ -128,6 +139,7 @@ def _publish(queue, outgoing, publisher):
                     event=events[o.event],
                     seq=first_seq + i,
                     payload_json=o.payload_json,
+                    headers_json=o.headers_json,
                     key=o.key,
                     publisher=o.publisher or publisher,
                     created_at=now,
@@ -189,10 +201,10 @@ def _publish_statement(queue, outgoing, publisher, now, events):
             RETURNING last_seq - %s AS base
         ), m AS (
             INSERT INTO {Message._meta.db_table}
-                (queue_id, event_id, seq, payload_json, key, publisher_id, created_at)
-            SELECT %s, v.event_id, q.base + v.n, v.payload_json, NULL, v.publisher_id, %s
-            FROM q, unnest(%s::bigint[], %s::text[], %s::bigint[])
-                WITH ORDINALITY AS v (event_id, payload_json, publisher_id, n)
+                (queue_id, event_id, seq, payload_json, headers_json, key, publisher_id, created_at)
+            SELECT %s, v.event_id, q.base + v.n, v.payload_json, v.headers_json, NULL, v.publisher_id, %s
+            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[])
+                WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id, n)
             RETURNING id, queue_id, event_id, seq
         ), d AS ({fan_out})
         SELECT id, seq, NULL::bigint FROM m
@@ -206,6 +218,7 @@ def _publish_statement(queue, outgoing, publisher, now, events):
         at,
         [events[o.event].pk for o in outgoing],
         [o.payload_json for o in outgoing],
+        [o.headers_json for o in outgoing],
         [p.pk if (p := o.publisher or publisher) is not None else None for o in outgoing],
         *fan_out_params,
     ]

@@ -58,7 +58,12 @@ class World:
         self.deliveries = list(Delivery.objects.filter(subscriber=logger).values_list("id", flat=True))
 
     def statuses(self):
-        return sorted(Delivery.objects.filter(subscriber=self.logger).values_list("id", "status", "attempt"))
+        # the deadline too: an extension by another must not move it
+        return sorted(
+            Delivery.objects.filter(subscriber=self.logger).values_list(
+                "id", "status", "attempt", "ack_deadline"
+            )
+        )
 
 
 @pytest.fixture
@@ -125,6 +130,13 @@ def peer_acks_the_loggers_deliveries(w):
     assert r.status_code == 200 and r.json() == {"acked": 0, "unknown": w.deliveries}
 
 
+def peer_extends_the_loggers_deliveries(w):
+    r = client_for(w.peer).post(
+        url_of("delivery-extend"), {"ids": w.deliveries, "seconds": 3600}, format="json"
+    )
+    assert r.status_code == 200 and r.json() == {"extended": 0, "unknown": w.deliveries}
+
+
 def peer_nacks_the_loggers_delivery(w):
     for delivery_id in w.deliveries:
         r = client_for(w.peer).post(url_of("delivery-nack", pk=delivery_id), {}, format="json")
@@ -153,6 +165,7 @@ ROUTE_ATTACKS = {
     ("subscription-seek", "post"): peer_seeks_the_loggers_subscription,
     ("delivery-list", "get"): peer_pulls,
     ("delivery-ack", "post"): peer_acks_the_loggers_deliveries,
+    ("delivery-extend", "post"): peer_extends_the_loggers_deliveries,
     ("delivery-nack", "post"): peer_nacks_the_loggers_delivery,
     ("queue-list", "get"): outsider_lists_queues,
     ("messages", "post"): outsider_publishes,
@@ -195,6 +208,7 @@ FRAME_ATTACKS = {
     # frame type: (who sends it, what it carries, what it must answer)
     "ack": ("peer", lambda w: {"type": "ack", "ids": w.deliveries}, "unknown_ids"),
     "nack": ("peer", lambda w: {"type": "nack", "ids": w.deliveries}, "unknown_ids"),
+    "extend": ("peer", lambda w: {"type": "extend", "ids": w.deliveries, "seconds": 3600}, "unknown_ids"),
     "subscribe": ("outsider", lambda w: {"type": "subscribe", "queue": "db"}, "forbidden"),
     "publish": (
         "outsider",

@@ -62,10 +62,11 @@ def page(server, monkeypatch):
         browser.close()
 
 
-def publish_rest(server, token, queue, event, payload):
+def publish_rest(server, token, queue, event, payload, headers=None):
+    body = {"event": event, "payload": payload, **({"headers": headers} if headers else {})}
     req = urllib.request.Request(
         f"{server.http}/api/queues/{queue}/messages",
-        data=json.dumps({"event": event, "payload": payload}).encode(),
+        data=json.dumps(body).encode(),
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=10) as r:
@@ -116,6 +117,13 @@ def test_an_operator_watches_messages_arrive_live(server, page, django_user_mode
         time.sleep(0.1)
     assert dead.get().status == Status.PENDING
     assert page.evaluate("window.__same_page") is True
+
+    # A message with headers shows them in the feed, beside its payload.
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = publish_rest(server, token, "db", "create", {"id": 8}, headers={"traceparent": traceparent})
+    shown = page.wait_for_selector(f'#feed li[data-id="{traced["id"]}"] .headers')
+    assert shown.inner_text() == f"traceparent={traceparent}"
+    assert page.query_selector(f'#feed li[data-id="{answer["id"]}"] .headers') is None
 
     # Some traffic for the picture: the demo's publishers and subscribers for a few seconds.
     traffic = DemoTraffic(rate=12, poison_every=6, rng=random.Random(5))

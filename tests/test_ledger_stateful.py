@@ -1,5 +1,5 @@
 """A Hypothesis state machine over the ledger: random publish, subscribe, unsubscribe, lease,
-ack, nack and the passing of time, checked after every step against a plain model.
+ack, nack, lease extension and the passing of time, checked after every step against a plain model.
 
 What must hold: no delivery is lost (every message reaches every subscription that existed
 when it was published, until it is acked, dies or the subscription goes); none is leased to
@@ -146,6 +146,21 @@ class LedgerMachine(RuleBasedStateMachine):
         if updated.status == Status.DEAD:
             assert row.attempt >= MAX_ATTEMPTS
             self._settle(delivery_id, dead=True)
+
+    @precondition(lambda self: self.held)
+    @rule(who=st.sampled_from(SUBSCRIBERS), seconds=st.sampled_from([1, 5, 30, 120]), data=st.data())
+    def extend(self, who, seconds, data):
+        ids = data.draw(st.lists(st.sampled_from([*sorted(self.held), 10**9]), min_size=1, max_size=3))
+        rows = dict(Delivery.objects.filter(id__in=ids).values_list("id", "subscriber__name"))
+        inflight = set(
+            Delivery.objects.filter(id__in=ids, status=Status.INFLIGHT).values_list("id", flat=True)
+        )
+        extended = ledger.extend_deliveries(self.subscribers[who], ids, seconds, now=self.now)
+        mine = [i for i in dict.fromkeys(ids) if rows.get(i) == who and i in inflight]
+        assert extended.ids == mine, "extended what is not the caller's in flight, or missed its own"
+        assert extended.unknown == [i for i in dict.fromkeys(ids) if i not in mine]
+        for i in mine:  # its lease now ends then, whether it had passed its deadline or not
+            self.held[i] = (who, self.now + timedelta(seconds=seconds))
 
     @rule(seconds=st.sampled_from([1, 3, 11, 60]))
     def time_passes(self, seconds):

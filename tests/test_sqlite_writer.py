@@ -11,16 +11,20 @@ HOLD_SECS = 0.3
 
 def test_a_waiting_write_transaction_starts_as_soon_as_the_one_before_commits(tmp_path, django_db_blocker):
     # A database of its own (not the test database): the same on either test pass.
+    # Best of three: on a loaded machine one thread's wake-up can take a few ms, while SQLite's
+    # busy handler, whose steps line up the same way each time, would be late in all three.
     with django_db_blocker.unblock():
-        _race(tmp_path)
+        waits = [_race(tmp_path / f"writer{n}.sqlite3") for n in range(3)]
+    # SQLite's own busy handler would have slept in steps of 25 to 100 ms by now.
+    assert min(waits) < 0.01, waits
 
 
-def _race(tmp_path):
+def _race(path):
     handler = ConnectionHandler(
         {
             "default": {
                 "ENGINE": "mqsite.sqlite",
-                "NAME": str(tmp_path / "writer.sqlite3"),
+                "NAME": str(path),
                 "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
             }
         }
@@ -53,9 +57,8 @@ def _race(tmp_path):
     first.join(10)
     second.join(10)
     assert len(began) == 2 and committed
-    # SQLite's own busy handler would have slept in steps of 25 to 100 ms by now.
-    assert began[1] - committed[0] < 0.01
     with handler["default"].cursor() as cursor:
         cursor.execute("SELECT n FROM t ORDER BY n")
         assert cursor.fetchall() == [(1,), (2,)]
     handler.close_all()
+    return began[1] - committed[0]

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from delivery.ledger import MAX_EXTEND_SECS
 from mqsite.api import (
     BoundedListField,
     NameField,
@@ -39,6 +40,11 @@ class DeliverySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     published_at = serializers.DateTimeField()
     ack_deadline = serializers.DateTimeField()
+    headers = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="The message's headers, only when it was published with some.",
+    )
 
 
 class DeliveryListSerializer(serializers.Serializer):
@@ -52,6 +58,23 @@ class AckSerializer(serializers.Serializer):
 class AckResultSerializer(serializers.Serializer):
     acked = serializers.IntegerField(help_text="How many were newly acknowledged.")
     unknown = serializers.ListField(child=serializers.IntegerField())
+
+
+class ExtendSerializer(serializers.Serializer):
+    ids = BoundedListField(child=StrictIntegerField(), max_length=MAX_ACK_IDS)
+    seconds = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_EXTEND_SECS,
+        help_text="The new ack deadline of each, in seconds from now (it may also shorten a lease).",
+    )
+
+
+class ExtendResultSerializer(serializers.Serializer):
+    extended = serializers.IntegerField(help_text="How many leases were extended.")
+    unknown = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Ids that are not the caller's in-flight deliveries (another's, not in flight, or none).",
+    )
 
 
 class NackSerializer(serializers.Serializer):

@@ -14,6 +14,8 @@ from .serializers import (
     AckResultSerializer,
     AckSerializer,
     DeliveryListSerializer,
+    ExtendResultSerializer,
+    ExtendSerializer,
     LeaseQuerySerializer,
     NackResultSerializer,
     NackSerializer,
@@ -110,6 +112,28 @@ class AckView(ApiView):
         acked, unknown = ledger.ack_deliveries(self.subscriber, [i for i in ids if is_db_id(i)])
         unknown += [i for i in ids if not is_db_id(i)]
         return Response({"acked": acked, "unknown": unknown})
+
+
+class ExtendView(ApiView):
+    """A worker that needs longer than its queue's ack timeout keeps its deliveries: each of the
+    caller's in-flight deliveries among `ids` is leased until now + `seconds`, its attempt
+    unchanged. Ids that are pending, acked, dead, expired or another subscriber's are `unknown`
+    and untouched."""
+
+    permission_classes = [IsSubscriber]
+
+    @extend_schema(
+        summary="Extend leases: move the ack deadline of the caller's in-flight deliveries to now + seconds",
+        request=ExtendSerializer,
+        responses={200: ExtendResultSerializer, **errors(400, 401, 403, 429, e403=SUBSCRIBERS_ONLY)},
+    )
+    def post(self, request):
+        body = ExtendSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        extended = ledger.extend_deliveries(
+            self.subscriber, body.validated_data["ids"], body.validated_data["seconds"]
+        )
+        return Response({"extended": len(extended.ids), "unknown": extended.unknown})
 
 
 class NackView(ApiView):

@@ -1,7 +1,35 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from mqsite.api import BoundedListField, NameField, StorableCharField, TooLarge
-from queues import publishing
+from mqsite.api import STORABLE_PATTERN, BoundedListField, NameField, StorableCharField, TooLarge
+from queues import headers, publishing
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        # The name rule as patternProperties, with no other name allowed: JSON Schema since draft
+        # 4 (what Schemathesis and validators read an OpenAPI 3.0 schema as) and OpenAPI 3.1;
+        # propertyNames would need draft 6, and additionalProperties alone cannot name them.
+        "patternProperties": {
+            headers.SCHEMA_NAME_PATTERN: {
+                "type": "string",
+                "pattern": STORABLE_PATTERN,
+                "maxLength": headers.MAX_VALUE_CHARS,
+            }
+        },
+        "additionalProperties": False,
+        "maxProperties": headers.MAX_HEADERS,
+        "description": (
+            f"Optional headers beside the payload (e.g. traceparent), carried on every delivery: "
+            f"{headers.NAME_HELP}; text values; at most {headers.MAX_HEADERS} of them and "
+            f"{headers.MAX_HEADERS_BYTES} bytes in all (UTF-8 of names and values)."
+        ),
+    }
+)
+class HeadersField(serializers.JSONField):
+    """A message's headers as sent: publishing.prepare() checks them (queues.headers), so that
+    every way in refuses the same."""
 
 
 class PublishSerializer(serializers.Serializer):
@@ -17,12 +45,17 @@ class PublishSerializer(serializers.Serializer):
         trim_whitespace=False,  # a key is compared as sent; trimming made " " a blank key (400)
         help_text="Idempotency key: the same key again in this queue answers with the first message.",
     )
+    headers = HeadersField(required=False, allow_null=True)
 
     def validate(self, attrs):
         try:
-            return publishing.prepare(attrs["event"], attrs["payload"], attrs.get("key"))
+            return publishing.prepare(
+                attrs["event"], attrs["payload"], attrs.get("key"), attrs.get("headers")
+            )
         except publishing.PayloadTooLarge as exc:
             raise TooLarge(str(exc)) from None
+        except publishing.BadMessageHeaders as exc:
+            raise serializers.ValidationError({"headers": [str(exc)]}) from None
         except publishing.BadMessage as exc:
             raise serializers.ValidationError(str(exc)) from None
 
@@ -42,7 +75,7 @@ class PublishBatchSerializer(serializers.Serializer):
         return attrs
 
 
-MESSAGE_FIELDS = ("event", "payload", "key")
+MESSAGE_FIELDS = ("event", "payload", "key", "headers")
 
 
 def publish_body(data):
@@ -65,7 +98,7 @@ def publish_body(data):
         if not (isinstance(m, dict) and "event" in m and "payload" in m):
             break
         try:
-            outgoing.append(publishing.prepare(m["event"], m["payload"], m.get("key")))
+            outgoing.append(publishing.prepare(m["event"], m["payload"], m.get("key"), m.get("headers")))
         except publishing.PayloadTooLarge as exc:
             raise TooLarge(str(exc)) from None
         except publishing.BadMessage:

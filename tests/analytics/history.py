@@ -58,6 +58,8 @@ def generate(seed=7, n_messages=600):
                 "payload": f'{{"n":{message_id},"text":"caf\\u00e9"}}',
                 "key": None,
                 "publisher": rng.choice((None, "logger")),
+                # Some with headers (no draw from rng: the history stays the same otherwise).
+                "headers": f'{{"tenant":"t{message_id % 3}"}}' if message_id % 4 == 0 else None,
             }
         )
         for subscriber in rng.sample(SUBSCRIBERS, rng.choice((0, 1, 2, 2, 3, 3))):

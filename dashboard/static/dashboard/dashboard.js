@@ -216,7 +216,8 @@
         li = h("li", { "data-id": m.id, class: highlight ? "new" : "" },
           h("span", { class: "time" }, clock(m.published_at)),
           h("span", { class: "where", title: "message " + m.id }, m.queue + "/" + m.event, h("span", { class: "seq" }, " #" + m.seq)),
-          h("span", { class: "payload", title: m.payload }, m.payload),
+          h("span", { class: "payload", title: m.headers ? m.headers + "\n" + m.payload : m.payload },
+            m.headers ? h("span", { class: "headers" }, m.headers) : null, m.payload),
           h("span", { class: "progress" }));
         li.addEventListener("animationend", () => li.classList.remove("new"));
         list.insertBefore(li, before);

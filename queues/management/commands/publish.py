@@ -1,4 +1,5 @@
-"""publish QUEUE EVENT [PAYLOAD_JSON]: publish as an operator; prints the REST publish answer."""
+"""publish QUEUE EVENT [PAYLOAD_JSON] [--key K] [--header NAME=VALUE ...]: publish as an
+operator; prints the REST publish answer."""
 
 import json
 import sys
@@ -7,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.utils.encoders import JSONEncoder
 
 from queues import publishing
+from queues.headers import BadHeaders, headers_of_pairs
 
 
 class Command(BaseCommand):
@@ -18,6 +20,13 @@ class Command(BaseCommand):
         parser.add_argument("event")
         parser.add_argument("payload", nargs="?", metavar="PAYLOAD_JSON", help="default: read stdin")
         parser.add_argument("--key", help="idempotency key: the same key again answers the first message")
+        parser.add_argument(
+            "--header",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a header the message carries (repeatable), e.g. --header traceparent=00-...",
+        )
 
     def handle(self, *args, **options):
         queue = publishing.find_queue(options["queue"])
@@ -33,7 +42,10 @@ class Command(BaseCommand):
         except RecursionError:
             raise CommandError("the payload is nested too deeply") from None
         try:
-            outgoing = publishing.prepare(options["event"], payload, options["key"])
+            headers = headers_of_pairs(options["header"])
+            outgoing = publishing.prepare(options["event"], payload, options["key"], headers)
+        except (BadHeaders, publishing.BadMessageHeaders) as exc:
+            raise CommandError(f"--header: {exc}") from None
         except publishing.BadMessage as exc:
             raise CommandError(str(exc)) from None
         [(answer, _created)] = publishing.publish(queue, [outgoing], publisher=None)

@@ -30,7 +30,7 @@ from django.conf import settings
 from mqsite import limits
 from mqsite.api import is_db_id
 from queues import group_commit, publishing
-from subscribers import presence, subscribing
+from subscribers import presence, replay, subscribing
 from subscribers.auth import auth_failed, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
 
@@ -376,16 +376,29 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if not isinstance(batch, bool):
             raise FrameError("bad_frame", "batch must be true or false.")
 
+        point = frames.replay_point_of(frame)
+
         def subscribe():
             if not self.subscriber.may_subscribe(queue):
                 raise FrameError("forbidden", f"{self.subscriber.name} may not subscribe to {queue.name}.")
-            return subscribing.subscribe(self.subscriber, queue, event, limited=True)[0]
+            if point is None:
+                return subscribing.subscribe(self.subscriber, queue, event, limited=True)[0], {}
+            subscription, _, replayed = subscribing.subscribe_from(
+                self.subscriber, queue, event, point, limited=True
+            )
+            return subscription, {"replay": replay.answer_of(replayed)}
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
-            subscription = await db(subscribe)()
+            subscription, replayed = await db(subscribe)()
             (self.batched.add if batch else self.batched.discard)((queue.name, event))
             await self.send_json(
-                {"type": "subscribed", "subscription": subscription.pk, "queue": queue.name, "event": event}
+                {
+                    "type": "subscribed",
+                    "subscription": subscription.pk,
+                    "queue": queue.name,
+                    "event": event,
+                    **replayed,
+                }
             )
         self.wake.set()
 

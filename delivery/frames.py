@@ -11,6 +11,7 @@ from mqsite.api import storable_text
 from mqsite.parsers import BadJSON, decode_json
 from queues import publishing
 from queues.names import BadName, clean_name
+from subscribers import replay
 
 from .api.serializers import MAX_NACK_ERROR_CHARS
 from .ledger import MAX_EXTEND_SECS
@@ -135,6 +136,16 @@ def event_of(frame):
         return clean_name(event, "event")
     except BadName as exc:
         raise FrameError("bad_name", str(exc)) from None
+
+
+def replay_point_of(frame):
+    """The `from` of a subscribe frame (subscribers.replay.Point), or None when absent."""
+    if "from" not in frame:
+        return None
+    try:
+        return replay.point_of(frame["from"])
+    except replay.BadPoint as exc:
+        raise FrameError("bad_frame", f"from: {exc.detail}") from None
 
 
 def outgoing_of(frame):

@@ -1,7 +1,9 @@
 """Head of line: in an ordered queue, what holds each subscription back. Read-only.
 
 An ordered subscription hands out only its head, the lowest-seq delivery not yet acked or
-dead, and nothing while that head is in flight or waits for its retry. A head that is in
+dead, and nothing while that head is in flight or waits for its retry. (A delivery in flight
+is the head whatever its seq: a seek or a redelivery may reopen lower seqs behind it, and
+they wait for it, as delivery.ledger._head says.) A head that is in
 flight, that waits for a retry, or whose attempts pile up is what an operator looks at: it
 can be retried now or skipped (delivery.ledger.retry_now / skip_deliveries).
 """
@@ -63,8 +65,11 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
     if queue is not None:
         open_ = open_.filter(queue=queue)
     before = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), seq__lt=OuterRef("seq"))
+    in_flight = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), status=Status.INFLIGHT)
+    first = ~Exists(before.filter(status=Status.PENDING)) & ~Exists(before.filter(status=Status.INFLIGHT))
     heads = list(
-        open_.filter(*(~Exists(before.filter(status=status)) for status in OPEN))
+        open_.filter(first | (Q(status=Status.INFLIGHT) & ~Exists(in_flight.filter(seq__lt=OuterRef("seq")))))
+        .exclude(Q(status=Status.PENDING) & Exists(in_flight))
         .filter(
             Q(status=Status.INFLIGHT)
             | Q(next_attempt_at__gt=now)
@@ -85,10 +90,13 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
 
 
 def head_of(subscription_id):
-    """The current head of an ordered subscription (its lowest-seq open delivery), or None."""
+    """The current head of an ordered subscription (its delivery in flight, else its lowest-seq
+    pending one), or None."""
     of_subscription = Delivery.objects.filter(subscription_id=subscription_id)
     firsts = [of_subscription.filter(status=status).order_by("seq").first() for status in OPEN]
-    return min((d for d in firsts if d is not None), key=lambda d: d.seq, default=None)
+    return min(
+        (d for d in firsts if d is not None), key=lambda d: (d.status != Status.INFLIGHT, d.seq), default=None
+    )
 
 
 def _open():

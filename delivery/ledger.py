@@ -364,11 +364,12 @@ def _lease_head(subscriber_id, sub, event_ids, holder, now):
 
 
 def _head(subscriber_id, subscription_id):
-    """The lowest-seq open delivery of a subscription (id, status, next_attempt_at, event_id,
-    seq), or None: the first pending one by delivery_ready and the first in flight by the
-    subscriber's (few, in an ordered queue) in-flight ones, in one statement. One query over
-    both statuses could use neither partial index, and would read the subscription's acked
-    history too."""
+    """The delivery that holds a subscription's line (id, status, next_attempt_at, event_id,
+    seq), or None: one in flight, whatever its seq (a seek or a redelivery can reopen lower
+    seqs behind it, and still only one may be in flight), else the lowest-seq pending one.
+    The first pending one by delivery_ready and the first in flight by the subscriber's (few,
+    in an ordered queue) in-flight ones, in one statement. One query over both statuses could
+    use neither partial index, and would read the subscription's acked history too."""
     table = Delivery._meta.db_table
     columns = "h.id, h.status, h.next_attempt_at, h.event_id, h.seq"
     with connection.cursor() as cursor:
@@ -388,7 +389,7 @@ def _head(subscriber_id, subscription_id):
         rows = cursor.fetchall()
     if not rows:
         return None
-    id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: row[4])
+    id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: (row[1] != Status.INFLIGHT, row[4]))
     return {"id": id_, "status": status, "next_attempt_at": _datetime(next_attempt_at), "event_id": event_id}
 
 
@@ -981,3 +982,126 @@ def purge_dead(deliveries):
         # Status re-checked in the DELETE: one redelivered meanwhile is not purged.
         deleted, per_model = Delivery.objects.filter(id__in=ids, status=Status.DEAD).delete()
     return per_model.get(Delivery._meta.label, 0)
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+class Replayed(NamedTuple):
+    """What a replay did: the seq it started from (the one asked, or the oldest still in the
+    hot tables if later), and how many deliveries it made owed."""
+
+    from_seq: int
+    deliveries: int
+
+
+def replay(subscription, point, *, reopen=False, event_ids=None, now=None):
+    """Make the subscription owe every message of its queue (and event) from `point` (a
+    subscribers.replay.Point) that is still in the hot tables, in seq order.
+
+    A set operation whatever the number: one INSERT ... SELECT of the deliveries it lacks (ON
+    CONFLICT on the unique (subscription, message): those it has are left as they are) and, to
+    `reopen` (a seek), one UPDATE that hands its acked and dead ones from that point out again,
+    pending at once, same ids. An acked one keeps its attempt count, so the next lease is a new
+    attempt; a dead one starts a fresh count, as an operator's redelivery does (it had spent
+    them all, and would die again at its first failure). In-flight and pending ones are left
+    alone. `event_ids`: only these events (listen --from on an every-event subscription).
+
+    A new subscription's replay holds the queue row, as publishers do (NO KEY UPDATE): a publish
+    under way when it was made fanned out without it, and committing before the replay's read
+    it is in the replay; those after wait and fan out to it. (A seek needs no lock: publishes
+    fan out to its subscription already.) Returns Replayed; wakes the subscriber after commit.
+    """
+    now = now or timezone.now()
+    table = Delivery._meta.db_table
+    at = connection.ops.adapt_datetimefield_value(now)
+    with transaction.atomic():
+        queue = Queue.objects.filter(pk=subscription.queue_id).values_list("last_seq", flat=True)
+        if not reopen:
+            queue = queue.select_for_update(no_key=True)
+        last_seq = queue.get()
+        from_seq = _replay_start(subscription.queue_id, point, last_seq)
+        if from_seq > last_seq:
+            return Replayed(from_seq, 0)
+        of_events, event_params = "", []
+        if subscription.event_id is not None:
+            of_events, event_params = " AND m.event_id = %s", [subscription.event_id]
+        narrow, narrow_params = _of_events("m.event_id", event_ids)
+        # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                INSERT INTO {table}
+                    (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
+                     attempt, next_attempt_at, created_at, lease_holder, last_error)
+                SELECT %s, %s, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
+                FROM {Message._meta.db_table} m
+                WHERE m.queue_id = %s AND m.seq >= %s{of_events}{narrow}
+                ORDER BY m.seq
+                ON CONFLICT (subscription_id, message_id) DO NOTHING
+                """,
+                [
+                    subscription.pk,
+                    subscription.subscriber_id,
+                    Status.PENDING,
+                    at,
+                    at,
+                    subscription.queue_id,
+                    from_seq,
+                    *event_params,
+                    *narrow_params,
+                ],
+            )
+            owed = cursor.rowcount
+            if reopen:
+                narrow, narrow_params = _of_events("event_id", event_ids)
+                cursor.execute(
+                    f"""
+                    UPDATE {table} SET status = %s, next_attempt_at = %s, ack_deadline = NULL,
+                        lease_holder = '', acked_at = NULL,
+                        attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
+                        last_error = CASE WHEN status = %s THEN %s ELSE last_error END
+                    WHERE subscription_id = %s AND seq >= %s AND status IN (%s, %s){narrow}
+                    """,
+                    [
+                        Status.PENDING,
+                        at,
+                        Status.DEAD,
+                        Status.DEAD,
+                        f"replayed by a seek from seq {from_seq}",
+                        subscription.pk,
+                        from_seq,
+                        Status.ACKED,
+                        Status.DEAD,
+                        *narrow_params,
+                    ],
+                )
+                owed += cursor.rowcount
+        if owed:
+            wakeups.notify_after_commit([subscription.subscriber_id])
+    return Replayed(from_seq, owed)
+
+
+def _replay_start(queue_id, point, last_seq):
+    """The seq a replay from `point` starts at: the one asked ("all": the first; a time: the
+    first message published at or after it), or the oldest message still in the hot tables if
+    that is later; past the last seq when there is nothing to replay. One read."""
+    kind, value = point
+    if kind == "new":
+        return last_seq + 1
+    table = Message._meta.db_table
+    oldest = f"SELECT MIN(seq) FROM {table} WHERE queue_id = %s"
+    with connection.cursor() as cursor:
+        if kind == "time":
+            cursor.execute(
+                f"SELECT ({oldest}), (SELECT MIN(seq) FROM {table} WHERE queue_id = %s AND created_at >= %s)",
+                [queue_id, queue_id, connection.ops.adapt_datetimefield_value(value)],
+            )
+            oldest_seq, asked_seq = cursor.fetchone()
+        else:
+            cursor.execute(oldest, [queue_id])
+            (oldest_seq,), asked_seq = cursor.fetchone(), 1 if kind == "all" else value
+    if asked_seq is None:  # no message at or after that time
+        return last_seq + 1
+    # Nothing left in the hot tables: the next message is the oldest there could be.
+    return max(asked_seq, last_seq + 1 if oldest_seq is None else oldest_seq)

@@ -12,7 +12,12 @@ from dashboard.urls import admin_tools
 from delivery.api.views import AckView, DeliveryListView, ExtendView, NackView
 from delivery.metrics import metrics
 from queues.api.views import MessagesView, QueueListView
-from subscribers.api.views import ConnectionListView, SubscriptionDetailView, SubscriptionListView
+from subscribers.api.views import (
+    ConnectionListView,
+    SubscriptionDetailView,
+    SubscriptionListView,
+    SubscriptionSeekView,
+)
 
 from .health import healthz
 
@@ -26,6 +31,7 @@ api = [
     path("queues/<str:queue>/messages", MessagesView.as_view(), name="messages"),
     path("subscriptions", SubscriptionListView.as_view(), name="subscription-list"),
     path("subscriptions/<int:pk>", SubscriptionDetailView.as_view(), name="subscription-detail"),
+    path("subscriptions/<int:pk>/seek", SubscriptionSeekView.as_view(), name="subscription-seek"),
     path("deliveries", DeliveryListView.as_view(), name="delivery-list"),
     path("deliveries/ack", AckView.as_view(), name="delivery-ack"),
     path("deliveries/extend", ExtendView.as_view(), name="delivery-extend"),

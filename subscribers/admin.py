@@ -12,10 +12,12 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import display_for_value
 from django.db import transaction
 from django.db.models import F, Prefetch
 from django.forms.models import InlineForeignKeyField
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -33,7 +35,7 @@ from delivery.owed import (
 )
 from queues.models import Event
 
-from . import presence, subscribing
+from . import presence, replay, subscribing
 from .models import Connection, Subscriber, Subscription
 
 
@@ -416,6 +418,26 @@ def _event_name(subscription):
     return subscription.event.name if subscription.event_id else "*"
 
 
+class ReplayFromForm(forms.Form):
+    """The point a "replay from" action seeks the selected subscriptions back to."""
+
+    start = forms.CharField(
+        label="Replay from",
+        max_length=replay.MAX_TIME_CHARS,
+        help_text='"all" (every message still kept), a seq (e.g. 120), or an ISO 8601 time '
+        "(e.g. 2026-11-24T14:00:00Z; without an offset, UTC).",
+    )
+
+    def clean_start(self):
+        try:
+            point = replay.point_of_text(self.cleaned_data["start"])
+        except replay.BadPoint as exc:
+            raise forms.ValidationError(exc.detail) from None
+        if point.kind == replay.NEW:
+            raise forms.ValidationError('"new" replays nothing: give "all", a seq or a time.')
+        return point
+
+
 @admin.register(Subscription)
 class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
     form = SubscriptionForm
@@ -434,6 +456,7 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
     search_fields = ["subscriber__name", "queue__name", "event__name"]
     autocomplete_fields = ["subscriber"]
     fields = ["subscriber", "queue", "event", "created_at", "owed"]
+    actions = ["replay_from"]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
@@ -471,6 +494,47 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
     def delete_queryset(self, request, queryset):
         for subscription in queryset:
             subscribing.unsubscribe(subscription)
+
+    def has_operate_permission(self, request):
+        # A replay moves deliveries (acked ones handed out again): the right to change them.
+        return request.user.has_perm("delivery.change_delivery")
+
+    @admin.action(
+        description="Replay from a seq or a time (hand out again what the queue still holds)",
+        permissions=["operate"],
+    )
+    def replay_from(self, request, queryset):
+        """Asks for the point first (a form on a page of its own, which posts back to this
+        list), then seeks each selected subscription back to it (subscribing.seek)."""
+        form = ReplayFromForm(request.POST if "start" in request.POST else None)
+        if not form.is_valid():
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Replay from a seq or a time",
+                "opts": self.model._meta,
+                "form": form,
+                "subscriptions": queryset.select_related("subscriber", "queue", "event").order_by("id")[:100],
+                "count": queryset.count(),
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+                "select_across": request.POST.get("select_across", "0"),
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                "action": "replay_from",
+            }
+            request.current_app = self.admin_site.name
+            return TemplateResponse(request, "admin/subscribers/subscription/replay_from.html", context)
+        point = form.cleaned_data["start"]
+        done = []
+        for subscription in queryset.select_related("subscriber", "queue", "event").order_by("id"):
+            replayed = subscribing.seek(subscription, point)
+            words = f"replayed from seq {replayed.from_seq}: {replayed.deliveries} deliveries owed again"
+            self.log_change(request, subscription, words)
+            done.append((subscription, words, replayed.deliveries))
+        if len(done) == 1:
+            self.message_user(request, f"{done[0][0]}: {done[0][1]}.")
+        else:
+            owed = sum(n for _, _, n in done)
+            self.message_user(request, f"{len(done)} subscriptions replayed: {owed} deliveries owed again.")
+        return None
 
 
 class HeartbeatFilter(admin.SimpleListFilter):

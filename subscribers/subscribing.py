@@ -37,6 +37,26 @@ def subscribe(subscriber, queue, event_name=None, limited=False):
         return Subscription.objects.get_or_create(subscriber=subscriber, queue=queue, event=event)
 
 
+def subscribe_from(subscriber, queue, event_name, point, limited=False):
+    """subscribe(), and a new subscription also owes what its queue still holds from `point`
+    (a subscribers.replay.Point), made in the same transaction: it is never seen without its
+    replay (in an ordered queue a lease between the two would hand out a live message before
+    the history). The same subscription again is answered as it is, nothing replayed: a client
+    sends its subscribe again at each reconnect, and must not be handed its history again each
+    time (seek() is the way to replay an existing one). Returns (subscription, created,
+    ledger.Replayed or None)."""
+    with transaction.atomic():
+        subscription, created = subscribe(subscriber, queue, event_name, limited=limited)
+        replayed = ledger.replay(subscription, point) if created else None
+    return subscription, created, replayed
+
+
+def seek(subscription, point, event_ids=None):
+    """The subscription owes again every message of its queue (and event) from `point` that is
+    still in the hot tables: ledger.replay(), acked and dead ones handed out again."""
+    return ledger.replay(subscription, point, reopen=True, event_ids=event_ids)
+
+
 def unsubscribe(subscription):
     """Delete the subscription; what it was still owed is dropped."""
     with transaction.atomic():

@@ -83,7 +83,12 @@ def api_routes():
 
 
 PUBLIC = {("schema", "get"), ("docs", "get")}
-EXAMPLE_ARGS = {"messages": {"queue": "db"}, "subscription-detail": {"pk": 1}, "delivery-nack": {"pk": 1}}
+EXAMPLE_ARGS = {
+    "messages": {"queue": "db"},
+    "subscription-detail": {"pk": 1},
+    "subscription-seek": {"pk": 1},
+    "delivery-nack": {"pk": 1},
+}
 
 
 def url_of(name, **kwargs):
@@ -102,6 +107,11 @@ def peer_deletes_the_loggers_subscription(w):
     r = client_for(w.peer).delete(url_of("subscription-detail", pk=w.subscription.pk))
     assert r.status_code == 404
     assert Subscription.objects.filter(pk=w.subscription.pk).exists()
+
+
+def peer_seeks_the_loggers_subscription(w):
+    r = client_for(w.peer).post(url_of("subscription-seek", pk=w.subscription.pk), {"seq": 1}, format="json")
+    assert r.status_code == 404
 
 
 def peer_subscribes(w):
@@ -152,6 +162,7 @@ ROUTE_ATTACKS = {
     ("subscription-list", "get"): peer_lists_subscriptions,
     ("subscription-list", "post"): peer_subscribes,
     ("subscription-detail", "delete"): peer_deletes_the_loggers_subscription,
+    ("subscription-seek", "post"): peer_seeks_the_loggers_subscription,
     ("delivery-list", "get"): peer_pulls,
     ("delivery-ack", "post"): peer_acks_the_loggers_deliveries,
     ("delivery-extend", "post"): peer_extends_the_loggers_deliveries,

@@ -1,11 +1,39 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from mqsite.api import NameField
+from subscribers import replay
+
+
+@extend_schema_field(replay.FROM_SCHEMA)
+class ReplayPointField(serializers.Field):
+    """`from` of a subscribe: where a new subscription starts (subscribers.replay)."""
+
+    def to_internal_value(self, data):
+        try:
+            return replay.point_of(data)
+        except replay.BadPoint as exc:
+            raise serializers.ValidationError(exc.detail) from None
+
+    def to_representation(self, value):
+        return value
+
+
+@extend_schema_field(replay.REPLAY_SCHEMA)
+class ReplayField(serializers.Field):
+    """The `replay` of an answer: {"from_seq", "deliveries"} (for the schema; views give dicts)."""
+
+    def to_representation(self, value):
+        return value
 
 
 class SubscribeSerializer(serializers.Serializer):
     queue = NameField()
     event = NameField(required=False, allow_null=True, help_text="Absent or null: every event of the queue.")
+
+    def get_fields(self):
+        # "from" is a Python keyword: it cannot be declared as an attribute.
+        return {**super().get_fields(), "from": ReplayPointField(required=False)}
 
 
 class SubscriptionSerializer(serializers.Serializer):
@@ -13,6 +41,17 @@ class SubscriptionSerializer(serializers.Serializer):
     queue = serializers.CharField()
     event = serializers.CharField(allow_null=True)
     created_at = serializers.DateTimeField()
+
+
+class SubscribedSerializer(SubscriptionSerializer):
+    replay = ReplayField(
+        required=False,
+        help_text='Only when the request had "from": where the replay started and what it made owed.',
+    )
+
+
+class SeekResultSerializer(SubscriptionSerializer):
+    replay = ReplayField()
 
 
 class SubscriptionListSerializer(serializers.Serializer):

@@ -2,15 +2,16 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from mqsite.api import ApiView, errors
-from subscribers import presence, subscribing
+from mqsite.api import ApiView, BodyRequiredSchema, errors
+from subscribers import presence, replay, subscribing
 from subscribers.auth import IsOperator, IsSubscriber
 
 from .serializers import (
     ConnectionListSerializer,
+    SeekResultSerializer,
+    SubscribedSerializer,
     SubscribeSerializer,
     SubscriptionListSerializer,
-    SubscriptionSerializer,
     subscription_answer,
 )
 
@@ -32,8 +33,8 @@ class SubscriptionListView(ApiView):
         summary="Subscribe to a queue, to one event of it or to all",
         request=SubscribeSerializer,
         responses={
-            201: SubscriptionSerializer,
-            200: OpenApiResponse(SubscriptionSerializer, "It existed already."),
+            201: SubscribedSerializer,
+            200: OpenApiResponse(SubscribedSerializer, 'It existed already ("from" replays nothing then).'),
             **errors(
                 400,
                 401,
@@ -59,11 +60,16 @@ class SubscriptionListView(ApiView):
         event = serializer.validated_data.get("event")
         if event is not None:
             event = self.name_or_400(event, "event")
-        subscription, created = subscribing.subscribe(subscriber, queue, event, limited=True)
-        return Response(
-            subscription_answer(subscription),
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-        )
+        point = serializer.validated_data.get("from")
+        if point is None:
+            subscription, created = subscribing.subscribe(subscriber, queue, event, limited=True)
+            answer = subscription_answer(subscription)
+        else:
+            subscription, created, replayed = subscribing.subscribe_from(
+                subscriber, queue, event, point, limited=True
+            )
+            answer = {**subscription_answer(subscription), "replay": replay.answer_of(replayed)}
+        return Response(answer, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class SubscriptionDetailView(ApiView):
@@ -84,6 +90,50 @@ class SubscriptionDetailView(ApiView):
             raise exceptions.NotFound("You have no subscription with that id.")
         subscribing.unsubscribe(subscription)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SubscriptionSeekView(ApiView):
+    permission_classes = [IsSubscriber]
+    schema = BodyRequiredSchema()
+
+    @extend_schema(
+        summary="Replay: the subscription owes again every message from a seq or a time",
+        description="Every message of the subscription's queue (and event) from that point that is "
+        "still in the hot tables is owed again, in seq order: those it lacks are added, acked and "
+        "dead ones handed out again as new attempts with the same delivery ids; in-flight and "
+        "pending ones are left as they are. The answer's replay.from_seq is where it could start.",
+        request={"application/json": replay.SEEK_SCHEMA},
+        responses={
+            200: SeekResultSerializer,
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                429,
+                e403="The subscriber may no longer subscribe to this queue (or the caller is no subscriber).",
+                e404="The caller has no subscription with that id.",
+            ),
+        },
+    )
+    def post(self, request, pk):
+        subscription = (
+            self.subscriber.subscriptions.select_related("queue", "event")
+            .filter(pk=self.id_or_404(pk, "subscription"))
+            .first()
+        )
+        if subscription is None:
+            raise exceptions.NotFound("You have no subscription with that id.")
+        try:
+            point = replay.point_of(request.data, names=False)
+        except replay.BadPoint as exc:
+            raise exceptions.ValidationError({exc.field: [exc.detail]}) from None
+        if not self.subscriber.may_subscribe(subscription.queue):
+            raise exceptions.PermissionDenied(
+                f"{self.subscriber.name} may no longer subscribe to {subscription.queue.name}."
+            )
+        replayed = subscribing.seek(subscription, point)
+        return Response({**subscription_answer(subscription), "replay": replay.answer_of(replayed)})
 
 
 class ConnectionListView(ApiView):

@@ -1,9 +1,13 @@
-"""listen SUBSCRIBER QUEUE [EVENT] [--count N] [--no-ack]
+"""listen SUBSCRIBER QUEUE [EVENT] [--count N] [--no-ack] [--from all|new|SEQ|TIME]
 
 Pulls the subscriber's deliveries from the ledger as a client would, catch-up first, and
 prints each as one JSON line, acking it once printed. Stops after --count messages, or at the
 first SIGINT/SIGTERM once the deliveries already leased are printed (a second signal acts as
 usual).
+
+--from replays what the queue still holds from that point (subscribers.replay): a new
+subscription is made from it, and an existing one is sought back to it (its acked messages
+from there are handed out again), as an operator asking for history means.
 """
 
 import json
@@ -21,7 +25,7 @@ from delivery import ledger, wakeups
 from queues import publishing
 from queues.models import Event
 from queues.names import BadName, clean_name
-from subscribers import subscribing
+from subscribers import replay, subscribing
 from subscribers.models import Subscriber, Subscription
 
 # Wake-ups only cross threads of one process; deliveries published by another process are
@@ -41,6 +45,13 @@ class Command(BaseCommand):
         parser.add_argument("event", nargs="?", help="only this event (default: every event)")
         parser.add_argument("--count", type=int, metavar="N", help="stop after N messages")
         parser.add_argument("--no-ack", action="store_true", help="leave the deliveries in flight")
+        parser.add_argument(
+            "--from",
+            dest="start",
+            metavar="all|new|SEQ|TIME",
+            help="replay from there first: every message still kept (all), a seq, or an ISO 8601 time "
+            "(an existing subscription is sought back to it)",
+        )
 
     def handle(self, *args, **options):
         count = options["count"]
@@ -58,7 +69,13 @@ class Command(BaseCommand):
                 event_name = clean_name(options["event"], "event")
             except BadName as exc:
                 raise CommandError(str(exc)) from None
-        event_ids = self._subscribe(subscriber, queue, event_name)
+        point = None
+        if options["start"] is not None:
+            try:
+                point = replay.point_of_text(options["start"])
+            except replay.BadPoint as exc:
+                raise CommandError(f"--from: {exc.detail}") from None
+        event_ids = self._subscribe(subscriber, queue, event_name, point)
         if queue.paused:
             self.stderr.write(f"queue {queue.name} is paused: nothing is handed out until it resumes")
 
@@ -89,28 +106,41 @@ class Command(BaseCommand):
                         ledger.ack_deliveries(subscriber, [delivery["id"]])
                     printed += 1
 
-    def _subscribe(self, subscriber, queue, event_name):
-        """Make sure the subscriber holds a subscription covering what it listens to; returns
-        the event ids to lease (None: every event of the queue)."""
+    def _subscribe(self, subscriber, queue, event_name, point=None):
+        """Make sure the subscriber holds a subscription covering what it listens to, replayed
+        from `point` if given; returns the event ids to lease (None: every event of the queue)."""
         subs = Subscription.objects.filter(subscriber=subscriber, queue=queue)
         if event_name is None:
             event = None
-            covered = subs.filter(event__isnull=True).exists()
+            covering = subs.filter(event__isnull=True).first()
         else:
             event = Event.objects.filter(queue=queue, name=event_name).first()
             # A subscription to every event covers this one, even an event never published
             # yet: a second subscription would deliver it twice.
-            covered = subs.filter(Q(event__isnull=True) | Q(event=event)).exists()
-        if not covered:
+            covering = subs.filter(Q(event__isnull=True) | Q(event=event)).order_by("event_id").first()
+        if covering is None or point is not None:
             if not subscriber.may_subscribe(queue):
                 raise CommandError(f"{subscriber.name} may not subscribe to {queue.name}")
-            subscription, _ = subscribing.subscribe(subscriber, queue, event_name)
+        replayed = None
+        if covering is None:
+            if point is None:
+                subscription, _ = subscribing.subscribe(subscriber, queue, event_name)
+            else:
+                subscription, _, replayed = subscribing.subscribe_from(subscriber, queue, event_name, point)
             event = subscription.event
         if event_name is not None and event is None:
             # Covered by the every-event subscription, and never published: the event is made
             # now (as a publish would make it) so that the lease can be narrowed to it.
             event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
-        return None if event_name is None else [event.pk]
+        event_ids = None if event_name is None else [event.pk]
+        if covering is not None and point is not None and point.kind != replay.NEW:
+            # Only the event listened to, though the subscription is to every event.
+            replayed = subscribing.seek(covering, point, event_ids=event_ids)
+        if replayed is not None:
+            self.stderr.write(
+                f"replaying from seq {replayed.from_seq}: {replayed.deliveries} deliveries owed"
+            )
+        return event_ids
 
 
 def _silence_stdout():

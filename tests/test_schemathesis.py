@@ -37,8 +37,10 @@ def map_path_parameters(ctx, path_parameters):
     queue = (path_parameters or {}).get("queue")
     if isinstance(queue, str) and INPUT_RE.match(queue) and hash(str(path_parameters)) % 2:
         path_parameters["queue"] = "db"
-    if path_parameters and isinstance(path_parameters.get("id"), int) and hash(str(path_parameters)) % 3:
-        path_parameters["id"] = abs(path_parameters["id"]) % 40 + 1
+    # Likewise only an id the schema allows (1 to bigint's top): one outside is negative data.
+    id_ = (path_parameters or {}).get("id")
+    if isinstance(id_, int) and 1 <= id_ <= 2**63 - 1 and hash(str(path_parameters)) % 3:
+        path_parameters["id"] = id_ % 40 + 1
     return path_parameters
 
 

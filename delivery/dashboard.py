@@ -371,7 +371,16 @@ def newest_messages(after_id=None, limit=FEED_LIMIT):
     rows = (
         messages.order_by("-id")
         .annotate(preview=Substr("payload_json", 1, PAYLOAD_PREVIEW_CHARS + 1))
-        .values("id", "queue__name", "event__name", "seq", "created_at", "publisher__name", "preview")[:limit]
+        .values(
+            "id",
+            "queue__name",
+            "event__name",
+            "seq",
+            "created_at",
+            "publisher__name",
+            "preview",
+            "receipt_wanted",
+        )[:limit]
     )
     return [
         {
@@ -382,6 +391,7 @@ def newest_messages(after_id=None, limit=FEED_LIMIT):
             "published_at": r["created_at"],
             "publisher": r["publisher__name"],
             "payload": _preview(r["preview"]),
+            "receipt": r["receipt_wanted"],  # its publisher waits for a receipt
         }
         for r in rows
     ]

@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from delivery import ledger, receipts
+from delivery import dashboard, ledger, receipts
 from delivery.models import Delivery, Status
 from mqsite import adb
 from mqsite.asgi import application
@@ -356,3 +356,21 @@ async def test_a_closed_socket_forgets_the_receipts_it_waited_for():
     await publisher.disconnect()
     assert receipts.waiting() == 0
     await ack(a, await lease_all(a))  # announced to nobody, harmlessly
+
+
+# --- the dashboard -------------------------------------------------------------------------------
+
+
+def test_the_dashboard_feed_shows_the_receipt_counts_of_the_messages_on_screen(fanned, db_queue):
+    message_id, (peer, _, _) = fanned
+    ledger.ack_deliveries(peer, [lease_one(peer)])
+    [(wanted, _)] = publishing.publish(db_queue, [publishing.Outgoing("create", "2", None, receipt=True)])
+
+    with CaptureQueriesContext(connection) as queries:
+        status = dashboard.delivery_status_of([message_id, wanted["id"]])
+    feed = {m["id"]: m for m in dashboard.newest_messages()}
+
+    assert len(queries) == 1  # one grouped query for every message on screen
+    assert status[message_id] == {**ZERO, "acked": 1, "pending": 2}  # "acked 1/3"
+    assert status[wanted["id"]] == {**ZERO, "pending": 3}
+    assert feed[wanted["id"]]["receipt"] is True and feed[message_id]["receipt"] is False

@@ -374,3 +374,17 @@ def test_the_dashboard_feed_shows_the_receipt_counts_of_the_messages_on_screen(f
     assert status[message_id] == {**ZERO, "acked": 1, "pending": 2}  # "acked 1/3"
     assert status[wanted["id"]] == {**ZERO, "pending": 3}
     assert feed[wanted["id"]]["receipt"] is True and feed[message_id]["receipt"] is False
+
+
+def test_a_retried_publish_with_a_receipt_flags_the_message_its_key_found(logger, peer, db_queue):
+    subscribing.subscribe(peer, db_queue)
+    keyed = publishing.prepare("create", 1, key="k")
+    [(first, created)] = publishing.publish(db_queue, [keyed], publisher=logger)
+    assert created and not Message.objects.get(pk=first["id"]).receipt_wanted
+
+    again = publishing.Outgoing("create", "1", "k", receipt=True)
+    [(answer, created)] = publishing.publish(db_queue, [again], publisher=logger)
+
+    assert not created and answer["id"] == first["id"]
+    assert Message.objects.get(pk=first["id"]).receipt_wanted
+    assert list(Delivery.objects.values_list("receipt", flat=True)) == [True]

@@ -120,10 +120,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.ack_task = None
         self.publish_buffer = []  # [_Publish] not yet published
         self.publish_buffered = 0  # messages in it
-        self.receipts = {}  # message id -> ref of its publish frame: receipts this socket owes
-        self.receipts_booked = 0  # messages of buffered publish frames that want a receipt
-        self.receipts_due = set()  # announced settled, their frames not sent yet
-        self.receipt_task = None
+        self.receipts = receipts.Owed(self.send_json)  # the receipts this socket owes
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
@@ -174,10 +171,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         )
         socket_loops.closed(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
-        receipts.forget(list(self.receipts))  # nobody to tell any more
-        self.receipts.clear()
-        if self.receipt_task is not None:
-            self.receipt_task.cancel()
+        self.receipts.close()
 
     async def pump(self):
         try:
@@ -471,13 +465,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         outgoing = frames.receipt_of(frame, outgoing)
         receipt = outgoing[0].receipt
         if receipt:
-            if len(self.receipts) + self.receipts_booked + len(outgoing) > receipts.MAX_PENDING_PER_SOCKET:
-                raise FrameError(
-                    "too_many_receipts",
-                    f"This socket already waits for {len(self.receipts) + self.receipts_booked} receipts; at "
-                    f"most {receipts.MAX_PENDING_PER_SOCKET} at once. Nothing was published.",
-                )
-            self.receipts_booked += len(outgoing)
+            try:
+                self.receipts.book(len(outgoing))
+            except receipts.TooMany as exc:
+                raise FrameError("too_many_receipts", str(exc)) from None
         self.publish_buffer.append(_Publish(frame.get("ref"), queue_name, outgoing, batch, receipt))
         self.publish_buffered += len(outgoing)
         if self.publish_task is None or self.publish_task.done():
@@ -492,15 +483,15 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 waiting = []
                 for p, answers in await self.publish_in_order(batch):
                     if p.receipt:
-                        self.receipts_booked -= len(p.outgoing)
+                        self.receipts.unbook(len(p.outgoing))
                     if isinstance(answers, FrameError):
                         await self.send_json(answers.frame(p.ref))
                     else:
                         await self.send_json(frames.published_frame(answers, p.batch, p.ref))
                         if p.receipt:
-                            waiting += self.wait_for_receipts(answers, p.ref)
+                            waiting += self.receipts.published(answers, p.ref)
                 if waiting:
-                    await self.check_receipts(waiting)
+                    await self.receipts.check(waiting)
         except Exception:
             # Unanswered, these publishes may or may not be in: the client publishes them
             # again (with their keys, once), as after any dropped connection.
@@ -538,46 +529,6 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 answers.append((p, [answer for answer, _ in published[start : start + len(p.outgoing)]]))
                 start += len(p.outgoing)
         return answers
-
-    # --- receipts (delivery.receipts) ---
-
-    def wait_for_receipts(self, answers, ref):
-        """Owe a receipt for each published message, once its `published` frame is out (a
-        receipt never comes before it). Returns their ids."""
-        ids = [a["id"] for a in answers]
-        for i in ids:
-            self.receipts[i] = ref
-        receipts.wait_for(ids, self.receipts_settled)
-        return ids
-
-    async def check_receipts(self, ids):
-        """Those settled already (none delivered, or all settled before this socket waited for
-        them: an announcement made before then found nobody) are due now: one query."""
-        try:
-            self.receipts_settled(await receipts.arun(receipts.settled_statement(ids)))
-        except Exception:  # the recheck of socket_loops finds them
-            log.warning("checking receipts of %s failed", self.channel_name, exc_info=True)
-
-    def receipts_settled(self, ids):
-        """Announced settled (on this socket's loop): send their receipts, one sender at a time."""
-        self.receipts_due.update(i for i in ids if i in self.receipts)
-        if self.receipts_due and not self.closing and (self.receipt_task is None or self.receipt_task.done()):
-            self.receipt_task = asyncio.ensure_future(self.send_receipts())
-
-    async def send_receipts(self):
-        while self.receipts_due and not self.closing:
-            due, self.receipts_due = sorted(i for i in self.receipts_due if i in self.receipts), set()
-            refs = {i: self.receipts.pop(i) for i in due}
-            receipts.forget(due)
-            try:
-                counts = await receipts.arun(receipts.counts_statement(due))
-            except Exception:  # owed again: the recheck of socket_loops finds them again
-                log.warning("reading receipts of %s failed", self.channel_name, exc_info=True)
-                self.receipts.update(refs)
-                receipts.wait_for(due, self.receipts_settled)
-                return
-            for i in due:
-                await self.send_json(frames.receipt_frame(i, counts[i], refs[i]))
 
     async def on_ping(self, frame):
         await self.send_json({"type": "pong", **({"ref": frame["ref"]} if "ref" in frame else {})})

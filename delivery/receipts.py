@@ -205,6 +205,84 @@ def settled_here(message_ids):
 wakeups.on_settled(settled_here)
 
 
+class TooMany(Exception):
+    """A socket asked for more receipts than it may wait for at once."""
+
+
+class Owed:
+    """The receipts one socket owes, and the sending of their frames (through `send`, the
+    socket's own send of a frame), on the socket's event loop."""
+
+    def __init__(self, send):
+        self.send = send
+        self.refs = {}  # message id -> ref of its publish frame
+        self.booked = 0  # messages of publish frames not yet published that want a receipt
+        self.due = set()  # announced settled, their frames not sent yet
+        self.task = None
+        self.closed = False
+
+    def book(self, count):
+        """Room for `count` more, before their publish: TooMany when there is none."""
+        waiting = len(self.refs) + self.booked
+        if waiting + count > MAX_PENDING_PER_SOCKET:
+            raise TooMany(
+                f"This socket already waits for {waiting} receipts; at most {MAX_PENDING_PER_SOCKET} at "
+                "once. Nothing was published."
+            )
+        self.booked += count
+
+    def unbook(self, count):
+        self.booked -= count
+
+    def published(self, answers, ref):
+        """Owe a receipt for each message of a publish, once its `published` frame is out (a
+        receipt never comes before it). Returns their ids, for check()."""
+        ids = [a["id"] for a in answers]
+        for i in ids:
+            self.refs[i] = ref
+        wait_for(ids, self.settled)
+        return ids
+
+    async def check(self, ids):
+        """Those settled already (owed to nobody, or settled before the socket waited for them:
+        an announcement made before then found nobody) are due now: one query."""
+        try:
+            self.settled(await arun(settled_statement(ids)))
+        except Exception:  # the recheck of socket_loops finds them
+            log.warning("checking receipts %s failed", ids, exc_info=True)
+
+    def settled(self, ids):
+        """Announced settled: send their receipts, one sender at a time."""
+        self.due.update(i for i in ids if i in self.refs)
+        if self.due and not self.closed and (self.task is None or self.task.done()):
+            self.task = asyncio.ensure_future(self._send_due())
+
+    async def _send_due(self):
+        from .frames import receipt_frame
+
+        while self.due and not self.closed:
+            due, self.due = sorted(i for i in self.due if i in self.refs), set()
+            refs = {i: self.refs.pop(i) for i in due}
+            forget(due)
+            try:
+                counts = await arun(counts_statement(due))
+            except Exception:  # owed again: the recheck of socket_loops finds them again
+                log.warning("reading receipts %s failed", due, exc_info=True)
+                self.refs.update(refs)
+                wait_for(due, self.settled)
+                return
+            for i in due:
+                await self.send(receipt_frame(i, counts[i], refs[i]))
+
+    def close(self):
+        """The socket closed: nobody to tell any more."""
+        self.closed = True
+        forget(list(self.refs))
+        self.refs.clear()
+        if self.task is not None:
+            self.task.cancel()
+
+
 async def recheck():
     """The safety net: which of the receipts waited for in this process are settled, in one
     query, handed to their sockets. Nothing when none is waited for."""

@@ -3,12 +3,14 @@ socket's `"receipt": true`, answered once every delivery of the message is acked
 never before (delivery.receipts)."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from delivery import dashboard, ledger, receipts
 from delivery.models import Delivery, Status
@@ -388,3 +390,49 @@ def test_a_retried_publish_with_a_receipt_flags_the_message_its_key_found(logger
     assert not created and answer["id"] == first["id"]
     assert Message.objects.get(pk=first["id"]).receipt_wanted
     assert list(Delivery.objects.values_list("receipt", flat=True)) == [True]
+
+
+def _kill(d, _):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=d.pk))
+
+
+def _skip(d, _):
+    ledger.skip_deliveries(Delivery.objects.filter(pk=d.pk), "op")
+
+
+def _expire(d, _):
+    ledger.expire_overdue_leases(now=timezone.now() + timedelta(hours=1))
+
+
+def _close_the_socket(d, _):
+    ledger.release_held(["ws.gone"], spend=True)
+
+
+def _fail_the_webhook(d, _):
+    ledger.fail_delivery(d.pk, "ws.gone", "HTTP 500")
+
+
+def _unsubscribe(d, _):
+    subscribing.unsubscribe(d.subscription)
+
+
+SETTLERS = [_kill, _skip, _expire, _close_the_socket, _fail_the_webhook, _unsubscribe]
+
+
+@pytest.mark.parametrize("settle", SETTLERS, ids=lambda f: f.__name__.strip("_"))
+def test_every_way_a_delivery_settles_announces_its_receipt(
+    settle, make_queue, make_subscriber, django_capture_on_commit_callbacks, monkeypatch
+):
+    queue = make_queue("jobs", max_attempts=1)
+    worker = make_subscriber("worker", publish=(), subscribe=("jobs",))
+    subscribing.subscribe(worker, queue)
+    [(answer, _)] = publishing.publish(queue, [publishing.Outgoing("create", "1", None, receipt=True)])
+    ledger.lease_deliveries(worker, limit=1, holder="ws.gone")
+    heard = []
+    monkeypatch.setattr(receipts, "settled_here", heard.extend)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        settle(Delivery.objects.get(message_id=answer["id"]), worker)
+
+    assert heard == [answer["id"]]
+    assert not Delivery.objects.filter(message_id=answer["id"], status__in=ledger.OPEN).exists()

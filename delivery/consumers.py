@@ -34,7 +34,7 @@ from subscribers import presence, replay, subscribing
 from subscribers.auth import auth_failed, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
 
-from . import frames, ledger, liveness, socket_loops, wakeups
+from . import frames, ledger, liveness, receipts, socket_loops, wakeups
 from .frames import (
     CLOSE_BAD_TOKEN,
     CLOSE_SERVER_ERROR,
@@ -120,6 +120,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.ack_task = None
         self.publish_buffer = []  # [_Publish] not yet published
         self.publish_buffered = 0  # messages in it
+        self.receipts = receipts.Owed(self.send_json)  # the receipts this socket owes
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
@@ -170,6 +171,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         )
         socket_loops.closed(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
+        self.receipts.close()
 
     async def pump(self):
         try:
@@ -492,7 +494,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if not isinstance(queue_name, str):
             raise FrameError("bad_frame", "publish needs a 'queue' name.")
         outgoing, batch = frames.outgoing_of(frame)
-        self.publish_buffer.append(_Publish(frame.get("ref"), queue_name, outgoing, batch))
+        outgoing = frames.receipt_of(frame, outgoing)
+        receipt = outgoing[0].receipt
+        if receipt:
+            try:
+                self.receipts.book(len(outgoing))
+            except receipts.TooMany as exc:
+                raise FrameError("too_many_receipts", str(exc)) from None
+        self.publish_buffer.append(_Publish(frame.get("ref"), queue_name, outgoing, batch, receipt))
         self.publish_buffered += len(outgoing)
         if self.publish_task is None or self.publish_task.done():
             self.publish_task = asyncio.ensure_future(self.write_publishes())
@@ -503,11 +512,18 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         try:
             while self.publish_buffer:
                 batch, self.publish_buffer, self.publish_buffered = self.publish_buffer, [], 0
+                waiting = []
                 for p, answers in await self.publish_in_order(batch):
+                    if p.receipt:
+                        self.receipts.unbook(len(p.outgoing))
                     if isinstance(answers, FrameError):
                         await self.send_json(answers.frame(p.ref))
                     else:
                         await self.send_json(frames.published_frame(answers, p.batch, p.ref))
+                        if p.receipt:
+                            waiting += self.receipts.published(answers, p.ref)
+                if waiting:
+                    await self.receipts.check(waiting)
         except Exception:
             # Unanswered, these publishes may or may not be in: the client publishes them
             # again (with their keys, once), as after any dropped connection.
@@ -579,6 +595,7 @@ class _Publish(NamedTuple):
     queue: str
     outgoing: list
     batch: bool  # a batch frame: answered with every message, in one `published` frame
+    receipt: bool = False  # its messages are owed a `receipt` frame each (delivery.receipts)
 
 
 def _runs(publishes):

@@ -385,6 +385,7 @@ def newest_messages(after_id=None, limit=FEED_LIMIT):
             "publisher__name",
             "preview",
             "headers_preview",
+            "receipt_wanted",
         )[:limit]
     )
     return [
@@ -397,6 +398,7 @@ def newest_messages(after_id=None, limit=FEED_LIMIT):
             "publisher": r["publisher__name"],
             "payload": _preview(r["preview"]),
             **({"headers": _headers_preview(r["headers_preview"])} if r["headers_preview"] else {}),
+            "receipt": r["receipt_wanted"],  # its publisher waits for a receipt
         }
         for r in rows
     ]

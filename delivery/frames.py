@@ -4,6 +4,7 @@ says what a frame must hold and how an answer looks, in one place for every hand
 
 import json
 import math
+from dataclasses import replace
 
 from rest_framework.utils.encoders import JSONEncoder
 
@@ -170,6 +171,14 @@ def outgoing_of(frame):
     return outgoing, True
 
 
+def receipt_of(frame, outgoing):
+    """A publish frame's `receipt` (false when absent): each of its messages marked when true."""
+    receipt = frame.get("receipt", False)
+    if not isinstance(receipt, bool):
+        raise FrameError("bad_frame", "receipt must be true or false.")
+    return [replace(o, receipt=True) for o in outgoing] if receipt else outgoing
+
+
 def _prepare(item):
     if "payload" not in item:
         raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
@@ -206,3 +215,8 @@ def published_frame(answers, batch, ref):
     else:
         frame = {"type": "published", **{k: answers[0][k] for k in PUBLISHED_FIELDS}}
     return with_ref(frame, ref)
+
+
+def receipt_frame(message_id, counts, ref):
+    """A publisher's receipt: every delivery of its message is acked or dead (delivery.receipts)."""
+    return with_ref({"type": "receipt", "id": message_id, "deliveries": counts}, ref)

@@ -28,7 +28,7 @@ from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
 
-from . import wakeups
+from . import receipts, wakeups
 from .models import Delivery, Status
 
 OPEN = (Status.PENDING, Status.INFLIGHT)
@@ -75,34 +75,41 @@ def backoff_secs(attempt):
 # --- fan-out ----------------------------------------------------------------------------------
 
 
-def fan_out(queue_id, first_seq, last_seq, now):
+def fan_out(queue_id, first_seq, last_seq, now, receipt=False):
     """Insert one pending delivery per (message, matching subscription) for a range of seqs.
 
     One INSERT ... SELECT for the whole range, called inside the publisher's transaction.
     Returns ({message_id: deliveries made}, {subscriber ids owed something}), from the
-    INSERT's own RETURNING: no second query.
+    INSERT's own RETURNING: no second query. `receipt`: some of the messages want a receipt.
     """
-    sql, params = fan_out_statement("queues_message m", "m.queue_id = %s AND m.seq BETWEEN %s AND %s", now)
+    sql, params = fan_out_statement(
+        "queues_message m", "m.queue_id = %s AND m.seq BETWEEN %s AND %s", now, receipt
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, queue_id, first_seq, last_seq])
         return fanned_out(cursor.fetchall())
 
 
-def fan_out_statement(messages, where, now):
+def fan_out_statement(messages, where, now, receipt=False):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
-    queue_id, event_id, seq) where `where` holds, and its leading parameters (the caller's for
-    `where` follow). A subscription matches a message when it is for the message's queue and
-    for its event or all events, and its subscriber is active and may still subscribe to the
-    queue (revocation: a subscription stays, but is owed nothing while its right is gone).
-    Deliveries are numbered in seq order, as the messages are. It returns (message id,
-    subscriber id) per delivery made."""
+    queue_id, event_id, seq, and receipt_wanted when `receipt`) where `where` holds, and its
+    leading parameters (the caller's for `where` follow). With `receipt` (some message wants a
+    receipt), each delivery copies its message's receipt_wanted; without, the column keeps its
+    default and the statement is the one every other publish sends.
+
+    A subscription matches a message when it is for the message's queue and for its event or
+    all events, and its subscriber is active and may still subscribe to the queue (revocation:
+    a subscription stays, but is owed nothing while its right is gone). Deliveries are numbered
+    in seq order, as the messages are. It returns (message id, subscriber id) per delivery
+    made."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
+    column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
     sql = f"""
         INSERT INTO {Delivery._meta.db_table}
             (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-             attempt, next_attempt_at, created_at, lease_holder, last_error)
-        SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
+             attempt, next_attempt_at, created_at, lease_holder, last_error{column})
+        SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}
         FROM {messages}
         JOIN {Subscription._meta.db_table} s
           ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
@@ -469,29 +476,35 @@ def ack_deliveries(subscriber, ids, now=None):
     the client did get it.
     """
     with rows.writing():
-        return adb.run_sync(_ack(subscriber.pk, ids, now or timezone.now()))
+        acked, unknown, receipt_messages = adb.run_sync(_ack(subscriber.pk, ids, now or timezone.now()))
+    receipts.check_after_commit(receipt_messages)
+    return acked, unknown
 
 
 async def aack_deliveries(subscriber, ids, now=None):
     """ack_deliveries() from the event loop: the same statements on the async connection."""
     if not adb.enabled():
         return await adb.thread(ack_deliveries)(subscriber, ids, now=now)
-    return await adb.run(_ack(subscriber.pk, ids, now or timezone.now()))
+    acked, unknown, receipt_messages = await adb.run(_ack(subscriber.pk, ids, now or timezone.now()))
+    await receipts.acheck(receipt_messages)  # committed: the statement was its own transaction
+    return acked, unknown
 
 
 def _ack(subscriber_id, ids, now):
+    """(newly acked, unknown ids, message ids of the receipt deliveries it acked)."""
     ids = list(dict.fromkeys(ids))
     if not ids:
-        return 0, []
+        return 0, [], set()
     # One statement, compare-and-set on the owner and the status; plain SQL for its RETURNING
     # (PostgreSQL, SQLite 3.35+). Only when it did not ack them all is a second query needed,
-    # to tell ids acked before from ids that are not the subscriber's.
+    # to tell ids acked before from ids that are not the subscriber's. A receipt row also
+    # returns its message id (delivery.receipts); others a NULL, read from the row: no join.
     table = Delivery._meta.db_table
     returned = yield (
         f"""
         UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
         WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
-        RETURNING id
+        RETURNING id, CASE WHEN receipt THEN message_id END
         """,
         [Status.ACKED, connection.ops.adapt_datetimefield_value(now), *ids, subscriber_id, Status.ACKED],
     )
@@ -505,7 +518,7 @@ def _ack(subscriber_id, ids, now):
         )
         mine = acked | {row[0] for row in found}
     # No wake-up: the acking client leases next itself (its consumer wakes on its own acks).
-    return len(acked), [i for i in ids if i not in mine]
+    return len(acked), [i for i in ids if i not in mine], {row[1] for row in returned if row[1] is not None}
 
 
 # --- lease extension ----------------------------------------------------------------------------
@@ -608,9 +621,10 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     there is no limit of parameters to mind.
     """
     with transaction.atomic():
-        nacked, wake = adb.run_sync(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error))
+        nacked, wake, died = adb.run_sync(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error))
         if wake:
             wakeups.notify_after_commit([subscriber.pk])
+        receipts.check_after_commit(died)
     return nacked
 
 
@@ -620,18 +634,22 @@ async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKE
     if not adb.enabled():
         return await adb.thread(nack_deliveries)(subscriber, ids, retry_in=retry_in, now=now, error=error)
     async with adb.transaction() as conn:
-        nacked, wake = await adb.run(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error), conn)
+        nacked, wake, died = await adb.run(
+            _nack(subscriber.pk, ids, retry_in, now or timezone.now(), error), conn
+        )
     if wake:
         wakeups.notify_from_loop([subscriber.pk])
+    await receipts.acheck(died)
     return nacked
 
 
 def _nack(subscriber_id, ids, retry_in, now, error):
-    """The nack's statements; (Nacked, whether to wake the subscriber after the commit)."""
+    """The nack's statements; (Nacked, whether to wake the subscriber after the commit, message
+    ids of the receipt deliveries that died)."""
     ids = list(dict.fromkeys(ids))
     valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
     if not valid:
-        return Nacked({}, ids, {}), False
+        return Nacked({}, ids, {}), False, set()
     table, at = Delivery._meta.db_table, connection.ops.adapt_datetimefield_value
     dead = _AT_LAST_ATTEMPT()
     if retry_in is None:
@@ -648,7 +666,7 @@ def _nack(subscriber_id, ids, retry_in, now, error):
             ack_deadline = NULL,
             lease_holder = ''
         WHERE id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)
-        RETURNING id, status, attempt, next_attempt_at, queue_id
+        RETURNING id, status, attempt, next_attempt_at, queue_id, CASE WHEN receipt THEN message_id END
         """,
         [
             Status.DEAD,
@@ -664,8 +682,9 @@ def _nack(subscriber_id, ids, retry_in, now, error):
     )
     done = {
         id_: (status, attempt, _datetime(next_attempt_at))
-        for id_, status, attempt, next_attempt_at, _ in rows
+        for id_, status, attempt, next_attempt_at, _, _ in rows
     }
+    died = {message_id for _, status, _, _, _, message_id in rows if message_id and status == Status.DEAD}
     settled = {}
     if len(done) < len(valid):
         of_rest, rest_param = _id_set([i for i in valid if i not in done])
@@ -680,7 +699,7 @@ def _nack(subscriber_id, ids, retry_in, now, error):
     # Wake only for what is ready now, or for a dead head of an ordered queue (what waited
     # behind it may go): as _fail.
     wake = any(status == Status.PENDING and at_ <= now for status, _, at_ in done.values())
-    died_in = sorted({queue_id for _, status, _, _, queue_id in rows if status == Status.DEAD})
+    died_in = sorted({queue_id for _, status, _, _, queue_id, _ in rows if status == Status.DEAD})
     if not wake and died_in:
         wake = bool(
             (
@@ -690,7 +709,7 @@ def _nack(subscriber_id, ids, retry_in, now, error):
                 )
             )
         )
-    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled), wake
+    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled), wake, died
 
 
 def _backoff_case(now):
@@ -782,6 +801,8 @@ def _fail(delivery, error, retry_in, now):
     ready_now = delivery.status == Status.PENDING and delivery.next_attempt_at <= now
     if ready_now or (delivery.status == Status.DEAD and delivery.queue.ordered):
         wakeups.notify_after_commit([delivery.subscriber_id])
+    if delivery.status == Status.DEAD and delivery.receipt:
+        receipts.check_after_commit([delivery.message_id])
 
 
 # --- expiry, redelivery, death ------------------------------------------------------------------
@@ -810,15 +831,16 @@ def _expire_overdue(now, subscription_ids):
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT d.id, d.attempt, d.ack_deadline, d.next_attempt_at, d.subscriber_id, q.max_attempts
+            SELECT d.id, d.attempt, d.ack_deadline, d.next_attempt_at, d.subscriber_id, q.max_attempts,
+                   CASE WHEN d.receipt THEN d.message_id END
             FROM {table} d JOIN {Queue._meta.db_table} q ON q.id = d.queue_id
             WHERE {status_is(Status.INFLIGHT)} AND d.ack_deadline <= %s{of_subscriptions}{lock}
             """,
             params,
         )
         found = cursor.fetchall()
-    rows = []
-    for id_, attempt, deadline, next_attempt_at, subscriber_id, max_attempts in found:
+    rows, died = [], set()
+    for id_, attempt, deadline, next_attempt_at, subscriber_id, max_attempts, receipt_message in found:
         d = Delivery(
             id=id_, attempt=attempt, subscriber_id=subscriber_id, next_attempt_at=_datetime(next_attempt_at)
         )
@@ -828,6 +850,7 @@ def _expire_overdue(now, subscription_ids):
         if attempt >= max_attempts:
             d.status = Status.DEAD
             d.last_error = f"ack deadline passed; dead after {d.attempt} attempts"
+            died.add(receipt_message)
         else:
             # The backoff runs from the missed deadline, so a late sweep does not add to it.
             d.status = Status.PENDING
@@ -838,6 +861,7 @@ def _expire_overdue(now, subscription_ids):
         Delivery.objects.bulk_update(
             rows, ["status", "ack_deadline", "lease_holder", "next_attempt_at", "last_error"], batch_size=500
         )
+    receipts.check_after_commit(died)
     return rows
 
 
@@ -863,9 +887,16 @@ def redeliver(deliveries, now=None):
 def kill_deliveries(deliveries, reason="killed by an operator"):
     """Operator action: mark the given deliveries (a queryset) dead. Acked ones stay acked."""
     with transaction.atomic():
-        return Delivery.objects.filter(id__in=deliveries.exclude(status=Status.ACKED).values("id")).update(
-            status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=reason
-        )
+        moving = Delivery.objects.filter(id__in=deliveries.exclude(status=Status.ACKED).values("id"))
+        receipts.check_after_commit(_receipt_messages(moving))
+        return moving.update(status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=reason)
+
+
+def _receipt_messages(deliveries):
+    """The messages of the open receipt deliveries among `deliveries`, which an operator's
+    action (not a hot path) is about to settle: one read of the partial index's rows."""
+    open_receipts = deliveries.filter(receipt=True, status__in=OPEN).order_by()
+    return set(open_receipts.values_list("message_id", flat=True).distinct())
 
 
 def retry_now(deliveries, reason="retried now by an operator", now=None):
@@ -894,6 +925,7 @@ def skip_deliveries(deliveries, operator):
         chosen = deliveries.filter(status__in=OPEN).values("id")
         moving = Delivery.objects.filter(id__in=chosen, status__in=OPEN)
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
+        receipts.check_after_commit(_receipt_messages(moving))
         count = moving.update(
             status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=f"skipped by {operator}"
         )
@@ -902,9 +934,19 @@ def skip_deliveries(deliveries, operator):
     return count
 
 
+def want_receipts(message_ids):
+    """A publish with a receipt named, by its key, messages published before without one (a
+    retried publish): their deliveries are receipt rows from now on. Rare, so plain updates."""
+    Message.objects.filter(pk__in=message_ids, receipt_wanted=False).update(receipt_wanted=True)
+    Delivery.objects.filter(message_id__in=message_ids, receipt=False).update(receipt=True)
+
+
 def drop_undelivered(subscription):
     """An unsubscribe drops what was still owed; acked history stays (subscription unset)."""
-    Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED).delete()
+    dropping = Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED)
+    receipt_messages = _receipt_messages(dropping)
+    dropping.delete()
+    receipts.check_after_commit(receipt_messages)  # what is left of them may be settled now
 
 
 CONNECTION_CLOSED = "the connection holding it closed"
@@ -964,14 +1006,21 @@ def _release(where, params, reason, wake, spend):
             f"""
             UPDATE {table} SET {set_}, next_attempt_at = %s, ack_deadline = NULL, lease_holder = ''
             WHERE status = %s AND {where}
-            RETURNING id, subscriber_id
+            RETURNING id, subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END
             """,
-            [*set_params, connection.ops.adapt_datetimefield_value(timezone.now()), Status.INFLIGHT, *params],
+            [
+                *set_params,
+                connection.ops.adapt_datetimefield_value(timezone.now()),
+                Status.INFLIGHT,
+                *params,
+                Status.DEAD,
+            ],
         )
         released = cursor.fetchall()
         if wake:
-            wakeups.notify_after_commit({subscriber_id for _, subscriber_id in released})
-    return [id_ for id_, _ in released]
+            wakeups.notify_after_commit({subscriber_id for _, subscriber_id, _ in released})
+        receipts.check_after_commit(message_id for _, _, message_id in released)
+    return [id_ for id_, _, _ in released]
 
 
 def purge_dead(deliveries):

@@ -46,6 +46,9 @@ class Delivery(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True, help_text="Last handed out.")
     acked_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    # Its message's publisher waits for a receipt (Message.receipt_wanted, copied at fan-out):
+    # the settling statements return the message id of such rows only (delivery.receipts).
+    receipt = models.BooleanField(default=False, db_default=False, editable=False)
 
     class Meta:
         verbose_name_plural = "deliveries"
@@ -88,6 +91,14 @@ class Delivery(models.Model):
             # dead letters, newest first (written only when one dies)
             models.Index(
                 fields=["next_attempt_at", "id"], name="delivery_dead", condition=models.Q(status="dead")
+            ),
+            # receipts: the open deliveries of messages whose publisher waits for a receipt. Only
+            # those rows have an entry, so "is any still open?" is one probe, and the rows of
+            # every other message cost it nothing (delivery.receipts).
+            models.Index(
+                fields=["message"],
+                name="delivery_receipt_open",
+                condition=models.Q(receipt=True, status__in=["pending", "inflight"]),
             ),
             # acks in the last minutes: the dashboard's and /metrics' ack rate and latency
             models.Index(

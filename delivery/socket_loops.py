@@ -3,9 +3,10 @@ handles (delivery.consumers): one refreshes the heartbeat of every socket of the
 UPDATE), sweeps connections whose server died and expires overdue leases, so that nothing
 waits on a socket that is gone even where no other sweeper runs (the embedded mode); one
 wakes the sockets whose subscribers have work, in one query for all of them, in case a wake-up
-was lost (an idle socket costs no query of its own); one checks the sockets' tokens and rights
-(the safety net of revocation); and, in the services mode, one hears the other processes'
-wake-ups and announcements (delivery.wakeups.listen)."""
+was lost (an idle socket costs no query of its own), and finds the receipts its sockets wait
+for that are settled (one query, only while some are waited for: delivery.receipts); one
+checks the sockets' tokens and rights (the safety net of revocation); and, in the services
+mode, one hears the other processes' wake-ups and announcements (delivery.wakeups.listen)."""
 
 import asyncio
 import contextlib
@@ -19,7 +20,7 @@ from django.conf import settings
 from subscribers import presence
 from subscribers.models import Subscriber
 
-from . import ledger, liveness, wakeups
+from . import ledger, liveness, receipts, wakeups
 from .frames import CLOSE_BY_OPERATOR
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,10 @@ async def _wake_those_with_work():
             log.exception("looking for work failed; trying again in %s s", RECHECK_SECS)
             continue
         wakeups.wake_sockets(due)
+        try:
+            await receipts.recheck()  # the receipts' safety net: one query, when any is waited for
+        except Exception:
+            log.exception("looking for settled receipts failed; trying again in %s s", RECHECK_SECS)
 
 
 async def _check_tokens():

@@ -264,6 +264,52 @@ def unwatch(subscriber_id, socket):
                 del _sockets[subscriber_id]
 
 
+# --- receipts: "message M is settled" (delivery.receipts) ----------------------------------------
+
+SETTLED = "!"  # a word "<process> !<message id> <message id> ...": every delivery of them settled
+_settled_listeners = []  # called in this process with the message ids the others announce
+
+
+def on_settled(listener):
+    """Call `listener(message_ids)` when another process announces messages settled."""
+    if listener not in _settled_listeners:
+        _settled_listeners.append(listener)
+
+
+def tell_settled(message_ids):
+    """Tell the other processes these messages are settled (one PUBLISH; nothing without
+    Redis, where the sockets' recheck finds them). From the event loop it goes from a thread."""
+    if _redis() is None or not message_ids:
+        return
+    word = f"{_PROCESS} {SETTLED}{' '.join(map(str, message_ids))}"
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _publish_word(word)
+        return
+    task = asyncio.ensure_future(adb.thread(_publish_word)(word))
+    _telling.add(task)
+    task.add_done_callback(_telling.discard)
+
+
+def _publish_word(word):
+    try:
+        _redis().publish(channel(), word)
+    except Exception:  # a hint: the sockets' recheck finds what it said a moment later
+        log.warning("could not publish %r", word, exc_info=True)
+
+
+def _heard_settled(sender, word):
+    if sender == _PROCESS:  # this process handed them to its sockets before it told
+        return
+    ids = [int(i) for i in word[len(SETTLED) :].split()]
+    for listener in _settled_listeners:
+        try:
+            listener(ids)
+        except Exception:
+            log.exception("a receipt listener failed")
+
+
 # --- revocation: "subscriber N changed", "connection C was closed by an operator" ------------
 
 
@@ -408,6 +454,9 @@ async def listen():
                                 await pipe.rpush(word["acks"], 1).expire(word["acks"], 60).execute()
                         continue
                     sender, _, ids = message["data"].decode().partition(" ")
+                    if ids.startswith(SETTLED):
+                        _heard_settled(sender, ids)
+                        continue
                     if ids.startswith(JOINED):
                         joined = int(ids[len(JOINED) :])
                         if sender != _PROCESS and sockets_of(joined):

@@ -9,7 +9,7 @@ from drf_spectacular.renderers import (
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dashboard.urls import admin_tools
-from delivery.api.views import AckView, DeliveryListView, ExtendView, NackView
+from delivery.api.views import AckView, DeliveryListView, ExtendView, MessageView, NackView
 from delivery.metrics import metrics
 from queues.api.views import MessagesView, QueueListView
 from subscribers.api.views import (
@@ -29,6 +29,7 @@ schema_view = SpectacularAPIView.as_view(
 api = [
     path("queues", QueueListView.as_view(), name="queue-list"),
     path("queues/<str:queue>/messages", MessagesView.as_view(), name="messages"),
+    path("messages/<int:id>", MessageView.as_view(), name="message-detail"),
     path("subscriptions", SubscriptionListView.as_view(), name="subscription-list"),
     path("subscriptions/<int:pk>", SubscriptionDetailView.as_view(), name="subscription-detail"),
     path("subscriptions/<int:pk>/seek", SubscriptionSeekView.as_view(), name="subscription-seek"),

@@ -84,6 +84,9 @@ class Message(models.Model):
         help_text="Empty when an operator published it.",
     )
     created_at = models.DateTimeField(db_index=True)
+    # The publisher asked for a receipt (a socket publish frame's "receipt": true): its
+    # deliveries carry `receipt` too, so that the ack path learns of them without a join.
+    receipt_wanted = models.BooleanField(default=False, db_default=False, editable=False)
 
     class Meta:
         ordering = ["queue__name", "-seq"]

@@ -43,6 +43,7 @@ class Outgoing:
     key: str | None
     publisher: object = None  # a Subscriber; publish()'s `publisher` fills it in when None
     headers_json: str | None = None  # None: no headers (queues.headers)
+    receipt: bool = False  # the publisher waits for a receipt (delivery.receipts)
 
 
 def prepare(event, payload, key=None, headers=None):
@@ -115,6 +116,9 @@ def _publish(queue, outgoing, publisher):
             existing = {
                 m.key: m for m in Message.objects.filter(queue=queue, key__in=keys).select_related("event")
             }
+            again = {existing[o.key].pk for o in outgoing if o.receipt and o.key in existing}
+            if again - {m.pk for m in existing.values() if m.receipt_wanted}:
+                ledger.want_receipts(again)
         # Each message either is new or repeats a key: already in the queue, or earlier in
         # this batch. slots[i] says which message answers outgoing[i], and whether it is new.
         new, slots, by_key = [], [], {}
@@ -143,10 +147,12 @@ def _publish(queue, outgoing, publisher):
                     key=o.key,
                     publisher=o.publisher or publisher,
                     created_at=now,
+                    receipt_wanted=o.receipt,
                 )
                 for i, o in enumerate(new)
             )
-            counts, owed = ledger.fan_out(queue.pk, first_seq, first_seq + len(new) - 1, now)
+            receipt = any(o.receipt for o in new)
+            counts, owed = ledger.fan_out(queue.pk, first_seq, first_seq + len(new) - 1, now, receipt)
             for m in messages:
                 m.delivery_count = counts.get(m.pk, 0)
             wakeups.notify_after_commit(owed)
@@ -194,18 +200,23 @@ def _publish_statement(queue, outgoing, publisher, now, events):
     subscribers owed something)."""
     count = len(outgoing)
     at = connection.ops.adapt_datetimefield_value(now)
-    fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now)
+    # A publish that wants no receipt sends the statement it always did (the column's default).
+    receipt = any(o.receipt for o in outgoing)
+    fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt)
+    wanted = (", receipt_wanted", ", v.receipt", ", %s::boolean[]", ", receipt") if receipt else ("",) * 4
     sql = f"""
         WITH q AS (
             UPDATE {Queue._meta.db_table} SET last_seq = last_seq + %s WHERE id = %s
             RETURNING last_seq - %s AS base
         ), m AS (
             INSERT INTO {Message._meta.db_table}
-                (queue_id, event_id, seq, payload_json, headers_json, key, publisher_id, created_at)
-            SELECT %s, v.event_id, q.base + v.n, v.payload_json, v.headers_json, NULL, v.publisher_id, %s
-            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[])
-                WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id, n)
-            RETURNING id, queue_id, event_id, seq
+                (queue_id, event_id, seq, payload_json, headers_json, key, publisher_id,
+                 created_at{wanted[0]})
+            SELECT %s, v.event_id, q.base + v.n, v.payload_json, v.headers_json, NULL, v.publisher_id,
+                %s{wanted[1]}
+            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[]{wanted[2]})
+                WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}, n)
+            RETURNING id, queue_id, event_id, seq{wanted[0]}
         ), d AS ({fan_out})
         SELECT id, seq, NULL::bigint FROM m
         UNION ALL SELECT message_id, NULL::bigint, subscriber_id FROM d
@@ -220,6 +231,7 @@ def _publish_statement(queue, outgoing, publisher, now, events):
         [o.payload_json for o in outgoing],
         [o.headers_json for o in outgoing],
         [p.pk if (p := o.publisher or publisher) is not None else None for o in outgoing],
+        *([[o.receipt for o in outgoing]] if receipt else []),
         *fan_out_params,
     ]
     rows = yield sql, params

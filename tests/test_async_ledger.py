@@ -223,7 +223,8 @@ async def test_a_failed_transaction_on_the_async_connection_leaves_nothing(world
     [leased] = await ledger.alease_deliveries(logger, limit=1)
     with pytest.raises(RuntimeError):
         async with adb.transaction() as conn:
-            nacked, _ = await adb.run(ledger._nack(logger.pk, [leased["id"]], 0, timezone.now(), "no"), conn)
+            op = ledger._nack(logger.pk, [leased["id"]], 0, timezone.now(), "no")
+            nacked, _, _ = await adb.run(op, conn)
             assert nacked.done
             raise RuntimeError("after the statement, before the commit")
     status = await database_sync_to_async(lambda: Delivery.objects.get(pk=leased["id"]).status)()

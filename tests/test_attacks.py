@@ -88,6 +88,7 @@ EXAMPLE_ARGS = {
     "subscription-detail": {"pk": 1},
     "subscription-seek": {"pk": 1},
     "delivery-nack": {"pk": 1},
+    "message-detail": {"id": 1},
 }
 
 
@@ -154,6 +155,15 @@ def outsider_publishes(w):
     assert r.status_code == 403 and Message.objects.count() == 4
 
 
+def peer_reads_the_loggers_receipt(w):
+    # A message the logger published: its receipt is the logger's alone (to others, a 404).
+    mine = Message.objects.order_by("id").first().pk
+    Message.objects.filter(pk=mine).update(publisher=w.logger)
+    assert client_for(w.logger).get(url_of("message-detail", id=mine)).status_code == 200
+    for caller in (w.peer, w.outsider):
+        assert client_for(caller).get(url_of("message-detail", id=mine)).status_code == 404
+
+
 def peer_lists_connections(w):
     assert client_for(w.peer).get(url_of("connection-list")).status_code == 403
 
@@ -170,6 +180,7 @@ ROUTE_ATTACKS = {
     ("queue-list", "get"): outsider_lists_queues,
     ("messages", "post"): outsider_publishes,
     ("connection-list", "get"): peer_lists_connections,
+    ("message-detail", "get"): peer_reads_the_loggers_receipt,
 }
 
 

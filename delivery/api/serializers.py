@@ -94,3 +94,37 @@ class NackResultSerializer(serializers.Serializer):
     status = serializers.CharField()
     attempt = serializers.IntegerField()
     next_attempt_at = serializers.DateTimeField()
+
+
+class DeliveryCountsSerializer(serializers.Serializer):
+    pending = serializers.IntegerField()
+    inflight = serializers.IntegerField()
+    acked = serializers.IntegerField()
+    dead = serializers.IntegerField()
+
+
+class ReceiptSubscriptionSerializer(serializers.Serializer):
+    subscriber = serializers.CharField()
+    event = serializers.CharField(
+        allow_null=True, help_text="The subscription's event; null: every event of the queue (or it is gone)."
+    )
+    status = serializers.ChoiceField(choices=["pending", "inflight", "acked", "dead"])
+    attempt = serializers.IntegerField()
+    acked_at = serializers.DateTimeField(allow_null=True)
+
+
+class ReceiptSerializer(serializers.Serializer):
+    """A message with how far its deliveries got (for the schema; the view returns a dict)."""
+
+    id = serializers.IntegerField()
+    queue = serializers.CharField()
+    event = serializers.CharField()
+    seq = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    deliveries = DeliveryCountsSerializer(help_text="How many of its deliveries are in each state.")
+    subscriptions = ReceiptSubscriptionSerializer(
+        many=True,
+        required=False,
+        help_text="Operators only: each subscription it was owed to, the first 1000 by delivery id "
+        "(the counts cover all of them).",
+    )

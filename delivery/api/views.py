@@ -2,13 +2,14 @@ import time
 
 from django.db import connection
 from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions
 from rest_framework.response import Response
 
-from delivery import ledger, liveness, long_polls, wakeups
+from delivery import ledger, liveness, long_polls, receipts, wakeups
 from mqsite.api import ApiView, errors, is_db_id
 from queues.models import Event
 from subscribers.api.views import SUBSCRIBERS_ONLY
-from subscribers.auth import IsSubscriber
+from subscribers.auth import IsSubscriber, is_operator
 
 from .serializers import (
     AckResultSerializer,
@@ -19,6 +20,7 @@ from .serializers import (
     LeaseQuerySerializer,
     NackResultSerializer,
     NackSerializer,
+    ReceiptSerializer,
 )
 
 # While long-polling, look at the ledger at least this often even without a wake-up: a wake-up
@@ -166,3 +168,30 @@ class NackView(ApiView):
             error=ledger.nack_reason(body.validated_data.get("error")),
         )
         return Response({"id": pk, "status": status, "attempt": attempt, "next_attempt_at": next_attempt_at})
+
+
+class MessageView(ApiView):
+    @extend_schema(
+        summary="A receipt: how far the deliveries of a message the caller published got",
+        description="The publisher of the message (or an operator) sees the count of its deliveries in "
+        "each state; operators also see its subscriptions (the first 1000). A message another "
+        "subscriber or an operator published is a 404 to a subscriber, as one that does not exist.",
+        responses={
+            200: ReceiptSerializer,
+            **errors(
+                401,
+                403,
+                404,
+                429,
+                e403="A logged-in user who is not an operator (staff).",
+                e404="No such message, or the caller did not publish it.",
+            ),
+        },
+    )
+    def get(self, request, id):  # noqa: A002 (the path's name, as the contract writes it)
+        answer = receipts.receipt_of(
+            self.id_or_404(id, "message"), publisher=self.subscriber, operator=is_operator(request)
+        )
+        if answer is None:
+            raise exceptions.NotFound("You published no message with that id.")
+        return Response(answer)

@@ -180,11 +180,16 @@
     tbody.replaceChildren(...out);
   }
 
-  function progress(st) {
+  function progress(st, receipt) {
     if (!st) return h("span", { class: "pill none" }, "…");
     const total = st.pending + st.inflight + st.acked + st.dead;
     if (!total) return h("span", { class: "pill none", title: "no subscription matched it" }, "no subscriber");
-    const parts = [];
+    // The receipt count: how many of its subscriptions acked it ("3/5"), as its publisher reads it.
+    const settled = st.pending + st.inflight === 0;
+    const parts = [h("span", {
+      class: "receipt" + (settled ? " settled" : ""),
+      title: (receipt ? "the publisher waits for a receipt; " : "") + (settled ? "every delivery settled" : "deliveries still open"),
+    }, (receipt ? "✉ " : "") + "acked " + st.acked + "/" + total)];
     if (st.acked) parts.push(h("span", { class: "pill acked", title: "acked" }, "✓ " + st.acked));
     if (st.inflight) parts.push(h("span", { class: "pill inflight", title: "in flight" }, "→ " + st.inflight));
     if (st.pending) parts.push(h("span", { class: "pill pending", title: "pending" }, "… " + st.pending));
@@ -224,7 +229,7 @@
       } else {
         before = li.nextSibling;
       }
-      li.querySelector(".progress").replaceChildren(progress(feedStatus[m.id]));
+      li.querySelector(".progress").replaceChildren(progress(feedStatus[m.id], m.receipt));
       if (!existing.has(m.id)) before = li.nextSibling;
     }
     for (const k of Object.keys(feedStatus)) if (!keep.has(Number(k))) delete feedStatus[k];

@@ -1,0 +1,334 @@
+"""Receipts: a publisher learns when every delivery of its message is settled (acked or dead).
+
+Two ways to ask (API.md, Extensions): `GET /api/messages/{id}` (receipt_of, one aggregate
+query), and a socket publish frame with `"receipt": true`, answered by one `receipt` frame per
+message once none of its deliveries is pending or in flight.
+
+The socket's way rides on the ledger's settling statements and costs nothing to anyone else:
+
+- The publish marks the message `receipt_wanted`, and the fan-out copies the mark onto each of
+  its deliveries (`Delivery.receipt`). Publishes without a receipt send the statements they
+  always did.
+- Every statement that settles deliveries (ack, nack or expiry to dead, a closed socket's last
+  attempt, an operator's kill or skip, an unsubscribe dropping what was owed) returns the
+  message id of the receipt rows it moved, from the row itself (no join, no extra query). Only
+  when there are some does the ledger, *after its commit*, ask which of those messages have no
+  receipt delivery open any more (settled_statement: one probe each into the partial index
+  delivery_receipt_open, which holds only receipt rows still open), and announce them.
+- Checking after the commit closes the race of two transactions settling a message's last two
+  deliveries at once: whichever commits last sees the other's commit in its check (each check
+  is a statement of its own, so it sees everything committed before it started). Both may
+  announce: the waiting socket sends one frame whatever it hears.
+- An announcement reaches the socket that waits for the message: in this process through the
+  registry below, in the others through the same Redis channel as wake-ups
+  (wakeups.tell_settled). That socket reads the counts once (counts_statement) and sends the
+  frame.
+- What can be lost (a Redis word, an announcement from a process without Redis: the embedded
+  mode's webhook worker and sweeper, a subscriber deleted with what it was owed) is caught by
+  recheck(): every RECHECK_SECS, one query for all the receipts the sockets of a process wait
+  for (socket_loops). A receipt is late then, never lost.
+"""
+
+import asyncio
+import json
+import logging
+import threading
+from collections import defaultdict
+
+from django.db import connection, transaction
+from django.db.models import Count, Q
+
+from mqsite import adb
+from queues.models import Message
+
+from . import wakeups
+from .models import Delivery, Status
+
+log = logging.getLogger(__name__)
+
+# The receipts one socket may wait for at once: a publish frame past it is refused
+# (too_many_receipts), nothing published. Bounds the registry and the recheck's query.
+MAX_PENDING_PER_SOCKET = 10_000
+# The operator's view of a message lists at most this many subscriptions (by delivery id); the
+# counts cover them all.
+MAX_SUBSCRIPTIONS_SHOWN = 1000
+
+# Spelled as delivery_receipt_open's condition, so that SQLite (which matches the terms as
+# written) and PostgreSQL's generic plans use that index.
+OPEN_RECEIPT = "d.receipt AND d.status IN ('pending', 'inflight')"
+
+
+def zero_counts():
+    return {s.value: 0 for s in Status}
+
+
+# --- the statements (sans I/O, for either driver: mqsite/adb.py) ---------------------------------
+
+
+def _id_values(ids):
+    """(a FROM item `v` with one column `id` of these ids, its one parameter): an array on
+    PostgreSQL, a JSON list on SQLite, so any number of ids is one parameter."""
+    ids = [int(i) for i in ids]
+    if connection.vendor == "postgresql":
+        return "unnest(%s::bigint[]) AS v (id)", ids
+    return "(SELECT value AS id FROM json_each(%s)) v", json.dumps(ids)
+
+
+def settled_statement(message_ids):
+    """Those of these messages none of whose receipt deliveries is still open (a message with
+    none at all too): one probe each into delivery_receipt_open."""
+    if not message_ids:
+        return []
+    values, param = _id_values(message_ids)
+    rows = yield (
+        f"""
+        SELECT v.id FROM {values}
+        WHERE NOT EXISTS (SELECT 1 FROM {Delivery._meta.db_table} d
+                          WHERE d.message_id = v.id AND {OPEN_RECEIPT})
+        """,
+        [param],
+    )
+    return [row[0] for row in rows]
+
+
+def counts_statement(message_ids):
+    """{message id: {pending, inflight, acked, dead}} of these messages: one grouped read over
+    the delivery table's message index (a message without deliveries: all zeros)."""
+    out = {i: zero_counts() for i in message_ids}
+    if not out:
+        return out
+    values, param = _id_values(out)
+    rows = yield (
+        f"""
+        SELECT d.message_id, d.status, COUNT(*) FROM {Delivery._meta.db_table} d
+        WHERE d.message_id IN (SELECT v.id FROM {values})
+        GROUP BY d.message_id, d.status
+        """,
+        [param],
+    )
+    for message_id, status, n in rows:
+        out[message_id][status] = n
+    return out
+
+
+async def arun(op):
+    """A statement above, from the event loop (a thread where the async connection is off)."""
+    if adb.enabled():
+        return await adb.run(op)
+    return await adb.thread(adb.run_sync)(op)
+
+
+# --- the ledger's side: after a commit that settled receipt deliveries ---------------------------
+
+
+def check_after_commit(message_ids):
+    """The ledger settled receipt deliveries of these messages: once the transaction commits (at
+    once outside one), announce those now settled. Nothing to do, no query, when empty."""
+    ids = sorted({i for i in message_ids if i is not None})
+    if ids:
+        transaction.on_commit(lambda: announce(adb.run_sync(settled_statement(ids))), robust=True)
+
+
+async def acheck(message_ids):
+    """check_after_commit() on the event loop, after a commit made there."""
+    ids = sorted({i for i in message_ids if i is not None})
+    if not ids:
+        return
+    try:
+        settled = await arun(settled_statement(ids))
+    except Exception:  # what settled is committed: the sockets' recheck finds it
+        log.warning("could not check receipts of %s", ids, exc_info=True)
+        return
+    announce(settled)
+
+
+def announce(message_ids):
+    """These messages are settled: tell the sockets waiting for them, here and elsewhere."""
+    ids = list(message_ids)
+    if ids:
+        settled_here(ids)
+        wakeups.tell_settled(ids)
+
+
+# --- the sockets' side ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+# message id -> (event loop, callback) of the socket waiting for its receipt: announcements come
+# from any thread (a REST ack, a Celery task) and from the listener of other processes.
+_waiting = {}
+
+
+def wait_for(message_ids, callback):
+    """Call `callback(ids)` on the running loop when these messages are announced settled."""
+    waiter = (asyncio.get_running_loop(), callback)
+    with _lock:
+        for i in message_ids:
+            _waiting[i] = waiter
+
+
+def forget(message_ids):
+    with _lock:
+        for i in message_ids:
+            _waiting.pop(i, None)
+
+
+def waiting():
+    """How many receipts the sockets of this process wait for."""
+    with _lock:
+        return len(_waiting)
+
+
+def settled_here(message_ids):
+    """Hand each of these messages to the socket of this process waiting for it, if any."""
+    by_waiter = defaultdict(list)
+    with _lock:
+        for i in message_ids:
+            waiter = _waiting.get(i)
+            if waiter is not None:
+                by_waiter[waiter].append(i)
+    if not by_waiter:
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # a sync thread (a request, a Celery task)
+        running = None
+    for (loop, callback), ids in by_waiter.items():
+        if loop is running:
+            callback(ids)
+        else:
+            try:
+                loop.call_soon_threadsafe(callback, ids)
+            except RuntimeError:  # that loop is closed: its socket is gone
+                pass
+
+
+wakeups.on_settled(settled_here)
+
+
+class TooMany(Exception):
+    """A socket asked for more receipts than it may wait for at once."""
+
+
+class Owed:
+    """The receipts one socket owes, and the sending of their frames (through `send`, the
+    socket's own send of a frame), on the socket's event loop."""
+
+    def __init__(self, send):
+        self.send = send
+        self.refs = {}  # message id -> ref of its publish frame
+        self.booked = 0  # messages of publish frames not yet published that want a receipt
+        self.due = set()  # announced settled, their frames not sent yet
+        self.task = None
+        self.closed = False
+
+    def book(self, count):
+        """Room for `count` more, before their publish: TooMany when there is none."""
+        waiting = len(self.refs) + self.booked
+        if waiting + count > MAX_PENDING_PER_SOCKET:
+            raise TooMany(
+                f"This socket already waits for {waiting} receipts; at most {MAX_PENDING_PER_SOCKET} at "
+                "once. Nothing was published."
+            )
+        self.booked += count
+
+    def unbook(self, count):
+        self.booked -= count
+
+    def published(self, answers, ref):
+        """Owe a receipt for each message of a publish, once its `published` frame is out (a
+        receipt never comes before it). Returns their ids, for check()."""
+        ids = [a["id"] for a in answers]
+        for i in ids:
+            self.refs[i] = ref
+        wait_for(ids, self.settled)
+        return ids
+
+    async def check(self, ids):
+        """Those settled already (owed to nobody, or settled before the socket waited for them:
+        an announcement made before then found nobody) are due now: one query."""
+        try:
+            self.settled(await arun(settled_statement(ids)))
+        except Exception:  # the recheck of socket_loops finds them
+            log.warning("checking receipts %s failed", ids, exc_info=True)
+
+    def settled(self, ids):
+        """Announced settled: send their receipts, one sender at a time."""
+        self.due.update(i for i in ids if i in self.refs)
+        if self.due and not self.closed and (self.task is None or self.task.done()):
+            self.task = asyncio.ensure_future(self._send_due())
+
+    async def _send_due(self):
+        from .frames import receipt_frame
+
+        while self.due and not self.closed:
+            due, self.due = sorted(i for i in self.due if i in self.refs), set()
+            refs = {i: self.refs.pop(i) for i in due}
+            forget(due)
+            try:
+                counts = await arun(counts_statement(due))
+            except Exception:  # owed again: the recheck of socket_loops finds them again
+                log.warning("reading receipts %s failed", due, exc_info=True)
+                self.refs.update(refs)
+                wait_for(due, self.settled)
+                return
+            for i in due:
+                await self.send(receipt_frame(i, counts[i], refs[i]))
+
+    def close(self):
+        """The socket closed: nobody to tell any more."""
+        self.closed = True
+        forget(list(self.refs))
+        self.refs.clear()
+        if self.task is not None:
+            self.task.cancel()
+
+
+async def recheck():
+    """The safety net: which of the receipts waited for in this process are settled, in one
+    query, handed to their sockets. Nothing when none is waited for."""
+    with _lock:
+        ids = list(_waiting)
+    if ids:
+        settled_here(await arun(settled_statement(ids)))
+
+
+# --- GET /api/messages/{id} ----------------------------------------------------------------------
+
+
+def receipt_of(message_id, publisher=None, operator=False):
+    """The message as its publisher (a Subscriber) or an operator sees it, with the count of its
+    deliveries in each state (one aggregate query over the delivery table's message index), and
+    for operators the first MAX_SUBSCRIPTIONS_SHOWN of its subscriptions (one more). None when
+    it does not exist or the caller did not publish it (an operator's message is nobody's)."""
+    messages = Message.objects.filter(pk=message_id)
+    if not operator:
+        if publisher is None:
+            return None
+        messages = messages.filter(publisher=publisher)
+    found = (
+        messages.order_by()
+        .values("id", "queue__name", "event__name", "seq", "created_at")
+        .annotate(**{s.value: Count("deliveries", filter=Q(deliveries__status=s.value)) for s in Status})
+        .first()
+    )
+    if found is None:
+        return None
+    answer = {
+        "id": found["id"],
+        "queue": found["queue__name"],
+        "event": found["event__name"],
+        "seq": found["seq"],
+        "created_at": found["created_at"],
+        "deliveries": {s.value: found[s.value] for s in Status},
+    }
+    if operator:
+        rows = (
+            Delivery.objects.filter(message_id=message_id)
+            .order_by("id")
+            .values_list("subscriber__name", "subscription__event__name", "status", "attempt", "acked_at")
+        )
+        answer["subscriptions"] = [
+            {"subscriber": name, "event": event, "status": status, "attempt": attempt, "acked_at": acked_at}
+            for name, event, status, attempt, acked_at in rows[:MAX_SUBSCRIPTIONS_SHOWN]
+        ]
+    return answer

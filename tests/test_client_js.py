@@ -23,7 +23,7 @@ import pytest
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers import subscribing
-from subscribers.provisioning import create_subscriber
+from subscribers.provisioning import create_subscriber, provision_subscriber
 from tests.servers import ROOT, eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -249,6 +249,59 @@ def test_node_survives_a_server_killed_and_started_again_mid_stream(server, owne
 
 
 @needs_node
+def test_node_handles_what_waited_even_when_it_names_the_handler_after_the_resume(server, owner, node_client):
+    """The server resumes the durable subscription as soon as the socket is authenticated;
+    what it sends before the program calls subscribe() waits for that handler."""
+    subscriber, token = owner
+    ids = publish_rest(server, token, 5)
+    client = node_client(server, token)
+    client.wait_for(lambda events: "open" in client.states())
+    assert eventually(lambda: statuses(ids) == {Status.INFLIGHT: 5})  # sent, held, not handled
+    time.sleep(0.3)
+    assert client.calls() == []
+
+    client.send(cmd="subscribe", queue="db", event=None, sync=True)
+
+    client.wait_for(lambda events: len([e for e in events if e["kind"] == "call"]) == 5)
+    assert [c["payload"]["n"] for c in client.calls()] == [0, 1, 2, 3, 4]
+    assert eventually(lambda: statuses(ids) == {Status.ACKED: 5})
+
+
+@needs_node
+def test_node_close_lets_the_running_handler_finish_and_acks_it(server, owner, node_client):
+    subscriber, token = owner
+    client = node_client(server, token)
+    client.send(cmd="subscribe", queue="db", event=None, delay_ms=800)
+    client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
+    (message_id,) = publish_rest(server, token, 1)
+    client.wait_for(lambda events: any(e["kind"] == "call" for e in events))
+
+    client.send(cmd="close")
+
+    client.wait_for(lambda events: any(e["kind"] == "closed" for e in events))
+    delivery = Delivery.objects.get(message_id=message_id)
+    assert (delivery.status, delivery.attempt) == (Status.ACKED, 1)
+    assert client.states()[-1] == "closed"
+
+
+@needs_node
+def test_node_stops_when_its_token_is_rotated(server, owner, node_client):
+    subscriber, token = owner
+    client = node_client(server, token)
+    client.wait_for(lambda events: "open" in client.states())
+
+    # createsubscriber again: a new token, and the old one is void
+    provision_subscriber("owner", publish=["db"], subscribe=["db"], update=True)
+
+    events = client.wait_for(lambda events: "closed" in client.states(), timeout=10)
+    closed = [e for e in events if e["kind"] == "state"][-1]
+    assert (closed["code"], closed["error"]) == (4401, "unauthorized")
+    client.proc.stdin.close()
+    assert client.proc.wait(timeout=10) == 0
+    assert client.states() == ["connecting", "open", "closed"]
+
+
+@needs_node
 def test_node_with_a_bad_token_is_closed_and_does_not_retry(server, owner, node_client):
     client = node_client(server, "mq_not_a_token")
     client.send(cmd="subscribe", queue="db", event=None)
@@ -278,6 +331,34 @@ def test_node_waits_out_rate_limits_and_sends_the_refused_frames_again(owner, no
         assert not client.of("publish_error")
         assert Message.objects.count() == 40
         assert client.states() == ["connecting", "open"]  # waited, never pushed into a 4429
+    finally:
+        server.stop()
+
+
+@needs_node
+def test_node_over_the_socket_limit_waits_then_gets_in_when_a_socket_frees(owner, node_client):
+    """Closed with 4429 (after an error frame `too_many_connections`), the client waits at
+    least 5 s before it tries again, rather than hammering; once the first client leaves,
+    it gets in and receives."""
+    subscriber, token = owner
+    server = start_daphne({"MQ_MAX_CONNECTIONS_PER_SUBSCRIBER": "1"})
+    try:
+        first = node_client(server, token)
+        first.wait_for(lambda events: "open" in first.states())
+        second = node_client(server, token)
+        second.send(cmd="subscribe", queue="db", event=None, sync=True)
+        second.wait_for(lambda events: len(second.of("error")) == 2, timeout=20)
+        refused = second.of("error")
+        assert {e["code"] for e in refused} == {"too_many_connections"}
+        assert refused[1]["t"] - refused[0]["t"] >= 4900  # not hammering: 5 s at least
+        assert second.states() == ["connecting"]
+
+        first.send(cmd="close")
+        first.wait_for(lambda events: any(e["kind"] == "closed" for e in events))
+        second.wait_for(lambda events: "open" in second.states(), timeout=20)
+        ids = publish_rest(server, token, 3)
+        second.wait_for(lambda events: len(second.calls()) == 3)
+        assert eventually(lambda: statuses(ids) == {Status.ACKED: 3})
     finally:
         server.stop()
 

@@ -3,12 +3,13 @@
 //   node node_client.mjs MODULE_PATH URL TOKEN
 // Commands: {"cmd": "subscribe", "queue", "event", "sync", "delay_ms", "fail": "first" | "always"},
 // {"cmd": "publish", "tag", "queue", "event", "payload", "key"}, {"cmd": "close"}.
-// Events: state, error, call (a handler call), subscribed, published, publish_error, closed.
+// Events (each with `t`, ms): state, error, call (a handler call), subscribed, published,
+// publish_error, closed.
 import { createInterface } from "node:readline";
 
 const [modulePath, url, token] = process.argv.slice(2);
 const { connect } = await import(modulePath);
-const out = (event) => process.stdout.write(`${JSON.stringify(event)}\n`);
+const out = (event) => process.stdout.write(`${JSON.stringify({ ...event, t: Date.now() })}\n`);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const client = connect({ url, token });

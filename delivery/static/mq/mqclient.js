@@ -10,7 +10,7 @@
  *   const answer = await mq.publish("db", "create", { id: 7 }, { key: "user-7" });
  *   await mq.close();
  *
- * What it does for its user (the rules of README's "Clients"):
+ * What it does for its user (README: "The JavaScript client"):
  * - One websocket at `url` + /ws/, authenticated by the `auth` frame: a page never puts its
  *   long-lived token in a URL that access logs keep.
  * - A handler is called with the delivery (id, message_id, queue, event, seq, payload, attempt,
@@ -130,6 +130,7 @@ class Client {
     this._attempt = 0;
     this._pausedUntil = 0;
     this._retryAfter = null; // seconds an error frame of this socket asked to wait
+    this._limited = false; // this socket was told it is over a limit (the why of a 4429)
     this._closing = false;
     this._closed = null;
     this._draining = false;
@@ -222,6 +223,7 @@ class Client {
     this._ws = ws;
     this._authed = false;
     this._retryAfter = null;
+    this._limited = false;
     this._openedAt = this._lastFrameAt = Date.now();
     this._pinged = false;
     ws.onopen = () => ws.send(JSON.stringify({ type: "auth", token: this.token }));
@@ -251,7 +253,7 @@ class Client {
 
   _drop(ws, reason) {
     try {
-      ws.close(4000, reason);
+      ws.close(1000, reason);
     } catch {
       // closing a socket that never opened may throw: it is dropped all the same
     }
@@ -295,9 +297,11 @@ class Client {
     this._attempt = Math.min(this._attempt + 1, 30);
     let wait = ceiling / 2 + (Math.random() * ceiling) / 2;
     if (code === CLOSE_TOO_MANY) {
-      // Too many sockets or frames (the error frame before it may say how long), or too many
-      // bad tokens from this address (a minute's window, counted before any `authenticated`).
-      const floor = this._retryAfter != null ? this._retryAfter * 1000 : wasAuthed ? 5000 : 60000;
+      // Too many sockets or frames (an error frame before it says which, perhaps how long),
+      // or, with no word before it, too many bad tokens from this address: a minute's window.
+      let floor = 5000;
+      if (this._retryAfter != null) floor = this._retryAfter * 1000;
+      else if (!wasAuthed && !this._limited) floor = 60000;
       wait = Math.max(wait, floor * (1 + Math.random() * 0.2));
     }
     this._setState("connecting", { code, reason, retryIn: Math.round(wait) });
@@ -420,6 +424,7 @@ class Client {
       return;
     }
     if (frame.retry_after != null) this._retryAfter = frame.retry_after;
+    if (frame.code?.startsWith("too_many")) this._limited = true;
     const req = this._requests.get(ref);
     if (req) {
       this._requests.delete(ref);
@@ -529,7 +534,8 @@ class Client {
   _flush() {
     clearTimeout(this._flushTimer);
     this._flushTimer = null;
-    if (!this._authed) return;
+    // Not into a closing socket: what waits is sent on the next one.
+    if (!this._authed || this._ws?.readyState !== 1) return;
     const wait = this._pausedUntil - Date.now();
     if (wait > 0) {
       this._flushTimer = setTimeout(() => this._flush(), wait);

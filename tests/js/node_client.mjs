@@ -14,19 +14,21 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const client = connect({ url, token });
 client.on("state", (state, info) =>
-  out({ kind: "state", state, code: info?.code ?? null, error: info?.error?.code ?? null, retryIn: info?.retryIn ?? null }),
+  out({ kind: "state", state, code: info?.code ?? null, error: info?.error?.code ?? null }),
 );
 client.on("error", (error) => out({ kind: "error", code: error.code, detail: error.detail ?? error.message }));
+
+function called(m) {
+  out({ kind: "call", id: m.id, message_id: m.message_id, seq: m.seq, payload: m.payload, attempt: m.attempt });
+}
 
 function handlerFor(cmd) {
   const failed = new Set();
   if (cmd.sync) {
-    return (m) => {
-      out({ kind: "call", id: m.id, message_id: m.message_id, seq: m.seq, payload: m.payload, attempt: m.attempt });
-    };
+    return (m) => called(m);
   }
   return async (m) => {
-    out({ kind: "call", id: m.id, message_id: m.message_id, seq: m.seq, payload: m.payload, attempt: m.attempt });
+    called(m);
     if (cmd.delay_ms) await sleep(cmd.delay_ms);
     if (cmd.fail === "always" || (cmd.fail === "first" && !failed.has(m.id))) {
       failed.add(m.id);

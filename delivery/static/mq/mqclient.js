@@ -285,7 +285,8 @@ class Client {
     }
     if (this._closing) return;
     if (code === CLOSE_BAD_TOKEN) {
-      this._fail(new MQError("unauthorized", "The server refused the token (close 4401).", { closeCode: code }));
+      const detail = "The server refused the token (close 4401).";
+      this._fail(new MQError("unauthorized", detail, { closeCode: code }));
       return;
     }
     this._reconnect(code, reason, wasAuthed);
@@ -361,7 +362,8 @@ class Client {
         break;
       case "unsubscribed":
         if (frame.reason) {
-          this._emit("error", new MQError(frame.reason, `Unsubscribed from ${frame.queue}/${frame.event ?? "*"}`, frame));
+          const detail = `Unsubscribed from ${frame.queue}/${frame.event ?? "*"}`;
+          this._emit("error", new MQError(frame.reason, detail, frame));
         }
         break;
       case "error":
@@ -385,14 +387,21 @@ class Client {
   _requestSubscribe(sub, flush = true) {
     const frame = { type: "subscribe", queue: sub.queue, batch: true };
     if (sub.event != null) frame.event = sub.event;
-    for (const [ref, req] of this._requests) if (req.kind === "subscribe" && req.key === keyOf(sub.queue, sub.event)) this._requests.delete(ref);
-    this._requests.set(this._nextRef(), { kind: "subscribe", key: keyOf(sub.queue, sub.event), frame, sent: false });
+    const key = keyOf(sub.queue, sub.event);
+    this._forgetSubscribe(key);
+    this._requests.set(this._nextRef(), { kind: "subscribe", key, frame, sent: false });
     if (flush) this._flush();
+  }
+
+  _forgetSubscribe(key) {
+    for (const [ref, req] of this._requests) {
+      if (req.kind === "subscribe" && req.key === key) this._requests.delete(ref);
+    }
   }
 
   _onSubscribed(frame) {
     const key = keyOf(frame.queue, frame.event);
-    for (const [ref, req] of this._requests) if (req.kind === "subscribe" && req.key === key) this._requests.delete(ref);
+    this._forgetSubscribe(key);
     const sub = this._subs.get(key);
     if (!sub) return;
     const answer = { subscription: frame.subscription, queue: frame.queue, event: frame.event };
@@ -461,7 +470,8 @@ class Client {
   }
 
   _handlerFor(delivery) {
-    const sub = this._subs.get(keyOf(delivery.queue, delivery.event)) ?? this._subs.get(keyOf(delivery.queue, null));
+    const subs = this._subs;
+    const sub = subs.get(keyOf(delivery.queue, delivery.event)) ?? subs.get(keyOf(delivery.queue, null));
     return sub?.handler;
   }
 
@@ -543,7 +553,9 @@ class Client {
     }
     const ids = [...this._ackIds];
     this._ackIds.clear();
-    for (let i = 0; i < ids.length; i += MAX_ACK_IDS) this._sendTracked({ type: "ack", ids: ids.slice(i, i + MAX_ACK_IDS) });
+    for (let i = 0; i < ids.length; i += MAX_ACK_IDS) {
+      this._sendTracked({ type: "ack", ids: ids.slice(i, i + MAX_ACK_IDS) });
+    }
     for (const nack of this._nacks.splice(0)) this._sendTracked({ type: "nack", ...nack });
     for (const [ref, req] of this._requests) {
       if (req.sent) continue;

@@ -7,6 +7,7 @@ twice for one delivery id."""
 
 import http.server
 import json
+import os
 import queue as queues
 import re
 import shutil
@@ -19,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
@@ -308,6 +310,32 @@ def test_node_stops_when_its_token_is_rotated(server, owner, node_client):
     client.proc.stdin.close()
     assert client.proc.wait(timeout=10) == 0
     assert client.states() == ["connecting", "open", "closed"]
+
+
+@needs_node
+def test_node_acks_again_without_a_second_call_when_its_ack_was_lost(server, owner, node_client):
+    """The handler returned and the client sent its ack, but the server never read it (frozen,
+    then killed): the delivery comes again after the restart, and the client, which remembers
+    the id, acks it again without calling the handler."""
+    subscriber, token = owner
+    client = node_client(server, token)
+    client.send(cmd="subscribe", queue="db", event=None, delay_ms=1000)
+    client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
+    (message_id,) = publish_rest(server, token, 1)
+    client.wait_for(lambda events: len(client.calls()) == 1)
+
+    os.kill(server.proc.pid, signal.SIGSTOP)  # the ack the handler's return sends is never read
+    time.sleep(1.5)
+    server.stop(signal.SIGKILL)
+    restarted_at = timezone.now()
+    again = start_daphne(port=server.port)
+    try:
+        delivery = Delivery.objects.filter(message_id=message_id)
+        assert eventually(lambda: delivery.get().status == Status.ACKED, timeout=20), delivery.get().status
+        assert delivery.get().delivered_at > restarted_at  # it was handed out again...
+        assert len(client.calls()) == 1  # ...and the handler was not called again
+    finally:
+        again.stop()
 
 
 @needs_node

@@ -252,6 +252,8 @@ def test_node_survives_a_server_killed_and_started_again_mid_stream(server, owne
         assert max(per_id.values()) == 1, [i for i, n in per_id.items() if n > 1]
         assert len(per_id) == 200
         assert handled_before < 150  # mid-stream indeed: the rest came again after the restart
+        # While the server was down: told once, not at every retry.
+        assert [e["code"] for e in client.of("error")].count("unreachable") == 1
         assert client.states()[:3] == ["connecting", "open", "connecting"] and client.states()[-1] == "open"
     finally:
         again.stop()

@@ -226,7 +226,10 @@ class Client {
     this._limited = false;
     this._openedAt = this._lastFrameAt = Date.now();
     this._pinged = false;
-    ws.onopen = () => ws.send(JSON.stringify({ type: "auth", token: this.token }));
+    ws.onopen = () => {
+      ws.opened = true;
+      ws.send(JSON.stringify({ type: "auth", token: this.token }));
+    };
     ws.onmessage = (event) => this._onFrame(ws, event.data);
     ws.onclose = (event) => this._onClose(ws, event.code, event.reason);
     ws.onerror = () => {}; // a close follows, and says more
@@ -284,6 +287,14 @@ class Client {
       }
     }
     if (this._closing) return;
+    if (!ws.opened && !this._toldUnreachable) {
+      // Said once until it gets in: a browser tells a page nothing more of a refused handshake.
+      this._toldUnreachable = true;
+      const detail =
+        `Could not open ${this.url}: the server is down or refused the handshake (a page's ` +
+        "origin must be a host of the server's ALLOWED_HOSTS; a file:// page has none). Retrying.";
+      this._emit("error", new MQError("unreachable", detail));
+    }
     if (code === CLOSE_BAD_TOKEN) {
       const detail = "The server refused the token (close 4401).";
       this._fail(new MQError("unauthorized", detail, { closeCode: code }));
@@ -376,6 +387,7 @@ class Client {
   _onAuthenticated(frame) {
     this._authed = true;
     this._authedAt = Date.now();
+    this._toldUnreachable = false;
     this.subscriber = frame.subscriber;
     // Before the server's resume (it waits a moment for them): acks that could not be sent,
     // so those deliveries are not handed out again, then the subscribe frames.

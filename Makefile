@@ -39,16 +39,23 @@ demo: install
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
+# The JavaScript client's tests run it in Node too, when node has a global WebSocket (Node 22,
+# or 20.10+ with a flag); Debian 12's own nodejs is 18, which has none: those tests then skip,
+# saying so (its browser test needs no node).
+NODE := /usr/bin/node
+$(NODE):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test-sqlite: install $(CHROMIUM)
+test-sqlite: install $(CHROMIUM) $(NODE)
 	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 $(BIN)/pytest -q --create-db
 
 # pytest-django cannot drop its database while a connection of a child process lingers (it
 # warns and leaves it): drop it here, keeping pytest's exit status.
-test-postgres: install $(CHROMIUM)
+test-postgres: install $(CHROMIUM) $(NODE)
 	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db; status=$$?; \
 	psql "$(dir $(PG_TEST_URL))postgres" -qc 'DROP DATABASE IF EXISTS "test_$(notdir $(PG_TEST_URL))" WITH (FORCE)' \
 		>/dev/null 2>&1 || true; \

@@ -380,6 +380,9 @@ class Listener:
         if isinstance(error, MQThrottled) and sent is not None:
             # Not processed: send it again once the server is ready for it.
             wait = error.retry_after or 0.1
+            log.debug(
+                "mqclient: %s frame refused (%s); sending it again in %.3f s", sent[0], error.code, wait
+            )
             kind, original = sent
             if kind == "ack":
                 self.loop.call_later(wait, self._queue_acks, original["ids"])  # type: ignore[union-attr]

@@ -66,6 +66,15 @@ MAX_IDS_PER_FRAME = 1000
 # Reconnect backoff: the first wait about FIRST_BACKOFF_SECS, doubling, never over MAX_BACKOFF_SECS.
 FIRST_BACKOFF_SECS = 0.5
 MAX_BACKOFF_SECS = 30.0
+# A connection that got its subscriptions answered, a delivery, or lasted this long was a good
+# one: the backoff starts again from the first step after it.
+STABLE_AFTER_SECS = 5.0
+# A socket closed with 4429 waits at least this long: LIMIT_WAIT_SECS after the server said
+# which limit (too many sockets: one must close first), ADDRESS_WAIT_SECS when it said nothing
+# (the throttle of failed tokens from this address, counted per minute). A `retry_after` the
+# server gave wins over both. The JavaScript client waits alike.
+LIMIT_WAIT_SECS = 5.0
+ADDRESS_WAIT_SECS = 60.0
 # Websocket close codes and handshake statuses that waiting cannot mend.
 FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest)
 # How a socket proves who it is: the Authorization header (every server accepts it), or the
@@ -149,6 +158,7 @@ class Listener:
         self.sent: collections.OrderedDict[str, tuple[str, Any]] = collections.OrderedDict()
         self.accepting = True
         self.healthy = False
+        self.heard: list[Any] = []  # what this socket's server said before it closed: frames, limits
         self.stop_requested = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: int | None = None
@@ -205,8 +215,10 @@ class Listener:
 
     async def _connect_again_and_again(self) -> None:
         while not self.stopping.is_set():
+            started = asyncio.get_running_loop().time()
             self.healthy = False
-            wait = None
+            self.heard = []
+            wait, why = None, ""
             try:
                 await self._session()
                 if self.stopping.is_set():
@@ -217,13 +229,14 @@ class Listener:
             except _Fatal as exc:
                 raise exc.error from None
             except MQThrottled as exc:
-                wait = exc.retry_after
-                log.warning("mqclient: throttled (%s); waiting", exc.detail)
+                wait, why = exc.retry_after or 0, exc.detail
             except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, MQError) as exc:
                 log.info("mqclient: connection lost (%s); connecting again", exc or type(exc).__name__)
-            if self.healthy:
+            if self.healthy or asyncio.get_running_loop().time() - started > STABLE_AFTER_SECS:
                 self.backoff.reset()
-            delay = max(self.backoff.next(), wait or 0)
+            delay = max(self.backoff.next(), (wait or 0) * random.uniform(1, 1.2))
+            if wait is not None:
+                log.warning("mqclient: throttled (%s); waiting %.1f s", why, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
 
@@ -267,17 +280,21 @@ class Listener:
         ws = await self._open()
         if ws is None:
             return
-        tasks: list[asyncio.Future[Any]] = []
+        reader = asyncio.ensure_future(self._read(ws))
+        tasks: list[asyncio.Future[Any]] = [reader]
         try:
-            _, first = socket_auth(self.token)
-            for frame in first:
-                await ws.send(json.dumps(frame))
-            for queue, event in self.subscriptions:
-                await self._send(ws, self._subscribe_frame(queue, event))
-            if not self.subscriptions:
-                self.healthy = True  # nothing to wait for: the server resumes by itself
-            await self._send_settlements(ws)  # what finished while the last connection was away
-            reader = asyncio.ensure_future(self._read(ws))
+            try:
+                _, first = socket_auth(self.token)
+                for frame in first:
+                    await ws.send(json.dumps(frame))
+                for queue, event in self.subscriptions:
+                    await self._send(ws, self._subscribe_frame(queue, event))
+                await self._send_settlements(ws)  # what finished while the last connection was away
+            except ConnectionClosed:
+                # Closed at once (a limit, a bad token): what the server said before closing
+                # tells why, so let the reader take it in first.
+                await asyncio.wait({reader}, timeout=self.timeout)
+                raise
             flusher = asyncio.ensure_future(self._flush(ws))
             stop = asyncio.ensure_future(self.stopping.wait())
             tasks = [reader, flusher, stop]
@@ -295,6 +312,8 @@ class Listener:
         except ConnectionClosed as exc:
             # The close code says why: a refused token (4401) or too many (4429) is told as such.
             error = error_for_close(ws.close_code, ws.close_reason or "")
+            if isinstance(error, MQThrottled):
+                error.retry_after = self._wait_after_4429()
             if error is not None:
                 raise error from exc
             raise
@@ -312,6 +331,14 @@ class Listener:
                 self.nacks.clear()
             with contextlib.suppress(Exception):
                 await ws.close()
+
+    def _wait_after_4429(self) -> float:
+        limits = [e for e in self.heard if isinstance(e, MQThrottled)]
+        if limits and limits[-1].retry_after is not None:
+            return limits[-1].retry_after
+        if limits or self.heard:
+            return LIMIT_WAIT_SECS
+        return ADDRESS_WAIT_SECS
 
     def _subscribe_frame(self, queue: str, event: str | None) -> dict[str, Any]:
         frame: dict[str, Any] = {"type": "subscribe", "queue": queue, "event": event}
@@ -338,6 +365,8 @@ class Listener:
                 log.warning("mqclient: a frame that is not JSON: %.200r", raw)
                 continue
             kind = frame.get("type")
+            if not self.heard:
+                self.heard.append(kind)
             if kind == "message":
                 self._take(frame)
             elif kind == "messages":
@@ -377,6 +406,9 @@ class Listener:
     def _on_error(self, ws: ClientConnection, frame: dict[str, Any]) -> None:
         sent = self.sent.get(frame.get("ref")) if frame.get("ref") else None
         error = error_for_frame(frame)
+        if isinstance(error, MQThrottled):
+            self.heard.append(error)  # the why of a 4429 that may follow
+            del self.heard[1:-4]  # the first frame's kind and the last few limits are enough
         if isinstance(error, MQThrottled) and sent is not None:
             # Not processed: send it again once the server is ready for it.
             wait = error.retry_after or 0.1

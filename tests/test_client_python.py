@@ -558,3 +558,28 @@ def test_a_4429_with_no_word_before_it_waits_a_minute(world, caplog):
         web.stop()
     (refused,) = [r.getMessage() for r in caplog.records if "throttled" in r.getMessage()]
     assert float(refused.rsplit("waiting ", 1)[1].split()[0]) >= 60
+
+
+def test_urls_and_error_bodies_are_read_as_the_contract_gives_them():
+    from mqclient import _protocol, errors
+
+    assert _protocol.base_urls("https://mq.example:8443/") == (
+        "https://mq.example:8443/api/",
+        "wss://mq.example:8443/ws/",
+    )
+    assert _protocol.base_urls("http://h:8000/mq") == ("http://h:8000/mq/api/", "ws://h:8000/mq/ws/")
+    with pytest.raises(ValueError):
+        _protocol.base_urls("ws://h:8000")
+    field_errors = errors.error_for_answer(400, {"event": ["Bad name."], "payload": ["Required."]})
+    assert (
+        isinstance(field_errors, MQBadRequest)
+        and field_errors.detail == "event: Bad name.; payload: Required."
+    )
+    throttled = errors.error_for_answer(429, {"detail": "Slow down."}, "Wed, 21 Oct 2099 07:28:00 GMT")
+    assert isinstance(throttled, MQThrottled) and throttled.retry_after > 3600
+    assert type(errors.error_for_answer(503, {"detail": "Try again."})) is MQError
+    frame = errors.error_for_frame(
+        {"type": "error", "code": "rate_limited", "detail": "x", "retry_after": 0.5}
+    )
+    assert isinstance(frame, MQThrottled) and frame.retry_after == 0.5
+    assert _protocol.clean_error("a\x00b" + "c" * 2000) == "ab" + "c" * 998

@@ -49,7 +49,6 @@ from .errors import (
     MQForbidden,
     MQNotFound,
     MQThrottled,
-    error_for_answer,
     error_for_close,
     error_for_frame,
 )
@@ -139,6 +138,7 @@ class Listener:
         make_delivery: Callable[[dict[str, Any], Listener], Delivery],
         rest_ack: Callable[[list[int]], Awaitable[Any]],
         handler_in_thread: bool,
+        done: collections.OrderedDict[int, None] | None = None,
     ) -> None:
         self.socket_url, self.token, self.timeout = socket_url, token, timeout
         self.handler = handler
@@ -150,7 +150,8 @@ class Listener:
             ThreadPoolExecutor(1, thread_name_prefix="mqclient-handler") if handler_in_thread else None
         )
         self.backoff = Backoff()
-        self.done: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # Ids handled and acked: the client's, so that they outlive one listen() call.
+        self.done = done if done is not None else collections.OrderedDict()
         self.active: set[int] = set()  # ids waiting in the inbox or being handled
         self.acks: list[int] = []  # handled, not yet sent
         self.nacks: list[tuple[int, float | None, str | None]] = []
@@ -255,14 +256,15 @@ class Listener:
                 )
             except InvalidStatus as exc:  # the handshake answered with an HTTP error
                 response = exc.response
-                error = error_for_answer(
-                    response.status_code,
-                    response.body.decode("utf-8", "replace") if response.body else None,
-                    response.headers.get("Retry-After"),
-                )
-                if response.status_code >= 500:
-                    raise MQError(response.status_code, error.code, error.detail) from exc
-                raise error from exc
+                try:
+                    _protocol.read_answer(
+                        response.status_code, response.body or b"", response.headers.get("Retry-After")
+                    )
+                except MQError as error:
+                    if response.status_code >= 500:  # the server restarting: try again
+                        raise MQError(response.status_code, error.code, error.detail) from exc
+                    raise error from exc
+                raise
 
         task = asyncio.ensure_future(opening())
         stop = asyncio.ensure_future(self.stopping.wait())

@@ -5,6 +5,7 @@ read lives once in _protocol; these classes only carry it."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ class _Base:
         self.url, self.token, self.timeout = url, token, timeout
         self._rest_url, self._socket_url = _protocol.base_urls(url)
         self._listeners: set[Listener] = set()
+        self._acked_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
 
     def _request_args(self, call: _protocol.Call) -> dict[str, Any]:
         args: dict[str, Any] = {"timeout": self.timeout + call.extra_timeout}
@@ -43,6 +45,7 @@ class _Base:
             handler=handler,
             subscriptions=subscriptions,
             prefetch=prefetch,
+            done=self._acked_ids,
             **kw,
         )
 

@@ -18,10 +18,12 @@ CHROMIUM := /usr/bin/chromium
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall whenever requirements.txt changes.
-$(VENV)/.installed: requirements.txt | $(BIN)/python
+# Reinstall whenever requirements.txt changes. The Python client (clients/python, package
+# mqclient) goes in editable, so its source is what `import mqclient` runs.
+$(VENV)/.installed: requirements.txt clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -e clients/python
 	touch $@
 
 install: $(VENV)/.installed

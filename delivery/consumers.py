@@ -91,6 +91,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     rights = None  # as check_tokens last saw them: a change makes the socket look again
     recheck_task = None
     recheck_wanted = False
+    # This socket's window: MQ_PREFETCH, or less if its auth or a subscribe frame asked for
+    # less (`prefetch`, an extension: a slow worker holds no more than it can work on).
+    prefetch = None
 
     # --- life of a connection ---
 
@@ -127,11 +130,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             raise FrameError("bad_frame", "This socket is authenticated already.")
         if not isinstance(token, str) or not token:
             raise FrameError("bad_frame", "auth needs a token (a string).")
+        prefetch = frames.prefetch_of(frame)  # the window from the resume's first lease on
         self.authenticating = True
         self.auth_timer.cancel()
-        await self.authenticate(token)
+        await self.authenticate(token, prefetch)
 
-    async def authenticate(self, token):
+    async def authenticate(self, token, prefetch=None):
         """Look the token up and start the connection (presence, the pump, the resume); or
         close the socket: 4401, or 4429 past the address's failed attempts. Whether it started."""
         address = (self.scope.get("client") or ("", 0))[0] or ""
@@ -150,6 +154,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.publish_buffer = []  # [_Publish] not yet published
         self.publish_buffered = 0  # messages in it
         self.receipts = receipts.Owed(self.send_json)  # the receipts this socket owes
+        self.prefetch = min(prefetch or settings.MQ_PREFETCH, settings.MQ_PREFETCH)
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
@@ -309,14 +314,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     def has_room(self):
         """Whether this socket's window could take a delivery now (read from any thread, by a
         wake-up choosing whose turn it is: a hint, as the wake-up itself is)."""
-        return not self.closing and len(self.held) < settings.MQ_PREFETCH
+        return not self.closing and len(self.held) < self.prefetch
 
     async def send_ready(self):
         pk = self.subscriber.pk
         async with self.sending:
             now = time.monotonic()
             self.held = {i: until for i, until in self.held.items() if until > now}
-            free = settings.MQ_PREFETCH - len(self.held)
+            free = self.prefetch - len(self.held)
             if free <= 0:
                 wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
@@ -417,6 +422,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         batch = frame.get("batch", False)
         if not isinstance(batch, bool):
             raise FrameError("bad_frame", "batch must be true or false.")
+        prefetch = frames.prefetch_of(frame)
 
         point = frames.replay_point_of(frame)
 
@@ -433,14 +439,19 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription, replayed = await db(subscribe)()
             (self.batched.add if batch else self.batched.discard)((queue.name, event))
+            if prefetch is not None:  # the socket's window, whichever subscription asks: last wins
+                self.prefetch = min(prefetch, settings.MQ_PREFETCH)
             await self.send_json(
-                {
-                    "type": "subscribed",
-                    "subscription": subscription.pk,
-                    "queue": queue.name,
-                    "event": event,
-                    **replayed,
-                }
+                frames.with_ref(
+                    {
+                        "type": "subscribed",
+                        "subscription": subscription.pk,
+                        "queue": queue.name,
+                        "event": event,
+                        **replayed,
+                    },
+                    frame.get("ref"),
+                )
             )
         self.wake.set()
 
@@ -464,9 +475,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
         subscription_id = await db(unsubscribe)()
         self.batched.discard((queue.name, event))
-        await self.send_json(
-            {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name, "event": event}
-        )
+        answer = {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name}
+        await self.send_json(frames.with_ref({**answer, "event": event}, frame.get("ref")))
 
     async def on_ack(self, frame):
         ids = frames.ids_of(frame)

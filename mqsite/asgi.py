@@ -25,14 +25,19 @@ from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
 application = ProtocolTypeRouter(
     {
         "http": shutdown.CountHTTPRequests(django_http),
-        "websocket": ServiceOrAllowedHostsOriginValidator(
-            URLRouter(
-                [
-                    path("ws/", DeliveryConsumer.as_asgi()),
-                    # The operators' dashboard: the admin login's session, staff only.
-                    path("ws/dashboard/", AuthMiddlewareStack(DashboardConsumer.as_asgi())),
-                ]
-            )
+        "websocket": URLRouter(
+            [
+                # Token-authenticated only (never a cookie): `Origin: null` is let in too.
+                path(
+                    "ws/",
+                    ServiceOrAllowedHostsOriginValidator(DeliveryConsumer.as_asgi(), null_origin_ok=True),
+                ),
+                # The operators' dashboard: the admin login's session, staff only.
+                path(
+                    "ws/dashboard/",
+                    ServiceOrAllowedHostsOriginValidator(AuthMiddlewareStack(DashboardConsumer.as_asgi())),
+                ),
+            ]
         ),
     }
 )

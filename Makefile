@@ -48,16 +48,30 @@ NODE := /usr/bin/node
 $(NODE):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs
 
+# The Spark job's tests need a Java runtime (PySpark 4 runs on Java 17), and the end-to-end
+# tests start private redis-server processes (never the machine's own Redis on 6379).
+JAVA := /usr/bin/java
+$(JAVA):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y default-jre-headless
+
+REDIS_SERVER := /usr/bin/redis-server
+$(REDIS_SERVER):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
+
+# What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
+# server itself is the machine's (README, "The two commands").
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test-sqlite: install $(CHROMIUM) $(NODE)
+test-sqlite: install $(TEST_TOOLS)
 	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 $(BIN)/pytest -q --create-db
 
 # pytest-django cannot drop its database while a connection of a child process lingers (it
 # warns and leaves it): drop it here, keeping pytest's exit status.
-test-postgres: install $(CHROMIUM) $(NODE)
+test-postgres: install $(TEST_TOOLS)
 	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db; status=$$?; \
 	psql "$(dir $(PG_TEST_URL))postgres" -qc 'DROP DATABASE IF EXISTS "test_$(notdir $(PG_TEST_URL))" WITH (FORCE)' \
 		>/dev/null 2>&1 || true; \

@@ -277,6 +277,33 @@ def test_listen_acks_each_delivery_only_after_its_handler_returned(server, world
     assert len({i for i, _ in handled}) == 5
 
 
+def test_listen_with_prefetch_1_holds_one_delivery_in_flight_at_a_time(server, world):
+    """prefetch rides on the auth frame: the server hands the socket one delivery until it is
+    acked, the resume's first lease included (the others stay pending for other workers)."""
+    with Client(server.http, world.token) as mq:
+        mq.subscribe("db", "create")
+        mq.publish_many("db", [("create", {"n": i}) for i in range(4)])  # waiting before it connects
+        most = []
+
+        def handler(delivery):
+            most.append(Delivery.objects.filter(status=Status.INFLIGHT).count())
+            time.sleep(0.1)
+
+        listening = Listening(mq, handler, prefetch=1)
+        assert eventually(lambda: set(statuses().values()) == {Status.ACKED})
+        listening.stop()
+    assert most == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="prefetch"):
+        Client(server.http, world.token).listen(lambda d: None, [("db", None)], prefetch=0)
+
+
+def test_listen_authenticates_with_the_auth_frame_so_no_token_is_in_the_handshake(server, world):
+    """A proxy's or the server's access log never sees the token: it goes in the first frame."""
+    assert mqclient._listener.AUTH_BY_FRAME
+    headers, first = mqclient._listener.socket_auth(world.token, 3)
+    assert headers == {} and first == [{"type": "auth", "token": world.token, "prefetch": 3}]
+
+
 def test_a_handler_that_raises_is_nacked_with_its_words_and_handled_again(server, world):
     calls = collections.defaultdict(list)
     errors_seen = []
@@ -468,7 +495,8 @@ LISTENER = textwrap.dedent(
 )
 
 
-def test_sigterm_stops_listen_cleanly_acking_what_was_handled(server, world):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_stops_listen_cleanly_acking_what_was_handled(server, world, stop_signal):
     with Client(server.http, world.token) as mq:
         mq.subscribe("db", "create")
         mq.publish_many("db", [("create", i) for i in range(200)])
@@ -479,11 +507,13 @@ def test_sigterm_stops_listen_cleanly_acking_what_was_handled(server, world):
             env=env,
             stdout=subprocess.PIPE,
             text=True,
+            # As a terminal's Ctrl-C finds it (a child started in the background ignores SIGINT).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         lines = []
         while len(lines) < 10:
             lines.append(proc.stdout.readline().strip())
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop_signal)
         out, _ = proc.communicate(timeout=20)
     lines += out.split()
     assert proc.returncode == 0 and lines[-1] == "stopped"

@@ -16,7 +16,7 @@ The rules a user relies on:
   what the server asked for;
 - a refusal that waiting cannot mend (a bad token: 4401; a subscription the subscriber may not
   hold) ends listen() with its MQError;
-- stop() or SIGTERM: no new delivery is started, the one under way finishes, what finished is
+- stop(), SIGTERM or a first Ctrl-C: no new delivery is started, the one under way finishes, what finished is
   acked (over REST if the socket is gone), and listen() returns. Deliveries received but not
   started go back to the server with the socket.
 """
@@ -76,15 +76,20 @@ LIMIT_WAIT_SECS = 5.0
 ADDRESS_WAIT_SECS = 60.0
 # Websocket close codes and handshake statuses that waiting cannot mend.
 FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest)
-# How a socket proves who it is: the Authorization header (every server accepts it), or the
-# `auth` frame of API.md's Extensions (no token in the handshake at all) once servers have it.
-AUTH_BY_FRAME = False
+# How a socket proves who it is: the `auth` frame of API.md's Extensions (no token in the
+# handshake at all, so no proxy's log keeps it), or the Authorization header for a server
+# older than that extension.
+AUTH_BY_FRAME = True
 
 
-def socket_auth(token: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """(handshake headers, first frames) that authenticate a socket."""
+def socket_auth(token: str, prefetch: int | None = None) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """(handshake headers, first frames) that authenticate a socket; `prefetch` rides on the
+    auth frame, so the window holds from the resume's first lease."""
     if AUTH_BY_FRAME:
-        return {}, [{"type": "auth", "token": token}]
+        frame: dict[str, Any] = {"type": "auth", "token": token}
+        if prefetch is not None:
+            frame["prefetch"] = prefetch
+        return {}, [frame]
     return {"Authorization": f"Bearer {token}"}, []
 
 
@@ -143,6 +148,8 @@ class Listener:
         self.socket_url, self.token, self.timeout = socket_url, token, timeout
         self.handler = handler
         self.subscriptions = subscriptions_of(subscriptions)
+        if prefetch is not None and (type(prefetch) is not int or prefetch < 1):
+            raise ValueError(f"prefetch must be a whole number, at least 1, not {prefetch!r}")
         self.prefetch = prefetch
         self.make_delivery = make_delivery
         self.rest_ack = rest_ack
@@ -286,7 +293,7 @@ class Listener:
         tasks: list[asyncio.Future[Any]] = [reader]
         try:
             try:
-                _, first = socket_auth(self.token)
+                _, first = socket_auth(self.token, self.prefetch)
                 for frame in first:
                     await ws.send(json.dumps(frame))
                 for queue, event in self.subscriptions:
@@ -536,22 +543,34 @@ class Listener:
         except Exception as exc:
             log.warning("mqclient: %d acks could not be sent (%s); they will be redelivered", len(ids), exc)
 
-    # --- SIGTERM ---------------------------------------------------------------------------
+    # --- SIGTERM and Ctrl-C ------------------------------------------------------------------
 
     def _stop_on_sigterm(self) -> Callable[[], None]:
-        """In the main thread, SIGTERM stops listen() cleanly; the previous handler comes back
-        afterwards. Elsewhere (a signal can only be caught there) it is left alone."""
+        """In the main thread, SIGTERM and a first Ctrl-C (SIGINT) stop listen() cleanly; a
+        second Ctrl-C interrupts as usual. The previous handlers come back afterwards. Elsewhere
+        (a signal can only be caught there) they are left alone."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = signal.getsignal(signal.SIGTERM)
+        loop = self.loop
+        assert loop is not None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_sigint() -> None:
+            self.stop()
+            with contextlib.suppress(Exception):  # the next one raises KeyboardInterrupt
+                loop.remove_signal_handler(signal.SIGINT)
+
         try:
-            self.loop.add_signal_handler(signal.SIGTERM, self.stop)  # type: ignore[union-attr]
+            loop.add_signal_handler(signal.SIGTERM, self.stop)
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
         except (NotImplementedError, RuntimeError, ValueError):
             return lambda: None
 
         def restore() -> None:
-            with contextlib.suppress(Exception):
-                self.loop.remove_signal_handler(signal.SIGTERM)  # type: ignore[union-attr]
-                signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(s)
+                with contextlib.suppress(Exception):
+                    signal.signal(s, handler)
 
         return restore

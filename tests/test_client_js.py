@@ -479,3 +479,41 @@ def test_a_browser_page_counts_messages_live_across_a_server_restart(server, own
             assert errors.empty()
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (`make /usr/bin/chromium`)")
+@pytest.mark.parametrize("opened_as", ["file", "set_content"])
+def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
+    server, owner, tmp_path, monkeypatch, opened_as
+):
+    """The README says: save the counter as counter.html and open it. A file:// page (and
+    about:blank with set_content) sends `Origin: null`, which /ws/ lets in (it takes tokens,
+    never cookies); the page authenticates with the auth frame and counts."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import ARGS
+
+    subscriber, token = owner
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
+    html = readme_counter_page(server)
+    errors = queues.SimpleQueue()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: errors.put(error))
+            page.set_default_timeout(20_000)
+            page.once("dialog", lambda dialog: dialog.accept(token))
+            if opened_as == "file":
+                (tmp_path / "counter.html").write_text(html)
+                page.goto((tmp_path / "counter.html").as_uri())
+            else:
+                page.set_content(html)
+            assert page.evaluate("self.origin") == "null"
+            page.wait_for_function("document.getElementById('state').textContent === 'open'")
+            ids = publish_rest(server, token, 5)
+            page.wait_for_function("document.getElementById('count').textContent === '5'")
+            assert eventually(lambda: statuses(ids) == {Status.ACKED: 5}, timeout=15), statuses(ids)
+            assert errors.empty()
+        finally:
+            browser.close()

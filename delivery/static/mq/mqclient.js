@@ -4,7 +4,7 @@
  * (their global WebSocket; Node 20 needs `--experimental-websocket`, or pass `WebSocket`).
  *
  *   import { connect } from "http://127.0.0.1:8000/static/mq/mqclient.js";
- *   const mq = connect({ url: "http://127.0.0.1:8000", token });
+ *   const mq = connect({ url: "http://127.0.0.1:8000", token }); // options: prefetch, ...
  *   mq.on("state", (state, info) => console.log(state, info)); // connecting, open, closed
  *   mq.subscribe("db", "create", async (m) => save(m.payload)); // event null: every event
  *   const answer = await mq.publish("db", "create", { id: 7 }, { key: "user-7" });
@@ -47,6 +47,7 @@ const DEFAULTS = {
   stableAfter: 5000, // ms a connection must have lasted for the backoff to start again
   dedupe: 10000, // acked delivery ids remembered
   closeTimeout: 5000, // ms close() waits for a running handler and unanswered publishes
+  prefetch: null, // deliveries in flight on the socket at most (the server caps it at MQ_PREFETCH)
 };
 
 /** An error the server or the connection reported: `code` is the server's short code (or
@@ -228,7 +229,9 @@ class Client {
     this._pinged = false;
     ws.onopen = () => {
       ws.opened = true;
-      ws.send(JSON.stringify({ type: "auth", token: this.token }));
+      const auth = { type: "auth", token: this.token };
+      if (this.options.prefetch != null) auth.prefetch = this.options.prefetch;
+      ws.send(JSON.stringify(auth));
     };
     ws.onmessage = (event) => this._onFrame(ws, event.data);
     ws.onclose = (event) => this._onClose(ws, event.code, event.reason);
@@ -292,7 +295,7 @@ class Client {
       this._toldUnreachable = true;
       const detail =
         `Could not open ${this.url}: the server is down or refused the handshake (a page's ` +
-        "origin must be a host of the server's ALLOWED_HOSTS; a file:// page has none). Retrying.";
+        "origin must be a host of the server's ALLOWED_HOSTS, or none: file://). Retrying.";
       this._emit("error", new MQError("unreachable", detail));
     }
     if (code === CLOSE_BAD_TOKEN) {
@@ -399,6 +402,7 @@ class Client {
   _requestSubscribe(sub, flush = true) {
     const frame = { type: "subscribe", queue: sub.queue, batch: true };
     if (sub.event != null) frame.event = sub.event;
+    if (this.options.prefetch != null) frame.prefetch = this.options.prefetch;
     const key = keyOf(sub.queue, sub.event);
     this._forgetSubscribe(key);
     this._requests.set(this._nextRef(), { kind: "subscribe", key, frame, sent: false });

@@ -31,6 +31,7 @@ from mqclient import (
 from websockets.sync.client import connect
 
 from delivery.models import Delivery, Status
+from queues import publishing
 from queues.models import Queue
 from subscribers.models import Subscription
 from tests.servers import ROOT, eventually, start_daphne
@@ -612,3 +613,67 @@ def test_urls_and_error_bodies_are_read_as_the_contract_gives_them():
     )
     assert isinstance(frame, MQThrottled) and frame.retry_after == 0.5
     assert _protocol.clean_error("a\x00b" + "c" * 2000) == "ab" + "c" * 998
+
+
+def readme_clients(server):
+    """The Python programs of the README's "Three clients in fifteen lines", for this server."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Three clients in fifteen lines") : text.index("## More of the socket")]
+    programs = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(programs) == 2 and all(len(p.splitlines()) <= 15 for p in programs)  # the issue's limit
+    return [p.replace("http://127.0.0.1:8000", server.http) for p in programs]
+
+
+def run_readme_program(program, token, tmp_path, name):
+    path = tmp_path / f"{name}.py"
+    path.write_text(program)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ALERT_URL")}
+    return subprocess.Popen(
+        [sys.executable, str(path)],
+        env={**env, "MQ_TOKEN": token},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def test_the_readme_logger_and_monitor_run_as_pasted(server, make_queue, make_subscriber, tmp_path):
+    """As a newcomer pastes them, with MQ_TOKEN exported: the logger prints and acks what is
+    published to db and filesystem; the monitor cannot reach its alerting endpoint, so each
+    network/error is nacked with the reason until it is dead. Ctrl-C stops both cleanly."""
+    for name in ("db", "filesystem"):
+        make_queue(name)
+    make_queue("network", max_attempts=2)
+    logger = make_subscriber("mylogger", publish=("db", "filesystem"), subscribe=("db", "filesystem"))
+    monitor = make_subscriber("mymonitor", publish=(), subscribe=("network",))
+    log_program, monitor_program = readme_clients(server)
+    procs = [
+        run_readme_program(log_program, logger.token, tmp_path, "logger"),
+        run_readme_program(monitor_program, monitor.token, tmp_path, "monitor"),
+    ]
+    try:
+        assert eventually(lambda: Subscription.objects.count() == 3, timeout=15)
+        with Client(server.http, logger.token) as mq:
+            mq.publish("db", "create", {"id": 1})
+            mq.publish("filesystem", "create", {"path": "/x"})
+        network = Queue.objects.get(name="network")  # published as an operator: the logger may not
+        publishing.publish(network, [publishing.prepare("error", {"host": "db-1"})])
+        assert eventually(
+            lambda: (
+                set(Delivery.objects.filter(subscriber=logger).values_list("status", flat=True))
+                == {Status.ACKED}
+            ),
+            timeout=15,
+        )
+        dead = Delivery.objects.filter(subscriber=monitor, status=Status.DEAD)
+        assert eventually(dead.exists, timeout=20)
+        assert "nacked by the client:" in dead.get().last_error
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        outs = [proc.communicate(timeout=20)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    assert "db create 1 {'id': 1}" in outs[0] and "filesystem create 1 {'path': '/x'}" in outs[0]

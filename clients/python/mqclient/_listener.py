@@ -76,7 +76,7 @@ LIMIT_WAIT_SECS = 5.0
 ADDRESS_WAIT_SECS = 60.0
 # Websocket close codes and handshake statuses that waiting cannot mend.
 FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest)
-# How a socket proves who it is: the `auth` frame of API.md's Extensions (no token in the
+# How a socket proves who it is: the `auth` frame (the protocol's extensions; no token in the
 # handshake at all, so no proxy's log keeps it), or the Authorization header for a server
 # older than that extension.
 AUTH_BY_FRAME = True

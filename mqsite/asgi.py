@@ -15,7 +15,8 @@ django_http = SyncChainASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import path  # noqa: E402
+from channels.security.websocket import WebsocketDenier  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from dashboard.consumers import DashboardConsumer  # noqa: E402
 from delivery.consumers import DeliveryConsumer  # noqa: E402
@@ -37,6 +38,9 @@ application = ProtocolTypeRouter(
                     "ws/dashboard/",
                     ServiceOrAllowedHostsOriginValidator(AuthMiddlewareStack(DashboardConsumer.as_asgi())),
                 ),
+                # Any other path: a refused handshake (403), not URLRouter's "No route found"
+                # error and its traceback in the server's log.
+                re_path(r"", WebsocketDenier.as_asgi()),
             ]
         ),
     }

@@ -159,3 +159,10 @@ async def test_a_named_foreign_origin_stays_refused(origin):
     connected, _ = await comm.connect(timeout=5)
     assert not connected
     await comm.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_socket_to_a_path_with_no_route_is_refused_cleanly():
+    comm = WebsocketCommunicator(application, "/ws/nothing-here/")
+    connected, _ = await comm.connect(timeout=5)
+    assert not connected  # closed before accepted: Daphne answers the handshake 403

@@ -18,10 +18,12 @@ CHROMIUM := /usr/bin/chromium
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall whenever requirements.txt changes.
-$(VENV)/.installed: requirements.txt | $(BIN)/python
+# Reinstall whenever requirements.txt changes. The Python client (clients/python, package
+# mqclient) goes in editable, so its source is what `import mqclient` runs.
+$(VENV)/.installed: requirements.txt clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -e clients/python
 	touch $@
 
 install: $(VENV)/.installed
@@ -39,16 +41,37 @@ demo: install
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
+# The JavaScript client's tests run it in Node too, when node has a global WebSocket (Node 22,
+# or 20.10+ with a flag); Debian 12's own nodejs is 18, which has none: those tests then skip,
+# saying so (its browser test needs no node).
+NODE := /usr/bin/node
+$(NODE):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs
+
+# The Spark job's tests need a Java runtime (PySpark 4 runs on Java 17), and the end-to-end
+# tests start private redis-server processes (never the machine's own Redis on 6379).
+JAVA := /usr/bin/java
+$(JAVA):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y default-jre-headless
+
+REDIS_SERVER := /usr/bin/redis-server
+$(REDIS_SERVER):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
+
+# What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
+# server itself is the machine's (README, "The two commands").
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test-sqlite: install $(CHROMIUM)
+test-sqlite: install $(TEST_TOOLS)
 	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 $(BIN)/pytest -q --create-db
 
 # pytest-django cannot drop its database while a connection of a child process lingers (it
 # warns and leaves it): drop it here, keeping pytest's exit status.
-test-postgres: install $(CHROMIUM)
+test-postgres: install $(TEST_TOOLS)
 	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db; status=$$?; \
 	psql "$(dir $(PG_TEST_URL))postgres" -qc 'DROP DATABASE IF EXISTS "test_$(notdir $(PG_TEST_URL))" WITH (FORCE)' \
 		>/dev/null 2>&1 || true; \

@@ -7,15 +7,16 @@ network/error). `DemoTraffic` (run by `manage.py demo`) publishes a few realisti
 second to those queues and, as those subscribers, takes, acks and now and then nacks what they
 get, so that counters move, deliveries flow and the odd malformed report ends up dead.
 
-Beside a running server (`make run`) the demo subscribers are its real clients, with the
-tokens bootstrap kept in var/demo_tokens: the dashboard and the monitor keep a websocket open
-to /ws/ (so the dashboard's connected clients, the admin's "Connected now" and
-/api/connections show them), the logger pulls over REST, and messages are published over REST.
+Beside a running server (`make run`) the demo subscribers are its real clients, through the
+client library mqclient (clients/python), with the tokens bootstrap kept in var/demo_tokens:
+the dashboard and the monitor listen() on websockets to /ws/ (so the dashboard's connected
+clients, the admin's "Connected now" and /api/connections show them), the logger pulls over
+REST, and messages are published over REST.
 Only a subscriber the server cannot be used for (no server answers, no token, a token it
 refuses) is served in this process, through the ledger, as the API would.
 """
 
-import json
+import contextlib
 import os
 import random
 import secrets
@@ -23,9 +24,9 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
+import mqclient
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -152,7 +153,8 @@ class DemoTraffic:
                 self.local.append(subscriber)
                 continue
             client = CLIENTS[TRANSPORTS.get(subscriber.name, "websocket")]
-            self.clients.append(client(subscriber.name, server, token, random.Random(self.rng.random())))
+            for _ in range(WORKERS.get(subscriber.name, 1) if client.transport == "websocket" else 1):
+                self.clients.append(client(subscriber.name, server, token, random.Random(self.rng.random())))
             for name, queue in self.queues.items():
                 if name not in self.publish_tokens and subscriber.may_publish(queue):
                     self.publish_tokens[name] = token
@@ -220,14 +222,11 @@ class DemoTraffic:
         return published
 
     def _publish_over_rest(self, queue, token, messages):
-        body = {"messages": [{"event": e, "payload": p, "headers": trace_headers()} for e, p in messages]}
+        items = [{"event": e, "payload": p, "headers": trace_headers()} for e, p in messages]
         try:
-            r = self.server.post(f"/api/queues/{queue}/messages", token, body)
-        except httpx.HTTPError as exc:
-            self.publish_error = f"publishing to {queue}: {exc or type(exc).__name__}"
-            return False
-        if r.status_code != 201:
-            self.publish_error = f"publishing to {queue}: the server answered {r.status_code} {r.text[:200]}"
+            self.server.publish(queue, token, items)
+        except mqclient.MQError as exc:
+            self.publish_error = f"publishing to {queue}: {exc}"
             return False
         self.publish_error = ""
         return True
@@ -292,7 +291,7 @@ class DemoTraffic:
     def troubles(self):
         """What keeps the demo from the server now, in words: one line each ([] when none)."""
         found = [self.publish_error] if self.publish_error else []
-        return found + [f"{c.subscriber_name}: {c.trouble}" for c in self.clients if c.trouble]
+        return found + sorted({f"{c.subscriber_name}: {c.trouble}" for c in self.clients if c.trouble})
 
     def summary(self):
         return {
@@ -307,11 +306,18 @@ class DemoTraffic:
 # --- the demo subscribers as clients of the running server ---------------------------------------
 
 # How each demo subscriber takes its deliveries from a running server: the dashboard and the
-# monitor keep a websocket open (they show as connected), the logger pulls over REST.
+# monitor listen on websockets (they show as connected), the logger pulls over REST. All of it
+# through the client library, mqclient (clients/python), as a user's program would.
 TRANSPORTS = {"dashboard": "websocket", "monitor": "websocket", "logger": "pull"}
-# How long a client sleeps before it tries again after the server went away.
+# Sockets per listening subscriber: a handler works on one delivery at a time, so the monitor,
+# which works longest, runs two workers that share its stream (as a service scales out).
+WORKERS = {"monitor": 2}
+# Deliveries a listening worker holds at once (the socket's window): no more than it works on
+# soon, so that the other worker and the dashboard's in-flight counts see a fair share.
+PREFETCH = 5
+# How long the puller sleeps before it tries again after the server went away.
 RECONNECT_SECS = 1.0
-# The longest a client waits in one recv or long poll: how soon it notices it is to stop.
+# The longest the puller waits in one long poll: how soon it notices it is to stop.
 POLL_SECS = 0.5
 
 
@@ -330,42 +336,40 @@ class DemoServer:
     def __init__(self, url):
         self.http = url.rstrip("/")
         self.ws = "ws" + self.http.removeprefix("http") + "/ws/"
-        # No proxy from the environment: the demo talks to a server beside it.
-        self.client = httpx.Client(base_url=self.http, timeout=10, trust_env=False)
 
     def unreachable(self):
         """Why the server cannot be used now, in words; "" when its /healthz answers ok."""
         try:
-            r = self.client.get("/healthz", timeout=3)
+            # No proxy from the environment: the demo talks to a server beside it.
+            r = httpx.get(f"{self.http}/healthz", timeout=3, trust_env=False)
         except httpx.HTTPError as exc:
             return f"nothing answers at {self.http} ({exc or type(exc).__name__})"
         if r.status_code != 200:
             return f"{self.http}/healthz answers {r.status_code}"
         return ""
 
+    def client(self, token):
+        return mqclient.Client(self.http, token)
+
     def takes_token(self, token):
-        return self.get("/api/subscriptions", token).status_code == 200
+        with self.client(token) as client:
+            try:
+                client.ack([])  # acks nothing; a token the server refuses is a 401
+            except mqclient.MQAuthError:
+                return False
+        return True
 
-    def get(self, path, token, **params):
-        return self.client.get(path, params=params, headers=self._auth(token))
-
-    def post(self, path, token, body, timeout=10):
-        return self.client.post(path, json=body, headers=self._auth(token), timeout=timeout)
-
-    @staticmethod
-    def _auth(token):
-        return {"Authorization": f"Bearer {token}"}
-
-
-class Refused(Exception):
-    """The server refuses the client's token: trying again would not help."""
+    def publish(self, queue, token, messages):
+        """Publish [{"event", "payload", "headers"}] to `queue` as the subscriber of `token`."""
+        with self.client(token) as client:
+            return client.publish_many(queue, messages)
 
 
 class RemoteSubscriber(threading.Thread):
-    """A demo subscriber as a real client of the server, in a thread of its own: it takes its
-    deliveries, "works" on each a moment (WORK_SECS), then acks it, or nacks a malformed
-    report. When the server goes away it tries again every RECONNECT_SECS; `stop()` settles
-    what it holds and ends it. It touches no database: only the server does."""
+    """A demo subscriber as a real client of the server, in a thread of its own, that "works"
+    on each delivery a moment (WORK_SECS), then acks it, or refuses a malformed report (a nack
+    with POISON_ERROR). `stop()` lets it settle what it holds and end. It touches no database:
+    only the server does."""
 
     transport = ""
 
@@ -373,117 +377,98 @@ class RemoteSubscriber(threading.Thread):
         super().__init__(name=f"demo-{name}", daemon=True)
         self.subscriber_name, self.server, self.token, self.rng = name, server, token, rng
         self.work_secs = WORK_SECS.get(name, (0.1, 0.5))
-        self.held = []  # (due monotonic time, delivery id, poison)
         self.acked = self.nacked = 0
         self.trouble = ""  # what went wrong last, until it works again
         self.stopping = threading.Event()
 
-    def stop(self):
-        self.stopping.set()
 
-    def run(self):
-        while not self.stopping.is_set():
-            try:
-                self.serve()
-            except Refused as exc:
-                self.trouble = str(exc)
-                return
-            except Exception as exc:  # the server went away, or answered what it should not
-                self.trouble = f"{type(exc).__name__}: {exc}"
-                self.stopping.wait(RECONNECT_SECS)
-
-    def take(self, deliveries):
-        now = time.monotonic()
-        for d in deliveries:
-            self.held.append((now + self.rng.uniform(*self.work_secs), d["id"], is_poison(d["payload"])))
-
-    def due(self, everything=False):
-        """(ids to ack, ids to nack) among those held whose work is done, no longer held."""
-        now = time.monotonic()
-        done = [h for h in self.held if everything or h[0] <= now]
-        self.held = [h for h in self.held if not (everything or h[0] <= now)]
-        return [i for _, i, poison in done if not poison], [i for _, i, poison in done if poison]
-
-    def next_due_in(self, most):
-        """Seconds until the next held delivery is done, at most `most`."""
-        if not self.held:
-            return most
-        return min(max(min(h[0] for h in self.held) - time.monotonic(), 0.0), most)
-
-
-class WebsocketSubscriber(RemoteSubscriber):
-    """On a websocket to /ws/: every subscription of the subscriber resumes on connect, and
-    what the socket held unacked goes back to pending when it closes."""
+class ListeningSubscriber(RemoteSubscriber):
+    """mqclient's listen(): it holds the websocket, subscribes, acks after the handler returns
+    and nacks with the exception's text, reconnects and resumes, and never handles an acked id
+    twice. The handler is only the demo's work."""
 
     transport = "websocket"
 
-    def serve(self):
-        from websockets.exceptions import ConnectionClosed
-        from websockets.sync.client import connect
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.client = self.server.client(self.token)
 
-        url = f"{self.server.ws}?token={quote(self.token)}"
+    def handle(self, delivery):
+        time.sleep(self.rng.uniform(*self.work_secs))
+        if is_poison(delivery.payload):
+            self.nacked += 1  # listen() nacks it with these words, kept as its last error
+            raise ValueError(POISON_ERROR)
+        self.acked += 1  # listen() acks it as this returns
+
+    def run(self):
         try:
-            with connect(url, proxy=None, open_timeout=5, close_timeout=2) as ws:
-                self.held = []  # a new socket: what an old one held went back when it closed
-                self.trouble = ""
-                while not self.stopping.is_set():
-                    self.settle(ws, *self.due())
-                    try:
-                        frame = json.loads(ws.recv(timeout=self.next_due_in(POLL_SECS)))
-                    except TimeoutError:
-                        continue
-                    if frame.get("type") == "message":
-                        self.take([frame])
-                    elif frame.get("type") == "error":
-                        self.trouble = f"the server said {frame.get('code')}: {frame.get('detail')}"
-                self.settle(ws, *self.due(everything=True))
-        except ConnectionClosed as exc:
-            if exc.rcvd is not None and exc.rcvd.code == 4401:
-                raise Refused("the server refuses its token") from None
-            raise
+            if self.stopping.is_set():
+                return
+            self.client.listen(self.handle, SUBSCRIBERS[self.subscriber_name], prefetch=PREFETCH)
+        except mqclient.MQError as exc:  # what waiting cannot mend: a refused token, a right gone
+            self.trouble = str(exc)
+        finally:
+            self.client.close()
 
-    def settle(self, ws, acks, nacks):
-        if acks:
-            ws.send(json.dumps({"type": "ack", "ids": acks}))
-            self.acked += len(acks)
-        if nacks:
-            ws.send(json.dumps({"type": "nack", "ids": nacks, "error": POISON_ERROR}))
-            self.nacked += len(nacks)
+    def stop(self):
+        self.stopping.set()
+        self.client.stop()
+        # A stop that came as listen() was starting (before it could hear it): once more.
+        threading.Timer(0.5, self.client.stop).start()
 
 
 class PullingSubscriber(RemoteSubscriber):
-    """Over REST: long-polls GET /api/deliveries, acks with POST /api/deliveries/ack."""
+    """mqclient's pull(), ack() and nack() over REST: long-polls GET /api/deliveries, works on
+    what it got side by side (each ready at its own time), acks what is done in one call."""
 
     transport = "pull"
 
-    def serve(self):
-        while not self.stopping.is_set():
-            self.settle(*self.due())
-            r = self.server.get(
-                "/api/deliveries", self.token, limit=50, wait=round(self.next_due_in(POLL_SECS), 2)
-            )
-            self.check(r, "GET /api/deliveries")
-            self.trouble = ""
-            self.take(r.json()["deliveries"])
-        self.settle(*self.due(everything=True))
+    def run(self):
+        self.held = []  # (due monotonic time, Delivery)
+        with self.server.client(self.token) as client:
+            while not self.stopping.is_set():
+                try:
+                    self.settle(client, self.due())
+                    wait = POLL_SECS if not self.held else min(POLL_SECS, self.next_due_in())
+                    now = time.monotonic()
+                    for d in client.pull(limit=50, wait=round(wait, 2)):
+                        self.held.append((now + self.rng.uniform(*self.work_secs), d))
+                    self.trouble = ""
+                except mqclient.MQAuthError as exc:
+                    self.trouble = str(exc)
+                    return
+                except mqclient.MQError as exc:  # the server went away, or refused for now
+                    self.trouble = str(exc)
+                    self.stopping.wait(RECONNECT_SECS)
+            with contextlib.suppress(mqclient.MQError):  # unacked, they come back: at least once
+                self.settle(client, self.due(everything=True))
 
-    def settle(self, acks, nacks):
-        if acks:
-            r = self.server.post("/api/deliveries/ack", self.token, {"ids": acks})
-            self.check(r, "POST /api/deliveries/ack")
-            self.acked += r.json()["acked"]
-        for delivery_id in nacks:
-            r = self.server.post(f"/api/deliveries/{delivery_id}/nack", self.token, {"error": POISON_ERROR})
-            if r.status_code not in (404, 409):  # gone, or settled since: nothing to give back
-                self.check(r, "POST /api/deliveries/{id}/nack")
-                self.nacked += 1
+    def stop(self):
+        self.stopping.set()
 
-    @staticmethod
-    def check(r, call):
-        if r.status_code == 401:
-            raise Refused("the server refuses its token")
-        if r.status_code != 200:
-            raise RuntimeError(f"{call} answered {r.status_code} {r.text[:200]}")
+    def due(self, everything=False):
+        now = time.monotonic()
+        done = [d for due, d in self.held if everything or due <= now]
+        self.held = [(due, d) for due, d in self.held if not (everything or due <= now)]
+        return done
+
+    def next_due_in(self):
+        return max(min(due for due, _ in self.held) - time.monotonic(), 0.0)
+
+    def settle(self, client, done):
+        ok = [d for d in done if not is_poison(d.payload)]
+        if ok:
+            self.acked += client.ack(ok)["acked"]
+        for d in done:
+            if is_poison(d.payload):
+                try:
+                    d.nack(error=POISON_ERROR)
+                    self.nacked += 1
+                except (mqclient.MQNotFound, mqclient.MQBadRequest):
+                    pass
+                except mqclient.MQError as exc:
+                    if exc.status != 409:  # settled since: nothing to give back
+                        raise
 
 
-CLIENTS = {"websocket": WebsocketSubscriber, "pull": PullingSubscriber}
+CLIENTS = {"websocket": ListeningSubscriber, "pull": PullingSubscriber}

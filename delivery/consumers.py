@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 # subscribe frames again gets each "subscribed" answer before the catch-up, in the order of
 # the contract, rather than racing the automatic resume. Short, since it delays every resume.
 RESUME_GRACE_SECS = 0.2
+# How long a socket opened without a token may take to send its `auth` frame: long enough for
+# a page on a slow link, short enough that sockets opened and left silent cost little.
+AUTH_WAIT_SECS = 10
 # What a socket leases at its turn while other sockets of its subscriber share the stream: a
 # backlog is dealt out in shares this big, round-robin (alone, a socket fills its window).
 FAIR_SHARE = 10
@@ -82,10 +85,15 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     # Whether what the socket held on closing gets its attempt back: only when the server
     # closes it (its shutdown, an operator); a client that goes away spends them.
     give_back = False
+    authenticating = False  # an `auth` frame is being checked
+    auth_timer = None
     revoked = None  # why the server closed it (its held deliveries' last error)
     rights = None  # as check_tokens last saw them: a change makes the socket look again
     recheck_task = None
     recheck_wanted = False
+    # This socket's window: MQ_PREFETCH, or less if its auth or a subscribe frame asked for
+    # less (`prefetch`, an extension: a slow worker holds no more than it can work on).
+    prefetch = None
 
     # --- life of a connection ---
 
@@ -103,14 +111,39 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def connect(self):
         token = token_from_scope(self.scope)
-        address = (self.scope.get("client") or ("", 0))[0] or ""
-        self.subscriber = await db(subscriber_for_token)(token)
         await self.accept()
-        if self.subscriber is None:
-            # A missing token is no attempt; a bad one counts against the address.
-            throttled = token and await db(auth_failed)(address)
-            await self.close(code=limits.CLOSE_TOO_MANY if throttled else CLOSE_BAD_TOKEN)
+        if token is None:
+            # Authentication after open (API.md, Extensions): a browser need not put its token
+            # in a URL that logs keep. Until the `auth` frame, the socket holds nothing and
+            # answers nothing else; one that never sends it is closed after AUTH_WAIT_SECS.
+            self.auth_timer = asyncio.get_running_loop().call_later(AUTH_WAIT_SECS, self.auth_too_late)
             return
+        await self.authenticate(token)
+
+    def auth_too_late(self):
+        if self.subscriber is None and not self.authenticating:
+            asyncio.ensure_future(self.close(code=CLOSE_BAD_TOKEN))
+
+    async def on_auth(self, frame):
+        token = frame.get("token")
+        if self.subscriber is not None or self.authenticating:
+            raise FrameError("bad_frame", "This socket is authenticated already.")
+        if not isinstance(token, str) or not token:
+            raise FrameError("bad_frame", "auth needs a token (a string).")
+        prefetch = frames.prefetch_of(frame)  # the window from the resume's first lease on
+        self.authenticating = True
+        self.auth_timer.cancel()
+        await self.authenticate(token, prefetch)
+
+    async def authenticate(self, token, prefetch=None):
+        """Look the token up and start the connection (presence, the pump, the resume); or
+        close the socket: 4401, or 4429 past the address's failed attempts. Whether it started."""
+        address = (self.scope.get("client") or ("", 0))[0] or ""
+        subscriber = await db(subscriber_for_token)(token)
+        if subscriber is None:
+            throttled = await db(auth_failed)(address)  # a bad token counts against the address
+            await self.close(code=limits.CLOSE_TOO_MANY if throttled else CLOSE_BAD_TOKEN)
+            return False
         self.ended = set()  # subscriptions ended by a revoked right, told to the client
         # (queue, event or None) of the subscriptions whose deliveries go out as `messages`
         # frames (a lease names the queue and event of each delivery, not its subscription)
@@ -121,23 +154,31 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.publish_buffer = []  # [_Publish] not yet published
         self.publish_buffered = 0  # messages in it
         self.receipts = receipts.Owed(self.send_json)  # the receipts this socket owes
+        self.prefetch = min(prefetch or settings.MQ_PREFETCH, settings.MQ_PREFETCH)
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
         self.resume_at = time.monotonic() + RESUME_GRACE_SECS
-        self.watching = wakeups.watch(self.subscriber.pk, self.wake, self.has_room)
         try:
-            await db(presence.open_connection)(self.subscriber, self.channel_name, address)
+            await db(presence.open_connection)(subscriber, self.channel_name, address)
         except limits.LimitExceeded as exc:  # too many sockets: say why, then close
             await self.send_json(FrameError.of_limit(exc).frame())
             await self.close(code=limits.CLOSE_TOO_MANY)
-            return
-        if settings.REDIS_URL and await db(presence.held_elsewhere)([self.subscriber.pk], liveness.name()):
-            wakeups.joined_elsewhere(self.subscriber.pk)  # its workers there share with this one
+            return False
+        # From here on the socket is its subscriber's: disconnect() releases what it holds.
+        self.subscriber = subscriber
+        if self.authenticating:  # before the pump starts: the resume comes after `authenticated`
+            await self.send_json({"type": "authenticated", "subscriber": subscriber.name})
+        self.watching = wakeups.watch(subscriber.pk, self.wake, self.has_room)
+        if settings.REDIS_URL and await db(presence.held_elsewhere)([subscriber.pk], liveness.name()):
+            wakeups.joined_elsewhere(subscriber.pk)  # its workers there share with this one
         self.pump_task = asyncio.ensure_future(self.pump())
         socket_loops.opened(self)
         self.wake.set()  # resume: what waited is sent first
+        return True
 
     async def disconnect(self, code):
+        if self.auth_timer is not None:
+            self.auth_timer.cancel()
         if self.subscriber is None:
             return
         if self.release_task is None:
@@ -273,14 +314,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     def has_room(self):
         """Whether this socket's window could take a delivery now (read from any thread, by a
         wake-up choosing whose turn it is: a hint, as the wake-up itself is)."""
-        return not self.closing and len(self.held) < settings.MQ_PREFETCH
+        return not self.closing and len(self.held) < self.prefetch
 
     async def send_ready(self):
         pk = self.subscriber.pk
         async with self.sending:
             now = time.monotonic()
             self.held = {i: until for i, until in self.held.items() if until > now}
-            free = settings.MQ_PREFETCH - len(self.held)
+            free = self.prefetch - len(self.held)
             if free <= 0:
                 wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
@@ -334,6 +375,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             frame = frames.parse(raw)
             ref = frame.get("ref")
             handler = self.handlers.get(frame.get("type"))
+            if self.subscriber is None and frame.get("type") != "auth":
+                if self.authenticating:
+                    return  # its auth failed: the socket is closing
+                raise FrameError("unauthenticated", 'Send {"type": "auth", "token": ...} first.')
             if handler is None:
                 raise FrameError(
                     "unknown_type",
@@ -377,6 +422,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         batch = frame.get("batch", False)
         if not isinstance(batch, bool):
             raise FrameError("bad_frame", "batch must be true or false.")
+        prefetch = frames.prefetch_of(frame)
 
         point = frames.replay_point_of(frame)
 
@@ -393,14 +439,19 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription, replayed = await db(subscribe)()
             (self.batched.add if batch else self.batched.discard)((queue.name, event))
+            if prefetch is not None:  # the socket's window, whichever subscription asks: last wins
+                self.prefetch = min(prefetch, settings.MQ_PREFETCH)
             await self.send_json(
-                {
-                    "type": "subscribed",
-                    "subscription": subscription.pk,
-                    "queue": queue.name,
-                    "event": event,
-                    **replayed,
-                }
+                frames.with_ref(
+                    {
+                        "type": "subscribed",
+                        "subscription": subscription.pk,
+                        "queue": queue.name,
+                        "event": event,
+                        **replayed,
+                    },
+                    frame.get("ref"),
+                )
             )
         self.wake.set()
 
@@ -424,9 +475,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
         subscription_id = await db(unsubscribe)()
         self.batched.discard((queue.name, event))
-        await self.send_json(
-            {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name, "event": event}
-        )
+        answer = {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name}
+        await self.send_json(frames.with_ref({**answer, "event": event}, frame.get("ref")))
 
     async def on_ack(self, frame):
         ids = frames.ids_of(frame)
@@ -566,6 +616,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         await self.send_json({"type": "pong", **({"ref": frame["ref"]} if "ref" in frame else {})})
 
     handlers = {
+        "auth": on_auth,
         "subscribe": on_subscribe,
         "unsubscribe": on_unsubscribe,
         "ack": on_ack,

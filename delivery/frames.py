@@ -149,6 +149,16 @@ def replay_point_of(frame):
         raise FrameError("bad_frame", f"from: {exc.detail}") from None
 
 
+def prefetch_of(frame):
+    """The `prefetch` of a subscribe frame (a whole number, at least 1), or None when absent."""
+    prefetch = frame.get("prefetch")
+    if prefetch is None:
+        return None
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise FrameError("bad_frame", "prefetch must be a whole number, at least 1.")
+    return prefetch
+
+
 def outgoing_of(frame):
     """The messages of a publish frame, prepared: one for a single frame, each item of
     `messages` for a batch frame (up to publishing.MAX_BATCH, all or nothing: the first bad

@@ -15,7 +15,8 @@ django_http = SyncChainASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import path  # noqa: E402
+from channels.security.websocket import WebsocketDenier  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from dashboard.consumers import DashboardConsumer  # noqa: E402
 from delivery.consumers import DeliveryConsumer  # noqa: E402
@@ -25,14 +26,22 @@ from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
 application = ProtocolTypeRouter(
     {
         "http": shutdown.CountHTTPRequests(django_http),
-        "websocket": ServiceOrAllowedHostsOriginValidator(
-            URLRouter(
-                [
-                    path("ws/", DeliveryConsumer.as_asgi()),
-                    # The operators' dashboard: the admin login's session, staff only.
-                    path("ws/dashboard/", AuthMiddlewareStack(DashboardConsumer.as_asgi())),
-                ]
-            )
+        "websocket": URLRouter(
+            [
+                # Token-authenticated only (never a cookie): `Origin: null` is let in too.
+                path(
+                    "ws/",
+                    ServiceOrAllowedHostsOriginValidator(DeliveryConsumer.as_asgi(), null_origin_ok=True),
+                ),
+                # The operators' dashboard: the admin login's session, staff only.
+                path(
+                    "ws/dashboard/",
+                    ServiceOrAllowedHostsOriginValidator(AuthMiddlewareStack(DashboardConsumer.as_asgi())),
+                ),
+                # Any other path: a refused handshake (403), not URLRouter's "No route found"
+                # error and its traceback in the server's log.
+                re_path(r"", WebsocketDenier.as_asgi()),
+            ]
         ),
     }
 )

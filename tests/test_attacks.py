@@ -228,6 +228,8 @@ FRAME_ATTACKS = {
     ),
     "unsubscribe": ("outsider", lambda w: {"type": "unsubscribe", "queue": "db"}, "not_subscribed"),
     "ping": ("peer", lambda w: {"type": "ping"}, "pong"),
+    # Authenticated already: another's token does not make the socket theirs.
+    "auth": ("peer", lambda w: {"type": "auth", "token": w.logger.token}, "bad_frame"),
 }
 
 
@@ -290,13 +292,43 @@ def test_api2_an_inactive_subscribers_token_is_refused(world):
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("query", ["", "?token=", "?token=mq_not-a-real-token"])
-async def test_api2_a_websocket_without_a_valid_token_is_closed_with_4401(query):
+@pytest.mark.parametrize(
+    "query, header",
+    [("?token=mq_not-a-real-token", None), ("", b"Bearer mq_not-a-real-token")],
+    ids=["query", "header"],
+)
+async def test_api2_a_websocket_with_a_bad_token_is_closed_with_4401(query, header):
     """API2:2023 Broken Authentication: the handshake is accepted and the socket closed at once."""
-    comm = WebsocketCommunicator(application, f"/ws/{query}")
+    headers = [(b"authorization", header)] if header else []
+    comm = WebsocketCommunicator(application, f"/ws/{query}", headers=headers)
     connected, _ = await comm.connect(timeout=5)
     assert connected
     assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": 4401}
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("query", ["", "?token="])
+async def test_api2_a_websocket_without_a_token_serves_nothing_until_a_valid_auth_frame(
+    query, logger, db_queue, monkeypatch
+):
+    """API2:2023 Broken Authentication: with no token (API.md, Extensions: authentication after
+    open), every frame but `auth` is refused `unauthenticated`, a bad `auth` closes it with
+    4401, and one that never authenticates is closed with 4401 too."""
+    from delivery import consumers
+
+    comm = WebsocketCommunicator(application, f"/ws/{query}")
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    for frame in ({"type": "subscribe", "queue": "db"}, {"type": "ack", "ids": [1]}, {"type": "ping"}):
+        await comm.send_to(text_data=json.dumps(frame))
+        assert json.loads(await comm.receive_from(timeout=3))["code"] == "unauthenticated"
+    await comm.send_to(text_data=json.dumps({"type": "auth", "token": "mq_not-a-real-token"}))
+    assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": 4401}
+    monkeypatch.setattr(consumers, "AUTH_WAIT_SECS", 0.2)
+    silent = WebsocketCommunicator(application, f"/ws/{query}")
+    assert (await silent.connect(timeout=5))[0]
+    assert await silent.receive_output(timeout=3) == {"type": "websocket.close", "code": 4401}
 
 
 def text_fields():

@@ -182,6 +182,17 @@ async def test_it_refuses_a_page_of_another_site(staff_user):
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
+async def test_it_refuses_an_opaque_origin_that_would_carry_the_operators_cookie(staff_user):
+    """`Origin: null` is let in on /ws/ (token only), never here: any site can make a browser
+    send it, from a sandboxed iframe, with the operator's session cookie."""
+    cookie = await database_sync_to_async(session_cookie)(staff_user)
+    comm, connected, _ = await open_dashboard(cookie, origin=(b"origin", b"null"))
+    assert not connected
+    await comm.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
 async def test_it_closes_when_the_operator_logs_out(staff_user, monkeypatch):
     monkeypatch.setattr(consumers, "RECHECK_USER_SECS", 0)
     client = await database_sync_to_async(Client)()

@@ -1,6 +1,8 @@
 // The live dashboard: one websocket (/ws/dashboard/) sends a snapshot every second; this
 // draws it. No library: DOM nodes built with textContent (payloads are never parsed as
-// HTML) and two small SVG charts.
+// HTML) and two small SVG charts. Not mqclient.js: this socket is the operator's session
+// reading read-only snapshots, not a subscriber's token taking deliveries (nothing to ack,
+// resume or dedupe), and a page must not carry a subscriber's token to look at the queues.
 "use strict";
 
 (function () {

@@ -1,0 +1,161 @@
+"""Sans-IO: each REST call of the contract as a request to send and a way to read its answer.
+
+`Client` (httpx.Client) and `AsyncClient` (httpx.AsyncClient) only carry these requests, so
+what each call sends and how its answer is read is written once, here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from .errors import MQBadRequest, error_for_answer
+
+# A long poll may wait this long on the server (the contract's cap); the request's own timeout
+# is that plus the client's timeout.
+MAX_WAIT_SECS = 30
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, and how its answer becomes the method's result."""
+
+    method: str
+    path: str
+    read: Callable[[Any], Any]
+    body: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    extra_timeout: float = 0.0  # a long poll's wait, beyond the client's timeout
+    has_body: bool = False
+
+
+def base_urls(url: str) -> tuple[str, str]:
+    """(REST base, socket URL) from the server's base URL `http(s)://host:port[/prefix]`."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"url must be the server's base URL, http(s)://host:port, not {url!r}")
+    prefix = parts.path.rstrip("/")
+    rest = urlunsplit((parts.scheme, parts.netloc, f"{prefix}/api/", "", ""))
+    socket = urlunsplit(("wss" if parts.scheme == "https" else "ws", parts.netloc, f"{prefix}/ws/", "", ""))
+    return rest, socket
+
+
+def headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+
+def encode(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def read_answer(status: int, content: bytes, retry_after: str | None) -> Any:
+    """The parsed body of a success; raises the MQError of anything else."""
+    try:
+        body = json.loads(content) if content else None
+    except ValueError:
+        body = content.decode("utf-8", "replace")
+    if 200 <= status < 300:
+        return body
+    raise error_for_answer(status, body, retry_after)
+
+
+def _name(value: str) -> str:
+    return quote(str(value), safe="")
+
+
+def _message(event: str, payload: Any, key: str | None, headers: dict[str, str] | None) -> dict[str, Any]:
+    item: dict[str, Any] = {"event": event, "payload": payload}
+    if key is not None:
+        item["key"] = key
+    if headers is not None:
+        item["headers"] = headers
+    return item
+
+
+def _same(body: Any) -> Any:
+    return body
+
+
+def publish(
+    queue: str, event: str, payload: Any, key: str | None = None, headers: dict[str, str] | None = None
+) -> Call:
+    return Call(
+        "POST",
+        f"queues/{_name(queue)}/messages",
+        _same,
+        _message(event, payload, key, headers),
+        has_body=True,
+    )
+
+
+def publish_many(queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]) -> Call:
+    items = []
+    for index, m in enumerate(messages):
+        if isinstance(m, dict):
+            items.append(m)
+        elif isinstance(m, tuple | list) and len(m) in (2, 3):
+            items.append(_message(m[0], m[1], m[2] if len(m) == 3 else None, None))
+        else:
+            raise MQBadRequest(None, "bad_request", f"messages[{index}] must be (event, payload) or a dict")
+    return Call(
+        "POST",
+        f"queues/{_name(queue)}/messages",
+        lambda body: body["messages"],
+        {"messages": items},
+        has_body=True,
+    )
+
+
+def subscribe(queue: str, event: str | None = None) -> Call:
+    return Call("POST", "subscriptions", _same, {"queue": queue, "event": event}, has_body=True)
+
+
+def unsubscribe(subscription_id: int | dict[str, Any]) -> Call:
+    if isinstance(subscription_id, dict):  # the answer of subscribe()
+        subscription_id = subscription_id["id"]
+    return Call("DELETE", f"subscriptions/{_name(str(subscription_id))}", lambda body: None)
+
+
+def pull(queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0) -> Call:
+    params: dict[str, Any] = {"limit": limit, "wait": wait}
+    if queue is not None:
+        params["queue"] = queue
+    if event is not None:
+        params["event"] = event
+    wait_secs = min(max(float(wait), 0.0), MAX_WAIT_SECS)
+    return Call("GET", "deliveries", lambda body: body["deliveries"], params=params, extra_timeout=wait_secs)
+
+
+def ids_of(ids: Iterable[Any]) -> list[int]:
+    """Delivery ids, from ids or from Delivery objects (anything with an `id`)."""
+    if isinstance(ids, int) or hasattr(ids, "id"):
+        ids = [ids]
+    return [getattr(i, "id", i) for i in ids]
+
+
+def ack(ids: Iterable[Any]) -> Call:
+    return Call("POST", "deliveries/ack", _same, {"ids": ids_of(ids)}, has_body=True)
+
+
+def nack(delivery_id: Any, retry_in: float | None = None, error: str | None = None) -> Call:
+    body: dict[str, Any] = {}
+    if retry_in is not None:
+        body["retry_in"] = retry_in
+    if error is not None:
+        body["error"] = clean_error(error)
+    delivery_id = getattr(delivery_id, "id", delivery_id)
+    return Call("POST", f"deliveries/{_name(str(delivery_id))}/nack", _same, body, has_body=True)
+
+
+# The server keeps at most this much of a nack's reason (its last_error).
+MAX_ERROR_CHARS = 1000
+
+
+def clean_error(text: str) -> str:
+    """A nack's reason as the server stores it: no NUL, no lone surrogate, at most 1000 chars."""
+    text = str(text).replace("\x00", "")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text[:MAX_ERROR_CHARS]

@@ -1,0 +1,255 @@
+"""Client (blocking) and AsyncClient (asyncio): the same methods, over httpx, for the REST calls
+of the contract, and listen() over the websocket. What each call sends and how its answer is
+read lives once in _protocol; these classes only carry it."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from typing import Any
+
+import httpx
+
+from . import _protocol
+from ._listener import Listener
+from .delivery import AsyncDelivery, Delivery
+from .errors import MQConnectionError
+
+Handler = Callable[[Any], Any]
+
+
+class _Base:
+    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
+        self.url, self.token, self.timeout = url, token, timeout
+        self._rest_url, self._socket_url = _protocol.base_urls(url)
+        self._listeners: set[Listener] = set()
+        self._acked_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def _request_args(self, call: _protocol.Call) -> dict[str, Any]:
+        args: dict[str, Any] = {"timeout": self.timeout + call.extra_timeout}
+        if call.params:
+            args["params"] = call.params
+        if call.has_body:
+            args["content"] = _protocol.encode(call.body)
+            args["headers"] = {"Content-Type": "application/json"}
+        return args
+
+    def _listener(
+        self, handler: Handler, subscriptions: Iterable[Any] | None, prefetch: int | None, **kw: Any
+    ) -> Listener:
+        return Listener(
+            socket_url=self._socket_url,
+            token=self.token,
+            timeout=self.timeout,
+            handler=handler,
+            subscriptions=subscriptions,
+            prefetch=prefetch,
+            done=self._acked_ids,
+            **kw,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+def _unreachable(exc: httpx.TransportError) -> MQConnectionError:
+    return MQConnectionError(None, "connection_error", f"{type(exc).__name__}: {exc}")
+
+
+class Client(_Base):
+    """A blocking client: `with Client("http://127.0.0.1:8000", token) as mq: ...`."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
+        super().__init__(url, token, timeout=timeout)
+        self._http = httpx.Client(base_url=self._rest_url, headers=_protocol.headers(token))
+
+    def _do(self, call: _protocol.Call) -> Any:
+        try:
+            r = self._http.request(call.method, call.path, **self._request_args(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        return call.read(_protocol.read_answer(r.status_code, r.content, r.headers.get("retry-after")))
+
+    def publish(
+        self,
+        queue: str,
+        event: str,
+        payload: Any,
+        key: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...)."""
+        return self._do(_protocol.publish(queue, event, payload, key, headers))
+
+    def publish_many(
+        self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Publish [(event, payload), ...] (or (event, payload, key)) at once, all or nothing."""
+        return self._do(_protocol.publish_many(queue, messages))
+
+    def subscribe(self, queue: str, event: str | None = None) -> dict[str, Any]:
+        return self._do(_protocol.subscribe(queue, event))
+
+    def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
+        self._do(_protocol.unsubscribe(subscription_id))
+
+    def pull(
+        self, queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0
+    ) -> list[Delivery]:
+        """Lease the caller's ready deliveries (long-polling up to `wait` seconds)."""
+        return [Delivery(d, self) for d in self._do(_protocol.pull(queue, event, limit, wait))]
+
+    def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> dict[str, Any]:
+        return self._do(_protocol.ack(ids))
+
+    def nack(
+        self, delivery_id: int | Delivery, retry_in: float | None = None, error: str | None = None
+    ) -> dict[str, Any]:
+        return self._do(_protocol.nack(delivery_id, retry_in, error))
+
+    def settle_ack(self, delivery: Delivery) -> dict[str, Any]:
+        return self.ack([delivery.id])
+
+    def settle_nack(self, delivery: Delivery, retry_in: float | None, error: str | None) -> dict[str, Any]:
+        return self.nack(delivery.id, retry_in, error)
+
+    def listen(
+        self, handler: Handler, subscriptions: Iterable[Any] | None = None, *, prefetch: int | None = None
+    ) -> None:
+        """Hold the websocket and call `handler(delivery)` for each delivery, in a thread of its
+        own, one at a time; ack when it returns, nack with its exception's text when it raises.
+        Blocks until stop(), SIGTERM (in the main thread), or a refusal waiting cannot mend
+        (raised: MQAuthError, MQForbidden, ...). Reconnects by itself."""
+
+        async def rest_ack(ids: list[int]) -> Any:
+            return await asyncio.to_thread(self.ack, ids)
+
+        listener = self._listener(
+            handler,
+            subscriptions,
+            prefetch,
+            make_delivery=Delivery,
+            rest_ack=rest_ack,
+            handler_in_thread=True,
+        )
+        self._listeners.add(listener)
+        try:
+            asyncio.run(listener.run())
+        finally:
+            self._listeners.discard(listener)
+
+    def stop(self) -> None:
+        """Stop listen() (from any thread, a handler included): the delivery under way finishes
+        and is acked, then listen() returns."""
+        for listener in list(self._listeners):
+            listener.stop()
+
+    def close(self) -> None:
+        self.stop()
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Stopped:
+    """What AsyncClient.stop() returns: nothing to wait for, but `await client.stop()` works."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())
+
+
+class AsyncClient(_Base):
+    """The asyncio client: `async with AsyncClient(url, token) as mq: await mq.publish(...)`."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
+        super().__init__(url, token, timeout=timeout)
+        self._http = httpx.AsyncClient(base_url=self._rest_url, headers=_protocol.headers(token))
+
+    async def _do(self, call: _protocol.Call) -> Any:
+        try:
+            r = await self._http.request(call.method, call.path, **self._request_args(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        return call.read(_protocol.read_answer(r.status_code, r.content, r.headers.get("retry-after")))
+
+    async def publish(
+        self,
+        queue: str,
+        event: str,
+        payload: Any,
+        key: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return await self._do(_protocol.publish(queue, event, payload, key, headers))
+
+    async def publish_many(
+        self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        return await self._do(_protocol.publish_many(queue, messages))
+
+    async def subscribe(self, queue: str, event: str | None = None) -> dict[str, Any]:
+        return await self._do(_protocol.subscribe(queue, event))
+
+    async def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
+        await self._do(_protocol.unsubscribe(subscription_id))
+
+    async def pull(
+        self, queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0
+    ) -> list[AsyncDelivery]:
+        return [AsyncDelivery(d, self) for d in await self._do(_protocol.pull(queue, event, limit, wait))]
+
+    async def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> dict[str, Any]:
+        return await self._do(_protocol.ack(ids))
+
+    async def nack(
+        self, delivery_id: int | Delivery, retry_in: float | None = None, error: str | None = None
+    ) -> dict[str, Any]:
+        return await self._do(_protocol.nack(delivery_id, retry_in, error))
+
+    def settle_ack(self, delivery: Delivery) -> Awaitable[dict[str, Any]]:
+        return self.ack([delivery.id])
+
+    def settle_nack(self, delivery: Delivery, retry_in: float | None, error: str | None) -> Awaitable[Any]:
+        return self.nack(delivery.id, retry_in, error)
+
+    async def listen(
+        self, handler: Handler, subscriptions: Iterable[Any] | None = None, *, prefetch: int | None = None
+    ) -> None:
+        """As Client.listen; `handler` may be a coroutine function (awaited) or a plain one
+        (called on the event loop: keep it quick, or hand slow work to a thread)."""
+        listener = self._listener(
+            handler,
+            subscriptions,
+            prefetch,
+            make_delivery=AsyncDelivery,
+            rest_ack=self.ack,
+            handler_in_thread=False,
+        )
+        self._listeners.add(listener)
+        try:
+            await listener.run()
+        finally:
+            self._listeners.discard(listener)
+
+    def stop(self) -> _Stopped:
+        """Stop listen(); callable from anywhere (a handler, another thread), awaitable or not."""
+        for listener in list(self._listeners):
+            listener.stop()
+        return _Stopped()
+
+    async def close(self) -> None:
+        self.stop()
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

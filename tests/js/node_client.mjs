@@ -1,0 +1,66 @@
+// Drives the served mqclient.js in Node for tests/test_client_js.py, as a user's program would:
+// one JSON command a line on stdin, one JSON event a line on stdout.
+//   node node_client.mjs MODULE_PATH URL TOKEN
+// Commands: {"cmd": "subscribe", "queue", "event", "sync", "delay_ms", "fail": "first" | "always"},
+// {"cmd": "publish", "tag", "queue", "event", "payload", "key"}, {"cmd": "close"}.
+// Events (each with `t`, ms): state, error, call (a handler call), subscribed, published,
+// publish_error, closed.
+import { createInterface } from "node:readline";
+
+const [modulePath, url, token] = process.argv.slice(2);
+const { connect } = await import(modulePath);
+const out = (event) => process.stdout.write(`${JSON.stringify({ ...event, t: Date.now() })}\n`);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+const client = connect({ url, token });
+client.on("state", (state, info) =>
+  out({ kind: "state", state, code: info?.code ?? null, error: info?.error?.code ?? null }),
+);
+client.on("error", (error) => out({ kind: "error", code: error.code, detail: error.detail ?? error.message }));
+
+function called(m) {
+  out({ kind: "call", id: m.id, message_id: m.message_id, seq: m.seq, payload: m.payload, attempt: m.attempt });
+}
+
+function handlerFor(cmd) {
+  const failed = new Set();
+  if (cmd.sync) {
+    return (m) => called(m);
+  }
+  return async (m) => {
+    called(m);
+    if (cmd.delay_ms) await sleep(cmd.delay_ms);
+    if (cmd.fail === "always" || (cmd.fail === "first" && !failed.has(m.id))) {
+      failed.add(m.id);
+      throw new Error(`cannot file ${m.id}: no such customer`);
+    }
+  };
+}
+
+const commands = {
+  async subscribe(cmd) {
+    try {
+      out({ kind: "subscribed", ...(await client.subscribe(cmd.queue, cmd.event, handlerFor(cmd))) });
+    } catch (error) {
+      out({ kind: "subscribe_error", code: error.code, detail: error.detail });
+    }
+  },
+  async publish(cmd) {
+    try {
+      const answer = await client.publish(cmd.queue, cmd.event, cmd.payload, { key: cmd.key });
+      out({ kind: "published", tag: cmd.tag, answer });
+    } catch (error) {
+      out({ kind: "publish_error", tag: cmd.tag, code: error.code, detail: error.detail });
+    }
+  },
+  async close() {
+    await client.close();
+    out({ kind: "closed", state: client.state });
+  },
+};
+
+// Commands run concurrently, as a program's calls would; stdin's end ends nothing by itself:
+// the process exits when the client has nothing left to do (after close, or a refused token).
+for await (const line of createInterface({ input: process.stdin })) {
+  if (line.trim()) commands[JSON.parse(line).cmd](JSON.parse(line));
+}

@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from delivery.models import Delivery, Status
@@ -28,7 +29,16 @@ from subscribers import subscribing
 from subscribers.provisioning import create_subscriber, provision_subscriber
 from tests.servers import ROOT, eventually, start_daphne
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A client's behaviour does not depend on the server's database, and these tests are minutes of
+# real servers started, killed and started again: one pass of make test runs them, the
+# PostgreSQL one (the other pass runs the server's own tests of each frame on its backend).
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="the client, whatever the server's database: the PostgreSQL pass of make test runs it",
+    ),
+]
 
 MODULE = ROOT / "delivery" / "static" / "mq" / "mqclient.js"
 DRIVER = ROOT / "tests" / "js" / "node_client.mjs"

@@ -17,6 +17,7 @@ from datetime import datetime
 
 import mqclient
 import pytest
+from django.db import connection
 from mqclient import (
     AsyncClient,
     Client,
@@ -36,7 +37,16 @@ from queues.models import Queue
 from subscribers.models import Subscription
 from tests.servers import ROOT, eventually, start_daphne
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A client's behaviour does not depend on the server's database, and these tests are minutes of
+# real servers started, killed and started again: one pass of make test runs them, the
+# SQLite one (the other pass runs the server's own tests of each frame on its backend).
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "sqlite",
+        reason="the client, whatever the server's database: the SQLite pass of make test runs it",
+    ),
+]
 
 
 @pytest.fixture

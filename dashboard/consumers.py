@@ -1,9 +1,9 @@
 """The dashboard's websocket at /ws/dashboard/: a snapshot every second, for staff only.
 
 The user comes from the admin login's session (channels.auth.AuthMiddlewareStack); the
-handshake of anyone else is refused (403). Each tick is two database calls: the overview,
-which the dashboards open in this process share (computed at most once per FRESH_SECS), and
-this dashboard's own feed: the messages newer than the last one it was sent.
+handshake of anyone else is refused (403). Each tick is the deployment's shared overview
+(dashboard.shared: one computation a second for every dashboard and scrape of every process)
+and this dashboard's own feed: the messages newer than the last one it was sent.
 """
 
 import asyncio
@@ -20,20 +20,15 @@ from django.conf import settings
 from django.contrib import auth
 from rest_framework.utils.encoders import JSONEncoder
 
-from delivery import dashboard
+from . import shared, snapshot
 
 log = logging.getLogger(__name__)
 
 TICK_SECS = 1.0
-# Several dashboards in one process share an overview this fresh: N open dashboards cost
-# one set of aggregate queries per second, not N.
-FRESH_SECS = 0.9
 # A dashboard left open re-checks its session this often: a logout or a lost staff flag
 # closes it within this time.
 RECHECK_USER_SECS = 30
 CLOSE_NOT_STAFF = 4403
-
-_shared = {"at": None, "data": None}
 
 
 def db(fn):
@@ -46,14 +41,9 @@ def may_watch(user):
 
 
 async def shared_overview(fresh=False):
-    """The overview, recomputed when older than FRESH_SECS (or when `fresh`)."""
-    started = time.monotonic()
-    if fresh or _shared["data"] is None or started - _shared["at"] >= FRESH_SECS:
-        _shared["data"] = await db(dashboard.overview)()
-        # Aged from when it was asked for, not when it came back: the next tick of the page
-        # that asked (TICK_SECS later) always gets a new one.
-        _shared["at"] = started
-    return _shared["data"]
+    """The deployment's overview, without what only /metrics reads."""
+    _, data = await db(shared.current)(fresh=fresh)
+    return {key: value for key, value in data.items() if key != "metrics"}
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
@@ -64,7 +54,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             await self.close()  # before accept: the handshake is refused with 403
             return
         self.last_message_id = None
-        self.shown = deque(maxlen=dashboard.FEED_LIMIT)  # the feed's message ids on the page
+        self.shown = deque(maxlen=snapshot.FEED_LIMIT)  # the feed's message ids on the page
         self.user_checked = time.monotonic()
         await self.accept()
         self.task = asyncio.ensure_future(self.run())
@@ -117,8 +107,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "snapshot", **data}, cls=JSONEncoder))
 
     def own_part(self):
-        feed = dashboard.newest_messages(self.last_message_id)
-        status = dashboard.delivery_status_of([m["id"] for m in feed] + list(self.shown))
+        feed = snapshot.newest_messages(self.last_message_id)
+        status = snapshot.delivery_status_of([m["id"] for m in feed] + list(self.shown))
         for m in reversed(feed):  # oldest first, so the deque keeps the newest
             self.shown.append(m["id"])
         if feed:

@@ -10,8 +10,10 @@ from django.http import JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
-from delivery import dashboard, ledger
+from delivery import ledger
 from delivery.models import Delivery, Status
+
+from . import snapshot
 
 
 @staff_member_required(login_url="admin:login")
@@ -22,8 +24,8 @@ def index(request):
         {
             "may_redeliver": request.user.has_perm("delivery.change_delivery"),
             "tick_secs": 1,
-            "rate_window_secs": dashboard.RATE_WINDOW_SECS,
-            "series_window_secs": dashboard.SERIES_WINDOW_SECS,
+            "rate_window_secs": snapshot.RATE_WINDOW_SECS,
+            "series_window_secs": snapshot.SERIES_WINDOW_SECS,
             "debug": settings.DEBUG,
         },
     )

@@ -141,3 +141,50 @@ class DeadLetter(Delivery):
     class Meta:
         proxy = True
         verbose_name = "dead letter"
+
+
+class Tally(models.Model):
+    """Kept counts of the hot tables, so that operators' reads cost in proportion to queues and
+    subscribers, never to rows (delivery.tallies). One row per (queue, event, subscription,
+    subscriber, status) with how many deliveries are in that state, and per (queue, event) with
+    status "published" for the messages still in the hot tables (subscription and subscriber 0).
+
+    Written by database triggers only, never by the application: every statement that inserts,
+    deletes or changes the status or subscription of a delivery, or inserts or deletes a
+    message, appends its net change to TallyChange in its own transaction, and a fold moves the
+    changes in here. Plain integers, not foreign keys: a count outlives nothing it names.
+    """
+
+    queue_id = models.BigIntegerField()
+    event_id = models.BigIntegerField()
+    subscription_id = models.BigIntegerField()  # 0: a delivery left by an unsubscribe, or a message
+    subscriber_id = models.BigIntegerField()  # 0: a message
+    status = models.CharField(max_length=9)  # a delivery's Status, or "published"
+    n = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue_id", "event_id", "subscription_id", "subscriber_id", "status"],
+                name="tally_key",
+            )
+        ]
+
+    def __str__(self):
+        return f"tally {self.queue_id}/{self.event_id}/{self.subscription_id}/{self.status}: {self.n}"
+
+
+class TallyChange(models.Model):
+    """A net change to a Tally, appended by a trigger in the transaction that made it (an
+    append, not an update of a shared row: concurrent acks never wait for each other here)."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue_id = models.BigIntegerField()
+    event_id = models.BigIntegerField()
+    subscription_id = models.BigIntegerField()
+    subscriber_id = models.BigIntegerField()
+    status = models.CharField(max_length=9)
+    n = models.BigIntegerField()
+
+    def __str__(self):
+        return f"tally change {self.pk}: {self.status} {self.n:+d}"

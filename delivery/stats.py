@@ -1,33 +1,30 @@
-"""Counts per queue and event for operators: read-only, a few aggregate queries in all."""
+"""Counts per queue and event for operators: read-only, from the kept counts (delivery.tallies),
+so they cost in proportion to queues, events and subscriptions, not to rows, and are exact."""
 
 from collections import defaultdict
 
-from django.db.models import Count
-
-from queues.models import Event, Message, Queue
+from queues.models import Event, Queue
 from subscribers.models import Subscription
 
-from .models import Delivery, Status
+from . import tallies
+from .models import Status
 
 FIELDS = ("queue", "event", "published", "pending", "inflight", "acked", "dead", "connected")
 
 
-def queue_stats():
+def queue_stats(kept=None):
     """One dict per (queue, event), every event included, sorted by queue and event name:
     {queue, event, published, pending, inflight, acked, dead, connected}.
 
-    A queue with no event yet (nothing published or subscribed to) gets one row with event
-    None, so a fresh queue shows up. `published` counts the messages still in the hot tables
-    (archived history is counted by `analyze`).
+    `kept`: the kept counts by their full key (tallies.counts(tallies.KEY)), when the caller
+    read them already; else they are read here. A queue with no event yet (nothing published
+    or subscribed to) gets one row with event None, so a fresh queue shows up. `published`
+    counts the messages still in the hot tables (archived history is counted by `analyze`).
     """
-    # order_by(): the models' default orderings would otherwise split the groups.
-    published = {
-        (r["queue_id"], r["event_id"]): r["n"]
-        for r in Message.objects.order_by().values("queue_id", "event_id").annotate(n=Count("id"))
-    }
-    by_status = {}
-    for r in Delivery.objects.order_by().values("queue_id", "event_id", "status").annotate(n=Count("id")):
-        by_status[(r["queue_id"], r["event_id"], r["status"])] = r["n"]
+    if kept is None:
+        by_status = tallies.counts(("queue_id", "event_id", "status"))
+    else:
+        by_status = tallies.regroup(kept, ("queue_id", "event_id", "status"))
     connected = connected_counts()
 
     rows = []
@@ -40,7 +37,7 @@ def queue_stats():
             {
                 "queue": queue.name,
                 "event": event.name if event else None,
-                "published": published.get(key, 0),
+                "published": by_status.get((*key, tallies.PUBLISHED), 0),
                 "pending": by_status.get((*key, Status.PENDING), 0),
                 "inflight": by_status.get((*key, Status.INFLIGHT), 0),
                 "acked": by_status.get((*key, Status.ACKED), 0),

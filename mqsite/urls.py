@@ -8,9 +8,9 @@ from drf_spectacular.renderers import (
 )
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from dashboard.metrics import metrics
 from dashboard.urls import admin_tools
 from delivery.api.views import AckView, DeliveryListView, ExtendView, MessageView, NackView
-from delivery.metrics import metrics
 from queues.api.views import MessagesView, QueueListView
 from subscribers.api.views import (
     ConnectionListView,

@@ -18,8 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from analytics.models import EventRate, EventStats, SubscriberStats
-from dashboard import consumers
-from delivery import dashboard, ledger
+from dashboard import consumers, snapshot
+from delivery import ledger
 from delivery.models import Delivery, Status
 from delivery.stats import queue_stats
 from mqsite.asgi import application
@@ -68,11 +68,6 @@ async def next_snapshot(comm, timeout=5):
     return frame
 
 
-@pytest.fixture(autouse=True)
-def fresh_overview():
-    consumers._shared.update(at=None, data=None)
-
-
 @pytest.fixture
 def staff_user(django_user_model):
     return django_user_model.objects.create_user(
@@ -113,7 +108,7 @@ async def test_it_sends_staff_a_snapshot_that_matches_the_database(staff_user):
     keys = ("queue", "event", "published", "pending", "inflight", "acked", "dead", "connected")
     assert [{k: r[k] for k in keys} for r in snap["queues"]] == stats
     # Two acks just now: the rate over the last minute counts them.
-    assert snap["totals"]["ack_rate"] == round(2 / dashboard.RATE_WINDOW_SECS, 3)
+    assert snap["totals"]["ack_rate"] == round(2 / snapshot.RATE_WINDOW_SECS, 3)
     assert snap["totals"]["latency_samples"] == 2
     assert sum(snap["series"]["acked"]) > 0 and len(snap["series"]["published"]) == 30
 
@@ -227,13 +222,13 @@ def test_it_computes_latency_percentiles_and_rates_from_the_acks():
     for i, d in enumerate(sorted(leased, key=lambda d: d["seq"])):
         ledger.ack_deliveries(logger, [d["id"]], now=published_at + timedelta(milliseconds=100 * (i + 1)))
 
-    data = dashboard.overview(now=published_at + timedelta(seconds=3))
+    data = snapshot.overview(now=published_at + timedelta(seconds=3))
 
     assert data["totals"]["latency_p50_ms"] == 1000.0
     assert data["totals"]["latency_p95_ms"] == 1900.0
     assert data["totals"]["latency_samples"] == 20
-    assert data["totals"]["publish_rate"] == round(20 / dashboard.RATE_WINDOW_SECS, 3)
-    assert data["totals"]["ack_rate"] == round(20 / dashboard.RATE_WINDOW_SECS, 3)
+    assert data["totals"]["publish_rate"] == round(20 / snapshot.RATE_WINDOW_SECS, 3)
+    assert data["totals"]["ack_rate"] == round(20 / snapshot.RATE_WINDOW_SECS, 3)
     # The acks fall in the chart's last one or two 10 s buckets (as the clock cuts them), each
     # with the p95 of its own acks.
     p95 = [v for v in data["series"]["latency_p95_ms"] if v is not None]
@@ -284,7 +279,7 @@ def store_analytics(computed_at, events=(("db", "create"),), subscribers=("logge
 def test_it_shows_the_last_analytics_run_beside_the_live_figures():
     make_world()
     # Given no run of `analyze` yet: an empty panel, which the page explains
-    assert dashboard.snapshot()["history"]["computed_at"] is None
+    assert snapshot.for_dashboard()["history"]["computed_at"] is None
 
     # Given a run that found two events, one subscriber, and messages in three hours (none
     # in the one between the second and the third)
@@ -301,7 +296,7 @@ def test_it_shows_the_last_analytics_run_beside_the_live_figures():
     )
 
     # When
-    history = dashboard.snapshot()["history"]
+    history = snapshot.for_dashboard()["history"]
 
     # Then: when it ran, and its figures per queue and event ...
     assert history["computed_at"] == computed_at
@@ -348,7 +343,7 @@ def test_it_shows_the_last_analytics_run_beside_the_live_figures():
 def test_it_asks_the_same_number_of_queries_for_many_rows(django_assert_max_num_queries):
     world = make_world()
     with django_assert_max_num_queries(30) as few:
-        dashboard.snapshot()
+        snapshot.for_dashboard()
     baseline = len(few.captured_queries)
     for i in range(5):
         s, _ = create_subscriber(f"extra{i}", subscribe=["db"])
@@ -365,7 +360,7 @@ def test_it_asks_the_same_number_of_queries_for_many_rows(django_assert_max_num_
     )
     shown = list(Message.objects.values_list("id", flat=True))
     with django_assert_max_num_queries(baseline):
-        dashboard.snapshot(shown_message_ids=shown)
+        snapshot.for_dashboard(shown_message_ids=shown)
 
 
 # --- the page and the redeliver button ----------------------------------------------------------

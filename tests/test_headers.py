@@ -14,7 +14,8 @@ from django.test import Client
 from django.urls import reverse
 from standardwebhooks import Webhook
 
-from delivery import dashboard, tasks
+from dashboard import snapshot
+from delivery import tasks
 from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Message
@@ -415,10 +416,10 @@ def test_the_dashboards_feed_shows_a_messages_headers_when_it_has_some(db_queue)
         ],
     )
 
-    big, plain, traced = dashboard.newest_messages()
+    big, plain, traced = snapshot.newest_messages()
     assert traced["headers"] == f"traceparent={TRACEPARENT}  tenant=acme"
     assert "headers" not in plain
-    assert len(big["headers"]) <= dashboard.HEADERS_PREVIEW_CHARS + 1 and big["headers"].endswith("…")
+    assert len(big["headers"]) <= snapshot.HEADERS_PREVIEW_CHARS + 1 and big["headers"].endswith("…")
 
 
 # --- the archive ---------------------------------------------------------------------------------

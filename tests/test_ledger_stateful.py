@@ -21,13 +21,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from delivery import ledger
+from delivery import ledger, tallies
 from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber, Subscription
 from subscribers.provisioning import create_subscriber
+
+from .test_tallies import recount
 
 QUEUES = {"plain": False, "fifo": True}
 EVENTS = ["create", "delete"]
@@ -196,7 +198,15 @@ class LedgerMachine(RuleBasedStateMachine):
         if dead:
             self.dead.add(delivery_id)
 
+    @rule()
+    def fold_tallies(self):
+        tallies.fold()
+
     # --- invariants ---
+
+    @invariant()
+    def the_kept_counts_are_a_recount(self):
+        assert tallies.counts(tallies.KEY) == recount()
 
     @invariant()
     def nothing_is_lost(self):

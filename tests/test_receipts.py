@@ -12,7 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from delivery import dashboard, ledger, receipts
+from dashboard import snapshot
+from delivery import ledger, receipts
 from delivery.models import Delivery, Status
 from mqsite import adb
 from mqsite.asgi import application
@@ -369,8 +370,8 @@ def test_the_dashboard_feed_shows_the_receipt_counts_of_the_messages_on_screen(f
     [(wanted, _)] = publishing.publish(db_queue, [publishing.Outgoing("create", "2", None, receipt=True)])
 
     with CaptureQueriesContext(connection) as queries:
-        status = dashboard.delivery_status_of([message_id, wanted["id"]])
-    feed = {m["id"]: m for m in dashboard.newest_messages()}
+        status = snapshot.delivery_status_of([message_id, wanted["id"]])
+    feed = {m["id"]: m for m in snapshot.newest_messages()}
 
     assert len(queries) == 1  # one grouped query for every message on screen
     assert status[message_id] == {**ZERO, "acked": 1, "pending": 2}  # "acked 1/3"

@@ -70,3 +70,18 @@ class DatabaseWrapper(base.DatabaseWrapper):
             yield
         finally:
             self._release_writer()
+
+
+class DatabaseOperations(base.DatabaseOperations):
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        """Empty the kept counts last: on SQLite the delete triggers of the other tables
+        (delivery migration 0010) append to them while those are emptied (PostgreSQL's
+        TRUNCATE fires no delete trigger)."""
+        statements = super().sql_flush(
+            style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+        )
+        last = [s for s in statements if "delivery_tally" in s]
+        return [s for s in statements if "delivery_tally" not in s] + last
+
+
+DatabaseWrapper.ops_class = DatabaseOperations

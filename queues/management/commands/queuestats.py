@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
+from delivery import tallies
 from delivery.stats import FIELDS, queue_stats
 
 
@@ -14,6 +15,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help='print {"queues": [...]}')
 
     def handle(self, *args, **options):
+        tallies.fold()  # exact either way; folded, the read sums a handful of rows
         rows = queue_stats()
         if options["json"]:
             self.stdout.write(json.dumps({"queues": rows}))

@@ -1,28 +1,30 @@
-"""What the live dashboard shows: a read-only snapshot of the server, for operators.
+"""What the live dashboard and /metrics show: a read-only snapshot of the server, for operators.
 
-Nothing here changes anything, and nothing here is on the publish path. A snapshot is a fixed
-handful of aggregate queries, however many rows there are: counts per queue and event
-(delivery.stats), rates and latency over the last minutes (range scans over the indexes on
-Message.created_at and Delivery.acked_at), the subscribers with their backlog, the newest
-messages and the newest dead letters, and the results of the last `manage.py analyze` (three
-small reads of its tables). The dashboard consumer shares one overview between the dashboards
-open in a process and adds each one's own feed.
+Nothing here changes a delivery, and nothing here is on the publish path. A snapshot is a fixed
+handful of queries, each costing in proportion to queues, events and subscriptions, not to
+rows: one read of the kept counts (delivery.tallies) gives every count per queue, event,
+subscription and status; the oldest pending delivery of each subscription is one probe of the
+index of pending deliveries; rates and latency over the last minutes are range scans over the
+indexes on Message.created_at and Delivery.acked_at; the newest messages and dead letters are
+index scans with a limit; the results of the last `manage.py analyze` three small reads.
+dashboard.shared computes one per second for the whole deployment; each dashboard adds its
+own feed.
 """
 
 import json
 import math
 from datetime import timedelta
 
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, DateTimeField, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
 from analytics.models import EventRate, EventStats, SubscriberStats
-from queues.models import Message
-from subscribers.models import Connection, Subscription
-
-from .models import Delivery, Status
-from .stats import queue_stats
+from delivery import tallies
+from delivery.models import Delivery, DeliveryAttempt, Status
+from delivery.stats import queue_stats
+from queues.models import Message, Queue
+from subscribers.models import Connection, Subscriber, Subscription
 
 # The rates shown beside the counts ("per second") average over this window: long enough to
 # be steady at a few messages a second, short enough to show a stall within a minute.
@@ -45,9 +47,11 @@ HISTORY_ROWS_LIMIT = 100
 
 
 def overview(now=None):
-    """Everything but the feed: what every open dashboard shows alike."""
+    """Everything but the feed: what every open dashboard shows alike, and under "metrics"
+    what /metrics exposes (dashboard.metrics), from the same reads."""
     now = now or timezone.now()
-    rows = queue_stats()
+    kept = tallies.counts(tallies.KEY)
+    rows = queue_stats(kept)
     rates = _rates(now)
     for row in rows:
         published, acked = rates.get((row["queue"], row["event"]), (0, 0))
@@ -58,8 +62,9 @@ def overview(now=None):
     totals["publish_rate"] = round(sum(p for p, _ in rates.values()) / RATE_WINDOW_SECS, 3)
     totals["ack_rate"] = round(sum(a for _, a in rates.values()) / RATE_WINDOW_SECS, 3)
     totals.update(series.pop("latency_now"))
-    subscribers = subscribers_with_backlog(now)
-    totals["connections"] = sum(s["connections"] for s in subscribers)
+    oldest = oldest_pending_by_subscription()
+    subscribers, connections = subscribers_with_backlog(now, kept, oldest)
+    totals["connections"] = sum(connections.values())
     return {
         "at": now,
         "totals": totals,
@@ -68,10 +73,11 @@ def overview(now=None):
         "subscribers": subscribers,
         "dead_letters": newest_dead_letters(),
         "history": analytics_history(),
+        "metrics": _metrics_part(now, kept, oldest, rates, connections),
     }
 
 
-def snapshot(after_message_id=None, shown_message_ids=(), now=None):
+def for_dashboard(after_message_id=None, shown_message_ids=(), now=None):
     """The whole picture for one dashboard: the overview, the messages newer than the last
     one it has, and the delivery counts of the messages it shows."""
     data = overview(now)
@@ -262,13 +268,33 @@ def _hourly(per_hour):
 # --- who receives what, and what they are still owed --------------------------------------------
 
 
-def subscribers_with_backlog(now=None):
-    """Subscribers that are connected or hold a subscription, the most owed first: their open
-    websockets, what they subscribe to, their backlog and their acks per second.
+def oldest_pending_by_subscription():
+    """{subscription id: (its subscriber id, its queue id, when its oldest pending delivery was
+    published)} for the subscriptions with something pending: one probe each of the index of
+    pending deliveries by (subscription, seq), as the lowest seq pending is the oldest
+    published. One query, whatever the backlog."""
+    first = (
+        Delivery.objects.filter(subscription_id=OuterRef("pk"), status=Status.PENDING)
+        .order_by("seq")
+        .values("created_at")[:1]
+    )
+    rows = (
+        Subscription.objects.order_by()
+        .annotate(oldest=Subquery(first, output_field=DateTimeField()))
+        .filter(oldest__isnull=False)
+        .values_list("id", "subscriber_id", "queue_id", "oldest")
+    )
+    return {sid: (subscriber_id, queue_id, oldest) for sid, subscriber_id, queue_id, oldest in rows}
 
-    Four grouped queries in all: subscriptions, connections, backlog, recent acks.
+
+def subscribers_with_backlog(now, kept, oldest):
+    """Subscribers that are connected or hold a subscription, the most owed first: their open
+    websockets, what they subscribe to, their backlog and their acks per second; and
+    {subscriber id: open websockets} of all of them.
+
+    `kept`: the kept counts by full key; `oldest`: oldest_pending_by_subscription(). Three
+    more queries: subscriptions, connections, recent acks (a range of the acked_at index).
     """
-    now = now or timezone.now()
     subscriptions = {}
     names = {}
     for s in Subscription.objects.select_related("subscriber", "queue", "event").order_by(
@@ -286,18 +312,10 @@ def subscribers_with_backlog(now=None):
     ):
         names[row["subscriber_id"]] = row["subscriber__name"]
         connections[row["subscriber_id"]] = row
-    backlog = {
-        row.pop("subscriber_id"): row
-        for row in Delivery.objects.filter(status__in=(Status.PENDING, Status.INFLIGHT, Status.DEAD))
-        .order_by()
-        .values("subscriber_id")
-        .annotate(
-            pending=Count("id", filter=Q(status=Status.PENDING)),
-            inflight=Count("id", filter=Q(status=Status.INFLIGHT)),
-            dead=Count("id", filter=Q(status=Status.DEAD)),
-            oldest_pending_at=Min("created_at", filter=Q(status=Status.PENDING)),
-        )
-    }
+    backlog = tallies.regroup(kept, ("subscriber_id", "status"))
+    oldest_of = {}
+    for subscriber_id, _, at in oldest.values():
+        oldest_of[subscriber_id] = min(at, oldest_of.get(subscriber_id, at))
     acks = dict(
         Delivery.objects.filter(acked_at__gte=now - timedelta(seconds=RATE_WINDOW_SECS))
         .order_by()
@@ -306,24 +324,82 @@ def subscribers_with_backlog(now=None):
     )
     out = []
     for sid, name in names.items():
-        owed = backlog.get(sid, {})
         conn = connections.get(sid)
-        oldest = owed.get("oldest_pending_at")
+        at = oldest_of.get(sid)
         out.append(
             {
                 "subscriber": name,
                 "connections": conn["n"] if conn else 0,
                 "connected_since": conn["since"] if conn else None,
                 "subscriptions": subscriptions.get(sid, []),
-                "pending": owed.get("pending", 0),
-                "inflight": owed.get("inflight", 0),
-                "dead": owed.get("dead", 0),
-                "oldest_pending_age_s": round((now - oldest).total_seconds(), 1) if oldest else None,
+                "pending": backlog.get((sid, Status.PENDING), 0),
+                "inflight": backlog.get((sid, Status.INFLIGHT), 0),
+                "dead": backlog.get((sid, Status.DEAD), 0),
+                "oldest_pending_age_s": round((now - at).total_seconds(), 1) if at else None,
                 "ack_rate": round(acks.get(sid, 0) / RATE_WINDOW_SECS, 3),
             }
         )
     out.sort(key=lambda s: (-s["pending"], -s["inflight"], s["subscriber"]))
-    return out[:SUBSCRIBERS_LIMIT]
+    return out[:SUBSCRIBERS_LIMIT], {sid: c["n"] for sid, c in connections.items()}
+
+
+def _metrics_part(now, kept, oldest, rates, connections):
+    """What /metrics exposes beyond the dashboard's figures, by name (dashboard.metrics):
+    `rates` as _rates() gives them, unrounded."""
+    queues = list(Queue.objects.order_by("name").values_list("id", "name", "last_seq", "paused"))
+    queue_names = {qid: name for qid, name, _, _ in queues}
+    subscriber_names = dict(Subscriber.objects.order_by().values_list("id", "name"))
+    pending = {}
+    for (queue_id, subscriber_id, status), n in tallies.regroup(
+        kept, ("queue_id", "subscriber_id", "status")
+    ).items():
+        if status == Status.PENDING and queue_id in queue_names and subscriber_id in subscriber_names:
+            pending[(queue_names[queue_id], subscriber_names[subscriber_id])] = [n, None]
+    for subscriber_id, queue_id, at in oldest.values():
+        entry = pending.get((queue_names.get(queue_id), subscriber_names.get(subscriber_id)))
+        if entry is not None:
+            age = max((now - at).total_seconds(), 0.0)
+            entry[1] = age if entry[1] is None else max(entry[1], age)
+    per_queue = {}
+    for (queue, _), (published, acked) in rates.items():
+        counted = per_queue.setdefault(queue, [0, 0])
+        counted[0] += published
+        counted[1] += acked
+    return {
+        "queues": [
+            {
+                "name": name,
+                "last_seq": last_seq,
+                "paused": paused,
+                "publish_rate": per_queue.get(name, (0, 0))[0] / RATE_WINDOW_SECS,
+                "ack_rate": per_queue.get(name, (0, 0))[1] / RATE_WINDOW_SECS,
+            }
+            for _, name, last_seq, paused in queues
+        ],
+        "pending": [
+            {"queue": q, "subscriber": s, "n": n, "oldest_age_s": age}
+            for (q, s), (n, age) in sorted(pending.items())
+        ],
+        "connections": sorted(
+            (subscriber_names[sid], n) for sid, n in connections.items() if sid in subscriber_names
+        ),
+        "webhook_attempts": webhook_attempts(),
+    }
+
+
+def webhook_attempts():
+    """[(subscriber, ok, http_error, error)]: the webhook posts recorded in the hot tables."""
+    rows = (
+        DeliveryAttempt.objects.order_by()
+        .values("delivery__subscriber__name")
+        .annotate(
+            n_ok=Count("id", filter=Q(ok=True)),
+            n_http_error=Count("id", filter=Q(ok=False, status_code__isnull=False)),
+            n_error=Count("id", filter=Q(ok=False, status_code__isnull=True)),
+        )
+        .order_by("delivery__subscriber__name")
+    )
+    return [(r["delivery__subscriber__name"], r["n_ok"], r["n_http_error"], r["n_error"]) for r in rows]
 
 
 def newest_dead_letters(limit=DEAD_LIMIT):

@@ -1,0 +1,159 @@
+"""Prometheus metrics at /metrics, from the deployment's shared snapshot (dashboard.shared).
+
+The figures are the dashboard's, from the same reads (dashboard.snapshot): any process (every
+Daphne of a scaled-out deployment) answers with the same numbers, nothing is counted in memory,
+and a scrape costs the database nothing while the snapshot is at most MQ_METRICS_MAX_AGE_SECS
+old; an open dashboard keeps it about a second old anyway. Rendering the exposition from it is
+a few loops over queues, events and subscribers.
+
+What is a counter and what is a gauge:
+- `mq_messages_published_total{queue}` is a true counter: the queue's last seq, which only
+  grows (archiving does not lower it). `rate()` of it is the publish rate.
+- Everything else is a gauge of what the hot tables hold now. Acked deliveries and webhook
+  attempts leave those tables when archived, so their totals may fall: for the ack rate use
+  `mq_ack_rate_per_second` (acks over the last minute, from Delivery.acked_at), not `rate()`.
+"""
+
+import time
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+from django.utils.crypto import constant_time_compare
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from . import shared
+
+
+def families(taken_at, data):
+    """The metric families of one snapshot (dashboard.snapshot.overview)."""
+    part = data["metrics"]
+    published = CounterMetricFamily(
+        "mq_messages_published", "Messages ever published to the queue (its last seq).", labels=["queue"]
+    )
+    paused = GaugeMetricFamily("mq_queue_paused", "1 when the queue is paused.", labels=["queue"])
+    for q in part["queues"]:
+        published.add_metric([q["name"]], q["last_seq"])
+        paused.add_metric([q["name"]], 1 if q["paused"] else 0)
+    yield published
+    yield paused
+
+    by_status = GaugeMetricFamily(
+        "mq_deliveries",
+        "Deliveries in the hot tables by status (acked ones leave when archived).",
+        labels=["queue", "event", "status"],
+    )
+    publish_rate = GaugeMetricFamily(
+        "mq_publish_rate_per_second", "Messages published per second over the last minute.", labels=["queue"]
+    )
+    ack_rate = GaugeMetricFamily(
+        "mq_ack_rate_per_second", "Deliveries acked per second over the last minute.", labels=["queue"]
+    )
+    for row in data["queues"]:
+        if row["event"] is not None:
+            for status in ("acked", "dead", "inflight", "pending"):
+                if row[status]:
+                    by_status.add_metric([row["queue"], row["event"], status], row[status])
+    for q in part["queues"]:
+        publish_rate.add_metric([q["name"]], q["publish_rate"])
+        ack_rate.add_metric([q["name"]], q["ack_rate"])
+    yield by_status
+
+    pending = GaugeMetricFamily(
+        "mq_pending_deliveries",
+        "Deliveries waiting to be handed out (ready or waiting for their retry).",
+        labels=["queue", "subscriber"],
+    )
+    oldest = GaugeMetricFamily(
+        "mq_oldest_pending_age_seconds",
+        "Age of the oldest pending delivery (since its message was published).",
+        labels=["queue", "subscriber"],
+    )
+    for row in part["pending"]:
+        pending.add_metric([row["queue"], row["subscriber"]], row["n"])
+        if row["oldest_age_s"] is not None:
+            oldest.add_metric([row["queue"], row["subscriber"]], row["oldest_age_s"])
+    yield pending
+    yield oldest
+    yield publish_rate
+    yield ack_rate
+
+    attempts = GaugeMetricFamily(
+        "mq_webhook_attempts",
+        "Webhook posts recorded in the hot tables, by outcome: ok (2xx), http_error (another "
+        "status), error (no answer: timeout, refused, unsafe URL).",
+        labels=["subscriber", "outcome"],
+    )
+    for subscriber, *counts in part["webhook_attempts"]:
+        for outcome, n in zip(("ok", "http_error", "error"), counts, strict=True):
+            attempts.add_metric([subscriber, outcome], n)
+    yield attempts
+
+    taken = GaugeMetricFamily(
+        "mq_metrics_snapshot_timestamp_seconds",
+        "When these numbers were read from the database (Unix time); scrapes within "
+        "MQ_METRICS_MAX_AGE_SECS of it are served this same snapshot.",
+    )
+    taken.add_metric([], taken_at)
+    yield taken
+
+    connected = GaugeMetricFamily(
+        "mq_connected_clients", "Open websocket connections by subscriber.", labels=["subscriber"]
+    )
+    for subscriber, n in part["connections"]:
+        connected.add_metric([subscriber], n)
+    yield connected
+
+
+class _Snapshot:
+    """A collector over one snapshot, for prometheus_client's text exposition."""
+
+    def __init__(self, taken_at, data):
+        self.taken_at, self.data = taken_at, data
+
+    def collect(self):
+        return families(self.taken_at, self.data)
+
+
+def exposition(taken_at, data):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(taken_at, data))
+    return generate_latest(registry)
+
+
+def refusal(request):
+    """None when the request may read the metrics, else the answer that says why not. The
+    bearer token is looked at first: a scraper sends no session, so costs no query."""
+    if settings.MQ_METRICS_PUBLIC:
+        return None
+    token = settings.MQ_METRICS_TOKEN
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and constant_time_compare(value.strip(), token):
+        return None
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        if user.is_active and user.is_staff:
+            return None
+        return JsonResponse(
+            {"detail": "The metrics are for staff users and the scraper with MQ_METRICS_TOKEN."}, status=403
+        )
+    if token:
+        detail = (
+            "The metrics need the bearer token of MQ_METRICS_TOKEN (Authorization: Bearer <token>) "
+            "or a staff login."
+        )
+    else:
+        detail = "The metrics need a staff login, or MQ_METRICS_TOKEN set and sent as a bearer token."
+    response = JsonResponse({"detail": detail}, status=401)
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response
+
+
+def metrics(request):
+    refused = refusal(request)
+    if refused is not None:
+        return refused
+    taken_at, data = shared.current(max_age=settings.MQ_METRICS_MAX_AGE_SECS)
+    response = HttpResponse(exposition(taken_at, data), content_type=CONTENT_TYPE_LATEST)
+    response["Age"] = str(max(int(time.time() - taken_at), 0))
+    return response

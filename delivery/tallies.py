@@ -1,0 +1,108 @@
+"""Kept counts of the hot tables: what operators' pages and the dashboard count, read from a
+table with a row per (queue, event, subscription, subscriber, status) instead of a scan of
+millions of delivery rows.
+
+Database triggers keep them (delivery migration 0010): each statement that inserts or deletes
+a delivery or a message, or changes a delivery's status or subscription, appends its net change
+to TallyChange in the same transaction, so a count is exact at any commit, whoever wrote (the
+ledger, the admin, a cascade, the archive). The changes are appends, not updates of a shared
+row, so concurrent acks of one subscription never wait on each other for a counter. `fold()`
+moves them into Tally (the sweep does, every second); a read sums both tables in one statement,
+so it is exact whether or not the last changes were folded.
+
+Statuses: a delivery's (pending, inflight, acked, dead), and PUBLISHED for the messages still in
+the hot tables, with subscription and subscriber 0.
+"""
+
+from django.db import connection, transaction
+from django.db.models import IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+
+from mqsite import rows
+
+from .models import Tally, TallyChange
+
+PUBLISHED = "published"
+KEY = ("queue_id", "event_id", "subscription_id", "subscriber_id", "status")
+_COLUMNS = ", ".join(KEY)
+
+# PostgreSQL: take what is committed and add it up, in one statement. A concurrent fold waits
+# for the rows this one deletes and then skips them: no change is counted twice. Keys that came
+# to zero (a subscription emptied or gone) are dropped, so the table keeps to what exists.
+_FOLD_POSTGRESQL = [
+    f"""WITH moved AS (DELETE FROM delivery_tallychange RETURNING {_COLUMNS}, n)
+        INSERT INTO delivery_tally ({_COLUMNS}, n)
+        SELECT {_COLUMNS}, sum(n) FROM moved GROUP BY {_COLUMNS}
+        ON CONFLICT ({_COLUMNS}) DO UPDATE SET n = delivery_tally.n + EXCLUDED.n""",
+    # A statement of its own: the CTE's parts all see the table as it was before it.
+    "DELETE FROM delivery_tally WHERE n = 0",
+]
+# SQLite has one writer: within the write transaction nothing else appends, so "up to the
+# highest id" is every change there is.
+_FOLD_SQLITE = [
+    f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
+        SELECT {_COLUMNS}, sum(n) FROM delivery_tallychange WHERE id <= %s GROUP BY {_COLUMNS}
+        ON CONFLICT ({_COLUMNS}) DO UPDATE SET n = n + excluded.n""",
+    "DELETE FROM delivery_tallychange WHERE id <= %s",
+    "DELETE FROM delivery_tally WHERE n = 0",
+]
+
+
+def fold():
+    """Move the appended changes into the kept counts. Cheap when there are few; safe to run
+    from any number of processes at once."""
+    if connection.vendor == "postgresql":
+        with transaction.atomic(), connection.cursor() as cursor:
+            for sql in _FOLD_POSTGRESQL:
+                cursor.execute(sql)
+        return
+    with rows.writing(), transaction.atomic():
+        last = TallyChange.objects.order_by("-id").values_list("id", flat=True).first()
+        if last is None:
+            return
+        with connection.cursor() as cursor:
+            for sql in _FOLD_SQLITE:
+                cursor.execute(sql, [last] if "%s" in sql else [])
+
+
+def counts(by, **where):
+    """{values of the fields `by`: count} over the kept counts that match `where` (field
+    lookups on Tally), in one statement over both tables, so exact at its snapshot. Keys whose
+    count is 0 are left out. `by` names fields of KEY, e.g. ("queue_id", "event_id", "status")."""
+    by = tuple(by)
+    kept = Tally.objects.filter(**where).order_by().values_list(*by).annotate(total=Sum("n"))
+    changed = TallyChange.objects.filter(**where).order_by().values_list(*by).annotate(total=Sum("n"))
+    out = {}
+    for *key, n in kept.union(changed, all=True):
+        key = tuple(key) if len(by) > 1 else key[0]
+        out[key] = out.get(key, 0) + n
+    return {key: n for key, n in out.items() if n}
+
+
+def regroup(kept, by):
+    """Sum counts keyed by the full KEY (counts(KEY)) into counts keyed by the fields `by`:
+    several views from one read, all of the same instant."""
+    at = [KEY.index(field) for field in by]
+    out = {}
+    for key, n in kept.items():
+        short = tuple(key[i] for i in at) if len(at) > 1 else key[at[0]]
+        out[short] = out.get(short, 0) + n
+    return {key: n for key, n in out.items() if n}
+
+
+def count_of(field, status, outer="pk"):
+    """An annotation: how many deliveries in `status` belong to the outer row, matched on the
+    tally's `field` ("subscriber_id", "queue_id", "subscription_id", ...) against the outer
+    row's `outer`. Two correlated sums over small tables: one lookup per row shown."""
+
+    def summed(model):
+        total = (
+            model.objects.filter(**{field: OuterRef(outer), "status": status})
+            .order_by()
+            .values(field)
+            .annotate(total=Sum("n"))
+            .values("total")
+        )
+        return Coalesce(Subquery(total, output_field=IntegerField()), Value(0))
+
+    return summed(Tally) + summed(TallyChange)

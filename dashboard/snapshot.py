@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from analytics.models import EventRate, EventStats, SubscriberStats
 from delivery import tallies
-from delivery.models import Delivery, DeliveryAttempt, Status
+from delivery.models import Delivery, Status
 from delivery.stats import queue_stats
 from queues.models import Message, Queue
 from subscribers.models import Connection, Subscriber, Subscription
@@ -383,23 +383,18 @@ def _metrics_part(now, kept, oldest, rates, connections):
         "connections": sorted(
             (subscriber_names[sid], n) for sid, n in connections.items() if sid in subscriber_names
         ),
-        "webhook_attempts": webhook_attempts(),
+        "webhook_attempts": webhook_attempts(kept, subscriber_names),
     }
 
 
-def webhook_attempts():
-    """[(subscriber, ok, http_error, error)]: the webhook posts recorded in the hot tables."""
-    rows = (
-        DeliveryAttempt.objects.order_by()
-        .values("delivery__subscriber__name")
-        .annotate(
-            n_ok=Count("id", filter=Q(ok=True)),
-            n_http_error=Count("id", filter=Q(ok=False, status_code__isnull=False)),
-            n_error=Count("id", filter=Q(ok=False, status_code__isnull=True)),
-        )
-        .order_by("delivery__subscriber__name")
-    )
-    return [(r["delivery__subscriber__name"], r["n_ok"], r["n_http_error"], r["n_error"]) for r in rows]
+def webhook_attempts(kept, names):
+    """[(subscriber, ok, http_error, error)]: the webhook posts recorded in the hot tables, by
+    outcome, from the kept counts. `names`: {subscriber id: name}."""
+    out = {}
+    for (subscriber_id, status), n in tallies.regroup(kept, ("subscriber_id", "status")).items():
+        if status in tallies.ATTEMPT_OUTCOMES and subscriber_id in names:
+            out.setdefault(names[subscriber_id], [0, 0, 0])[tallies.ATTEMPT_OUTCOMES.index(status)] = n
+    return [(name, *counts) for name, counts in sorted(out.items())]
 
 
 def newest_dead_letters(limit=DEAD_LIMIT):

@@ -159,7 +159,7 @@ class Tally(models.Model):
     event_id = models.BigIntegerField()
     subscription_id = models.BigIntegerField()  # 0: a delivery left by an unsubscribe, or a message
     subscriber_id = models.BigIntegerField()  # 0: a message
-    status = models.CharField(max_length=9)  # a delivery's Status, or "published"
+    status = models.CharField(max_length=20)  # a delivery's Status, "published", or an attempt outcome
     n = models.BigIntegerField()
 
     class Meta:
@@ -183,7 +183,7 @@ class TallyChange(models.Model):
     event_id = models.BigIntegerField()
     subscription_id = models.BigIntegerField()
     subscriber_id = models.BigIntegerField()
-    status = models.CharField(max_length=9)
+    status = models.CharField(max_length=20)
     n = models.BigIntegerField()
 
     def __str__(self):

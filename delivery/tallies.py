@@ -10,8 +10,9 @@ row, so concurrent acks of one subscription never wait on each other for a count
 moves them into Tally (the sweep does, every second); a read sums both tables in one statement,
 so it is exact whether or not the last changes were folded.
 
-Statuses: a delivery's (pending, inflight, acked, dead), and PUBLISHED for the messages still in
-the hot tables, with subscription and subscriber 0.
+Statuses: a delivery's (pending, inflight, acked, dead); PUBLISHED for the messages still in the
+hot tables, with subscription and subscriber 0; and ATTEMPT_OUTCOMES for the webhook attempts,
+with subscription 0.
 """
 
 from django.db import connection, transaction
@@ -23,6 +24,8 @@ from mqsite import rows
 from .models import Tally, TallyChange
 
 PUBLISHED = "published"
+# A webhook attempt's outcome (delivery migration 0011): 2xx, another status, no answer.
+ATTEMPT_OUTCOMES = ("attempt_ok", "attempt_http_error", "attempt_error")
 KEY = ("queue_id", "event_id", "subscription_id", "subscriber_id", "status")
 _COLUMNS = ", ".join(KEY)
 

@@ -36,7 +36,7 @@ from django.utils import timezone
 from subscribers import presence
 from subscribers.models import Connection, Subscriber
 
-from . import frames, ledger, liveness, webhooks
+from . import frames, ledger, liveness, tallies, webhooks
 from .models import Delivery, DeliveryAttempt, Status
 
 log = logging.getLogger(__name__)
@@ -278,10 +278,11 @@ def record_attempts(deliveries, outcomes):
 @shared_task
 def sweep():
     """On beat, every second: expire overdue leases (back to pending with backoff, or dead
-    after the last attempt), remove connections whose server died, and enqueue webhook jobs
-    for subscribers with work due before the next sweep."""
+    after the last attempt), remove connections whose server died, fold the kept counts, and
+    enqueue webhook jobs for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
     stale = presence.sweep_stale_connections()
+    tallies.fold()  # the kept counts' changes of the last second (delivery.tallies)
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
         Delivery.objects.filter(status=Status.PENDING, next_attempt_at__lte=soon, queue__paused=False)

@@ -15,7 +15,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from delivery import ledger, tallies
-from delivery.models import Delivery, Status, Tally, TallyChange
+from delivery.models import Delivery, DeliveryAttempt, Status, Tally, TallyChange
 from queues import publishing
 from queues.models import Message
 from subscribers import subscribing
@@ -33,6 +33,10 @@ def recount():
         Message.objects.order_by().values_list("queue_id", "event_id").annotate(n=Count("id"))
     ):
         out[(queue_id, event_id, 0, 0, tallies.PUBLISHED)] += n
+    for a in DeliveryAttempt.objects.select_related("delivery"):
+        outcome = 0 if a.ok else 1 if a.status_code is not None else 2
+        d = a.delivery
+        out[(d.queue_id, d.event_id, 0, d.subscriber_id, tallies.ATTEMPT_OUTCOMES[outcome])] += 1
     return dict(out)
 
 
@@ -104,6 +108,32 @@ def test_each_change_of_the_ledger_is_counted_exactly(two_subscribed, logger, pe
     Message.objects.filter(event__name="create").delete()
     assert_exact()
     assert tallies.counts(["status"]) == {tallies.PUBLISHED: 3}
+
+
+def test_webhook_attempts_are_counted_by_outcome(two_subscribed, logger, peer):
+    publish(two_subscribed, "create", 2, logger)
+    first, second = Delivery.objects.filter(subscriber=peer).order_by("id")
+    now = timezone.now()
+    for delivery, ok, code in (
+        (first, True, 200),
+        (first, False, 500),
+        (second, False, None),
+        (second, False, 503),
+    ):
+        DeliveryAttempt.objects.create(delivery=delivery, number=1, at=now, ok=ok, status_code=code)
+    assert_exact()
+    assert tallies.counts(["subscriber_id", "status"], status__startswith="attempt_") == {
+        (peer.pk, "attempt_ok"): 1,
+        (peer.pk, "attempt_http_error"): 2,
+        (peer.pk, "attempt_error"): 1,
+    }
+    # Deleting the deliveries takes their attempts along (the archive does so).
+    Delivery.objects.filter(pk=first.pk).delete()
+    assert_exact()
+    assert tallies.counts(["status"], status__startswith="attempt_") == {
+        "attempt_http_error": 1,
+        "attempt_error": 1,
+    }
 
 
 def test_counts_filter_and_group(two_subscribed, logger, peer):
@@ -186,6 +216,8 @@ def test_the_migration_seeded_the_counts_and_installed_the_triggers(db):
         cursor.execute(sql)
         names = {row[0] for row in cursor.fetchall()}
     assert names == {
+        "attempt_tally_insert",
+        "attempt_tally_delete",
         "delivery_tally_insert",
         "delivery_tally_update",
         "delivery_tally_delete",

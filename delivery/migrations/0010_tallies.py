@@ -142,7 +142,7 @@ class Migration(migrations.Migration):
                 ("event_id", models.BigIntegerField()),
                 ("subscription_id", models.BigIntegerField()),
                 ("subscriber_id", models.BigIntegerField()),
-                ("status", models.CharField(max_length=9)),
+                ("status", models.CharField(max_length=20)),
                 ("n", models.BigIntegerField()),
             ],
         ),
@@ -159,7 +159,7 @@ class Migration(migrations.Migration):
                 ("event_id", models.BigIntegerField()),
                 ("subscription_id", models.BigIntegerField()),
                 ("subscriber_id", models.BigIntegerField()),
-                ("status", models.CharField(max_length=9)),
+                ("status", models.CharField(max_length=20)),
                 ("n", models.BigIntegerField()),
             ],
             options={

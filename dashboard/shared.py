@@ -15,8 +15,6 @@ import time
 
 from django.core.cache import cache
 
-from delivery import tallies
-
 from . import snapshot
 
 log = logging.getLogger(__name__)
@@ -31,9 +29,8 @@ WAIT_SECS = 5.0  # with no snapshot at all, how long a reader waits for another'
 
 
 def compute():
-    """A new snapshot, (when, data). The changes to the kept counts are folded first: the
-    computing process does it for everyone, once a second."""
-    tallies.fold()
+    """A new snapshot, (when, data). It folds the kept counts' changes first (the computing
+    process does it for everyone, once a second)."""
     return time.time(), snapshot.overview()
 
 

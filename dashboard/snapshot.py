@@ -3,9 +3,10 @@
 Nothing here changes a delivery, and nothing here is on the publish path. A snapshot is a fixed
 handful of queries, each costing in proportion to queues, events and subscriptions, not to
 rows: one read of the kept counts (delivery.tallies) gives every count per queue, event,
-subscription and status; the oldest pending delivery of each subscription is one probe of the
-index of pending deliveries; rates and latency over the last minutes are range scans over the
-indexes on Message.created_at and Delivery.acked_at; the newest messages and dead letters are
+subscription and status, and the publishes and acks of each 10 s of the last minutes (the
+rates and charts); the oldest pending delivery of each subscription is one probe of the index
+of pending deliveries; the latency percentiles come from at most LATENCY_SAMPLE of the newest
+acks (the index on Delivery.acked_at, with a limit); the newest messages and dead letters are
 index scans with a limit; the results of the last `manage.py analyze` three small reads.
 dashboard.shared computes one per second for the whole deployment; each dashboard adds its
 own feed.
@@ -15,15 +16,15 @@ import json
 import math
 from datetime import timedelta
 
-from django.db.models import Count, DateTimeField, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, DateTimeField, Min, OuterRef, Subquery, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
 from analytics.models import EventRate, EventStats, SubscriberStats
 from delivery import tallies
-from delivery.models import Delivery, Status
+from delivery.models import Delivery, Status, TallyActivity
 from delivery.stats import queue_stats
-from queues.models import Message, Queue
+from queues.models import Event, Message, Queue
 from subscribers.models import Connection, Subscriber, Subscription
 
 # The rates shown beside the counts ("per second") average over this window: long enough to
@@ -50,20 +51,22 @@ def overview(now=None):
     """Everything but the feed: what every open dashboard shows alike, and under "metrics"
     what /metrics exposes (dashboard.metrics), from the same reads."""
     now = now or timezone.now()
+    tallies.fold()  # the changes of the last moments, and their publishes and acks
     kept = tallies.counts(tallies.KEY)
     rows = queue_stats(kept)
-    rates = _rates(now)
+    activity = _activity(now)
+    rates, rate_secs = _rates(now, activity)
     for row in rows:
         published, acked = rates.get((row["queue"], row["event"]), (0, 0))
-        row["publish_rate"] = round(published / RATE_WINDOW_SECS, 3)
-        row["ack_rate"] = round(acked / RATE_WINDOW_SECS, 3)
-    series = _series(now)
+        row["publish_rate"] = round(published / rate_secs, 3)
+        row["ack_rate"] = round(acked / rate_secs, 3)
+    series = _series(now, activity)
     totals = {k: sum(r[k] for r in rows) for k in ("published", "pending", "inflight", "acked", "dead")}
-    totals["publish_rate"] = round(sum(p for p, _ in rates.values()) / RATE_WINDOW_SECS, 3)
-    totals["ack_rate"] = round(sum(a for _, a in rates.values()) / RATE_WINDOW_SECS, 3)
+    totals["publish_rate"] = round(sum(p for p, _ in rates.values()) / rate_secs, 3)
+    totals["ack_rate"] = round(sum(a for _, a in rates.values()) / rate_secs, 3)
     totals.update(series.pop("latency_now"))
     oldest = oldest_pending_by_subscription()
-    subscribers, connections = subscribers_with_backlog(now, kept, oldest)
+    subscribers, connections = subscribers_with_backlog(now, kept, oldest, activity)
     totals["connections"] = sum(connections.values())
     return {
         "at": now,
@@ -73,7 +76,7 @@ def overview(now=None):
         "subscribers": subscribers,
         "dead_letters": newest_dead_letters(),
         "history": analytics_history(),
-        "metrics": _metrics_part(now, kept, oldest, rates, connections),
+        "metrics": _metrics_part(now, kept, oldest, (rates, rate_secs), connections),
     }
 
 
@@ -89,27 +92,42 @@ def for_dashboard(after_message_id=None, shown_message_ids=(), now=None):
 # --- rates, throughput and latency ------------------------------------------------------------
 
 
-def _rates(now):
-    """{(queue, event): (published, acked)} over the last RATE_WINDOW_SECS."""
-    since = now - timedelta(seconds=RATE_WINDOW_SECS)
+def _activity(now):
+    """The publishes and acks of each step of the charts' window, as the fold filed them
+    (delivery.tallies, TallyActivity): {(step start, queue id, event id, subscriber id,
+    status): n}. A few rows per step and key, however busy the server is."""
+    first = _buckets(now)[0][0]
+    rows = TallyActivity.objects.filter(step__gte=first).values_list(
+        "step", "queue_id", "event_id", "subscriber_id", "status", "n"
+    )
+    return {tuple(key): n for *key, n in rows}
+
+
+def rate_window(now):
+    """(start, seconds) of the window the rates average over: the last RATE_WINDOW_SECS in
+    whole steps of the charts, the current one included (so 50 to 60 s with steps of 10)."""
+    current = _buckets(now)[-1][0]
+    start = current - timedelta(seconds=RATE_WINDOW_SECS - SERIES_STEP_SECS)
+    return start, max((now - start).total_seconds(), 1.0)
+
+
+def _rates(now, activity):
+    """({(queue, event): (published, acked)} over the rate window, its length in seconds)."""
+    start, seconds = rate_window(now)
+    names = {
+        (queue_id, event_id): (queue, event)
+        for event_id, queue_id, queue, event in Event.objects.order_by().values_list(
+            "id", "queue_id", "queue__name", "name"
+        )
+    }
     out = {}
-    published = (
-        Message.objects.filter(created_at__gte=since)
-        .order_by()
-        .values_list("queue__name", "event__name")
-        .annotate(n=Count("id"))
-    )
-    for queue, event, n in published:
-        out[(queue, event)] = (n, 0)
-    acked = (
-        Delivery.objects.filter(acked_at__gte=since)
-        .order_by()
-        .values_list("queue__name", "event__name")
-        .annotate(n=Count("id"))
-    )
-    for queue, event, n in acked:
-        out[(queue, event)] = (out.get((queue, event), (0, 0))[0], n)
-    return out
+    for (step, queue_id, event_id, subscriber_id, status), n in activity.items():
+        key = names.get((queue_id, event_id))
+        if step < start or subscriber_id or key is None:
+            continue
+        published, acked = out.get(key, (0, 0))
+        out[key] = (published + n, acked) if status == tallies.PUBLISHED else (published, acked + n)
+    return out, seconds
 
 
 def _buckets(now):
@@ -123,17 +141,6 @@ def _buckets(now):
     return [(s, s + timedelta(seconds=step)) for s in starts]
 
 
-def _counts_per_bucket(queryset, field, buckets):
-    """How many rows of `queryset` have `field` in each bucket: one query, one filtered count
-    per bucket, over an index range scan of the window."""
-    aggregates = {
-        f"b{i}": Count("id", filter=Q(**{f"{field}__gte": lo, f"{field}__lt": hi}))
-        for i, (lo, hi) in enumerate(buckets)
-    }
-    counts = queryset.filter(**{f"{field}__gte": buckets[0][0]}).order_by().aggregate(**aggregates)
-    return [counts[f"b{i}"] for i in range(len(buckets))]
-
-
 def percentile(sorted_values, fraction):
     """Nearest-rank percentile of an ascending list; None for an empty one."""
     if not sorted_values:
@@ -142,11 +149,15 @@ def percentile(sorted_values, fraction):
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def _series(now):
+def _series(now, activity):
     buckets = _buckets(now)
     elapsed = [min(max((now - lo).total_seconds(), 1.0), SERIES_STEP_SECS) for lo, _ in buckets]
-    published = _counts_per_bucket(Message.objects.all(), "created_at", buckets)
-    acked = _counts_per_bucket(Delivery.objects.all(), "acked_at", buckets)
+    per_step = {}
+    for (step, _, _, subscriber_id, status), n in activity.items():
+        if not subscriber_id:
+            per_step[(step, status)] = per_step.get((step, status), 0) + n
+    published = [per_step.get((lo, tallies.PUBLISHED), 0) for lo, _ in buckets]
+    acked = [per_step.get((lo, Status.ACKED), 0) for lo, _ in buckets]
     # Latency is publish to ack. A delivery's created_at is its message's publish time (they
     # are written together), so no join is needed.
     sample = list(
@@ -287,13 +298,13 @@ def oldest_pending_by_subscription():
     return {sid: (subscriber_id, queue_id, oldest) for sid, subscriber_id, queue_id, oldest in rows}
 
 
-def subscribers_with_backlog(now, kept, oldest):
+def subscribers_with_backlog(now, kept, oldest, activity):
     """Subscribers that are connected or hold a subscription, the most owed first: their open
     websockets, what they subscribe to, their backlog and their acks per second; and
     {subscriber id: open websockets} of all of them.
 
-    `kept`: the kept counts by full key; `oldest`: oldest_pending_by_subscription(). Three
-    more queries: subscriptions, connections, recent acks (a range of the acked_at index).
+    `kept`: the kept counts by full key; `oldest`: oldest_pending_by_subscription();
+    `activity`: _activity(). Two more queries: subscriptions, connections.
     """
     subscriptions = {}
     names = {}
@@ -316,12 +327,11 @@ def subscribers_with_backlog(now, kept, oldest):
     oldest_of = {}
     for subscriber_id, _, at in oldest.values():
         oldest_of[subscriber_id] = min(at, oldest_of.get(subscriber_id, at))
-    acks = dict(
-        Delivery.objects.filter(acked_at__gte=now - timedelta(seconds=RATE_WINDOW_SECS))
-        .order_by()
-        .values_list("subscriber_id")
-        .annotate(n=Count("id"))
-    )
+    start, rate_secs = rate_window(now)
+    acks = {}
+    for (step, queue_id, _, subscriber_id, status), n in activity.items():
+        if subscriber_id and not queue_id and status == Status.ACKED and step >= start:
+            acks[subscriber_id] = acks.get(subscriber_id, 0) + n
     out = []
     for sid, name in names.items():
         conn = connections.get(sid)
@@ -336,16 +346,17 @@ def subscribers_with_backlog(now, kept, oldest):
                 "inflight": backlog.get((sid, Status.INFLIGHT), 0),
                 "dead": backlog.get((sid, Status.DEAD), 0),
                 "oldest_pending_age_s": round((now - at).total_seconds(), 1) if at else None,
-                "ack_rate": round(acks.get(sid, 0) / RATE_WINDOW_SECS, 3),
+                "ack_rate": round(acks.get(sid, 0) / rate_secs, 3),
             }
         )
     out.sort(key=lambda s: (-s["pending"], -s["inflight"], s["subscriber"]))
     return out[:SUBSCRIBERS_LIMIT], {sid: c["n"] for sid, c in connections.items()}
 
 
-def _metrics_part(now, kept, oldest, rates, connections):
+def _metrics_part(now, kept, oldest, rated, connections):
     """What /metrics exposes beyond the dashboard's figures, by name (dashboard.metrics):
-    `rates` as _rates() gives them, unrounded."""
+    `rated` as _rates() gives it, unrounded."""
+    rates, rate_secs = rated
     queues = list(Queue.objects.order_by("name").values_list("id", "name", "last_seq", "paused"))
     queue_names = {qid: name for qid, name, _, _ in queues}
     subscriber_names = dict(Subscriber.objects.order_by().values_list("id", "name"))
@@ -371,8 +382,8 @@ def _metrics_part(now, kept, oldest, rates, connections):
                 "name": name,
                 "last_seq": last_seq,
                 "paused": paused,
-                "publish_rate": per_queue.get(name, (0, 0))[0] / RATE_WINDOW_SECS,
-                "ack_rate": per_queue.get(name, (0, 0))[1] / RATE_WINDOW_SECS,
+                "publish_rate": per_queue.get(name, (0, 0))[0] / rate_secs,
+                "ack_rate": per_queue.get(name, (0, 0))[1] / rate_secs,
             }
             for _, name, last_seq, paused in queues
         ],

@@ -1,4 +1,5 @@
 from django.db import models
+from django.db.models.functions import Now
 
 
 class Status(models.TextChoices):
@@ -185,6 +186,37 @@ class TallyChange(models.Model):
     subscriber_id = models.BigIntegerField()
     status = models.CharField(max_length=20)
     n = models.BigIntegerField()
+    # When it was made (the database's clock, as the trigger inserts it): the fold files the
+    # publishes and acks it counts under this time (TallyActivity).
+    at = models.DateTimeField(db_default=Now())
 
     def __str__(self):
         return f"tally change {self.pk}: {self.status} {self.n:+d}"
+
+
+class TallyActivity(models.Model):
+    """Publishes and acks per ACTIVITY_STEP_SECS of the clock, filed by the fold from the
+    changes it moves (delivery.tallies): the dashboard's rates and charts read a few rows per
+    step and key, not the messages and acks of the window themselves, whatever the traffic.
+
+    Two groupings in one table: per (queue, event) with subscriber 0, and per subscriber with
+    queue and event 0. `status` is "published" or "acked". Kept for ACTIVITY_KEEP_SECS.
+    """
+
+    step = models.DateTimeField()  # the start of the step
+    queue_id = models.BigIntegerField()
+    event_id = models.BigIntegerField()
+    subscriber_id = models.BigIntegerField()
+    status = models.CharField(max_length=20)
+    n = models.BigIntegerField()
+
+    class Meta:
+        verbose_name_plural = "tally activity"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["step", "queue_id", "event_id", "subscriber_id", "status"], name="tally_activity_key"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.status} {self.n} at {self.step}"

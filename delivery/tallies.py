@@ -28,26 +28,69 @@ PUBLISHED = "published"
 ATTEMPT_OUTCOMES = ("attempt_ok", "attempt_http_error", "attempt_error")
 KEY = ("queue_id", "event_id", "subscription_id", "subscriber_id", "status")
 _COLUMNS = ", ".join(KEY)
+# TallyActivity's step, and how long it is kept: the dashboard's charts span five minutes.
+ACTIVITY_STEP_SECS = 10
+ACTIVITY_KEEP_SECS = 600
+
+# The publishes and acks a change counts: its positive part (a negative one is the archive or
+# a delete taking rows away, or a seek reopening acked ones), and not the acked rows an
+# unsubscribe moves to subscription 0.
+_ACTIVE = "n > 0 AND (status = 'published' OR (status = 'acked' AND subscription_id <> 0))"
+
+
+def _activity(source, step):
+    """INSERT of the publishes and acks among the changes in `source` into TallyActivity, per
+    step: by (queue, event), and the acks by subscriber too."""
+    return f"""INSERT INTO delivery_tallyactivity (step, queue_id, event_id, subscriber_id, status, n)
+        SELECT step, queue_id, event_id, subscriber_id, status, sum(n) FROM (
+            SELECT {step} AS step, queue_id, event_id, 0 AS subscriber_id, status, n
+            FROM {source} AND {_ACTIVE}
+            UNION ALL
+            SELECT {step}, 0, 0, subscriber_id, status, n FROM {source} AND {_ACTIVE} AND status = 'acked'
+        ) AS active WHERE true GROUP BY step, queue_id, event_id, subscriber_id, status
+        ON CONFLICT (step, queue_id, event_id, subscriber_id, status)
+        DO UPDATE SET n = delivery_tallyactivity.n + excluded.n"""
+
+
+# The start of a change's step, in each database's words.
+_STEP_POSTGRESQL = (
+    f"to_timestamp(floor(extract(epoch FROM at) / {ACTIVITY_STEP_SECS}) * {ACTIVITY_STEP_SECS})"
+)
+# (%% is one % once the parameters are filled in.)
+_STEP_SQLITE = (
+    f"datetime(CAST(strftime('%%s', at) AS INTEGER) / {ACTIVITY_STEP_SECS} * {ACTIVITY_STEP_SECS}, "
+    "'unixepoch')"
+)
 
 # PostgreSQL: take what is committed and add it up, in one statement. A concurrent fold waits
-# for the rows this one deletes and then skips them: no change is counted twice. Keys that came
-# to zero (a subscription emptied or gone) are dropped, so the table keeps to what exists.
+# for the rows this one deletes and then skips them: no change is counted twice.
 _FOLD_POSTGRESQL = [
-    f"""WITH moved AS (DELETE FROM delivery_tallychange RETURNING {_COLUMNS}, n)
-        INSERT INTO delivery_tally ({_COLUMNS}, n)
-        SELECT {_COLUMNS}, sum(n) FROM moved GROUP BY {_COLUMNS}
-        ON CONFLICT ({_COLUMNS}) DO UPDATE SET n = delivery_tally.n + EXCLUDED.n""",
-    # A statement of its own: the CTE's parts all see the table as it was before it.
+    f"""WITH moved AS (DELETE FROM delivery_tallychange RETURNING {_COLUMNS}, n, at),
+        counted AS (
+            INSERT INTO delivery_tally ({_COLUMNS}, n)
+            SELECT {_COLUMNS}, sum(n) FROM moved GROUP BY {_COLUMNS}
+            ON CONFLICT ({_COLUMNS}) DO UPDATE SET n = delivery_tally.n + EXCLUDED.n
+        )
+        {_activity("moved WHERE true", _STEP_POSTGRESQL)}""",
+    # Statements of their own: the parts of one statement all see the tables as they were.
+    # Keys that came to zero (a subscription emptied or gone) are dropped, so the table keeps
+    # to what exists; activity older than the charts is dropped.
     "DELETE FROM delivery_tally WHERE n = 0",
+    f"DELETE FROM delivery_tallyactivity WHERE step < now() - interval '{ACTIVITY_KEEP_SECS} seconds'",
 ]
 # SQLite has one writer: within the write transaction nothing else appends, so "up to the
 # highest id" is every change there is.
 _FOLD_SQLITE = [
     f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
-        SELECT {_COLUMNS}, sum(n) FROM delivery_tallychange WHERE id <= %s GROUP BY {_COLUMNS}
+        SELECT {_COLUMNS}, sum(n) FROM delivery_tallychange WHERE id <= %(last)s GROUP BY {_COLUMNS}
         ON CONFLICT ({_COLUMNS}) DO UPDATE SET n = n + excluded.n""",
-    "DELETE FROM delivery_tallychange WHERE id <= %s",
+    _activity(
+        "delivery_tallychange WHERE id <= %(last)s",
+        _STEP_SQLITE,
+    ),
+    "DELETE FROM delivery_tallychange WHERE id <= %(last)s",
     "DELETE FROM delivery_tally WHERE n = 0",
+    f"DELETE FROM delivery_tallyactivity WHERE step < datetime('now', '-{ACTIVITY_KEEP_SECS} seconds')",
 ]
 
 
@@ -65,7 +108,7 @@ def fold():
             return
         with connection.cursor() as cursor:
             for sql in _FOLD_SQLITE:
-                cursor.execute(sql, [last] if "%s" in sql else [])
+                cursor.execute(sql, {"last": last})
 
 
 def counts(by, **where):

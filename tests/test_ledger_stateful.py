@@ -215,9 +215,10 @@ class LedgerMachine(RuleBasedStateMachine):
             rows = Delivery.objects.filter(queue__name=row["queue"], event__name=row["event"])
             for status in Status:
                 assert row[status.value] == rows.filter(status=status).count(), (row, status)
-            assert row["published"] == Message.objects.filter(
-                queue__name=row["queue"], event__name=row["event"]
-            ).count()
+            assert (
+                row["published"]
+                == Message.objects.filter(queue__name=row["queue"], event__name=row["event"]).count()
+            )
         for shown in data["subscribers"]:
             rows = Delivery.objects.filter(subscriber__name=shown["subscriber"])
             for status in (Status.PENDING, Status.INFLIGHT, Status.DEAD):

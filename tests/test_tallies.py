@@ -136,6 +136,43 @@ def test_webhook_attempts_are_counted_by_outcome(two_subscribed, logger, peer):
     }
 
 
+def test_the_fold_files_publishes_and_acks_by_step_and_not_what_is_taken_away(two_subscribed, logger, peer):
+    """The dashboard's rates and charts (dashboard.snapshot) read TallyActivity: publishes and
+    acks, by (queue, event) and the acks by subscriber, never a removal counted as either."""
+    from delivery.models import TallyActivity
+
+    publish(two_subscribed, "create", 5, logger)
+    leased = ledger.lease_deliveries(peer, limit=3)
+    ledger.ack_deliveries(peer, [d["id"] for d in leased])
+    tallies.fold()
+
+    def filed():
+        out = Counter()
+        for queue_id, event_id, subscriber_id, status, n in TallyActivity.objects.values_list(
+            "queue_id", "event_id", "subscriber_id", "status", "n"
+        ):
+            out[(queue_id, event_id, subscriber_id, status)] += n
+        return dict(out)
+
+    create = two_subscribed.events.get(name="create")
+    expected = {
+        (two_subscribed.pk, create.pk, 0, tallies.PUBLISHED): 5,
+        (two_subscribed.pk, create.pk, 0, Status.ACKED): 3,
+        (0, 0, peer.pk, Status.ACKED): 3,
+    }
+    assert filed() == expected
+    steps = set(TallyActivity.objects.values_list("step", flat=True))
+    assert all(step.timestamp() % tallies.ACTIVITY_STEP_SECS == 0 for step in steps)
+    assert all(abs((timezone.now() - step).total_seconds()) < 30 for step in steps)
+
+    # An unsubscribe moves the acked rows to no subscription, a delete takes messages away:
+    # neither is a publish or an ack.
+    subscribing.unsubscribe(peer.subscriptions.get())
+    Message.objects.filter(seq__gt=3).delete()
+    tallies.fold()
+    assert filed() == expected
+
+
 def test_counts_filter_and_group(two_subscribed, logger, peer):
     publish(two_subscribed, "create", 4, logger)
     by_event = tallies.counts(["event_id", "status"], queue_id=two_subscribed.pk)

@@ -9,6 +9,7 @@
 #
 # The SQL is frozen here, as migrations are: a later change of the rule is a new migration.
 
+import django.db.models.functions.datetime
 from django.db import migrations, models
 
 KEY = "queue_id, event_id, subscription_id, subscriber_id, status"
@@ -144,7 +145,29 @@ class Migration(migrations.Migration):
                 ("subscriber_id", models.BigIntegerField()),
                 ("status", models.CharField(max_length=20)),
                 ("n", models.BigIntegerField()),
+                ("at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
+        ),
+        migrations.CreateModel(
+            name="TallyActivity",
+            fields=[
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.DateTimeField()),
+                ("queue_id", models.BigIntegerField()),
+                ("event_id", models.BigIntegerField()),
+                ("subscriber_id", models.BigIntegerField()),
+                ("status", models.CharField(max_length=20)),
+                ("n", models.BigIntegerField()),
+            ],
+            options={
+                "verbose_name_plural": "tally activity",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("step", "queue_id", "event_id", "subscriber_id", "status"),
+                        name="tally_activity_key",
+                    )
+                ],
+            },
         ),
         migrations.CreateModel(
             name="Tally",

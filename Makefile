@@ -96,7 +96,7 @@ bench: install $(VENV)/.bench-installed
 	status=0; \
 	$(BIN)/python bench/compare.py --update-readme || status=1; \
 	$(BIN)/python bench/profile_server.py || status=1; \
-	$(BIN)/python bench/operators.py --on-w5 || status=1; \
+	$(BIN)/python bench/operators.py --on-w5 --update-readme || status=1; \
 	exit $$status
 
 # The same comparison at a tenth of the sizes, without the profiles (a few minutes).
@@ -112,7 +112,7 @@ bench-quick: install $(VENV)/.bench-installed
 .PHONY: bench-operators
 bench-operators: install $(VENV)/.bench-installed
 	bash bench/start_services.sh
-	$(BIN)/python bench/operators.py
+	$(BIN)/python bench/operators.py --update-readme
 
 # Not part of `make test`, which runs a short form (tests/test_faults.py). The long fault run
 # stops by itself: 100,000 messages in the services mode (a private PostgreSQL cluster, which

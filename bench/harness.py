@@ -238,6 +238,22 @@ def fresh_database(backend, workdir, pg_db):
         return f"{PG_SERVER}/{pg_db}", conn.execute("SHOW server_version").fetchone()[0]
 
 
+README = ROOT / "bench" / "README.md"
+
+
+def update_readme(name, text):
+    """Put `text` between the markers `<!-- name:begin -->` and `<!-- name:end -->` of
+    bench/README.md (at its end, with the markers, if they are missing)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    current = README.read_text()
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        README.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+    else:
+        README.write_text(f"{current.rstrip()}\n\n{begin}\n{text}\n{end}\n")
+
+
 def git(*args):
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import backlog
 import psycopg
 import redis
-from harness import PG_SERVER, RESULTS, ROOT, Client, git, machine, message, services_server
+from harness import PG_SERVER, RESULTS, ROOT, Client, git, machine, message, services_server, update_readme
 
 REDIS_URL = "redis://127.0.0.1:6379/13"  # this benchmark's own db (others: 9-12), flushed
 RUN_DB = "mq_bench_operators_run"
@@ -571,6 +571,7 @@ def main():
         "--build-only", action="store_true", help="make (or check) the template, time nothing"
     )
     parser.add_argument("--keep", action="store_true", help=f"keep the run's copy ({RUN_DB}) and the logs")
+    parser.add_argument("--update-readme", action="store_true", help="put the table into bench/README.md")
     parser.add_argument("--window", type=float, default=10.0, help="seconds the dashboards' rate is counted")
     parser.add_argument(
         "--web-processes", type=int, default=int(os.environ.get("MQ_WEB_PROCESSES") or os.cpu_count() or 1)
@@ -636,6 +637,11 @@ def main():
     path = RESULTS / f"operators-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"written: {path.relative_to(ROOT)} (template ready in {build_s} s, timings {timings_s} s)")
+    if args.update_readme:
+        update_readme(
+            "operators-w5" if args.on_w5 else "operators",
+            f"{header}.\n\n`{path.relative_to(ROOT / 'bench')}`\n\n{text}",
+        )
     broken = failures(res)
     if broken:
         print(f"kept the server logs in {workdir}")

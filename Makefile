@@ -110,8 +110,8 @@ bench-quick: install $(VENV)/.bench-installed
 # open dashboards (bench/README.md). The backlog is kept as a template database between runs
 # (the first run makes it, in a few minutes); `bench/operators.py --rebuild` makes it again.
 .PHONY: bench-operators
-bench-operators: install $(VENV)/.bench-installed
-	bash bench/start_services.sh
+bench-operators: install
+	bash bench/start_services.sh postgresql redis
 	$(BIN)/python bench/operators.py --update-readme
 
 # Not part of `make test`, which runs a short form (tests/test_faults.py). The long fault run

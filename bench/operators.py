@@ -44,7 +44,7 @@ SETTLE_SECS = 5.0  # after the server starts: beat's first sweeps, the first con
 # The targets.
 PAGE_S = 1.0
 FIRST_SNAPSHOT_S = 1.0
-SNAPSHOTS_PER_S = 0.9  # "one a second": a 10 s window sees 9 to 11 of a 1 s tick
+SNAPSHOTS_PER_S = 0.9  # "one a second", from the gaps between snapshots, with room for jitter
 METRICS_S = 0.5
 QUEUESTATS_S = 1.0
 PUBLISH_RATIO = 1.2

@@ -51,12 +51,12 @@ from harness import (
     manage,
     message,
     server_process,
+    update_readme,
 )
 
 SERVICES_REDIS = "redis://127.0.0.1:6379/12"
 PG_DB = "mqsite_cmp_services"
 GROWTH_DB = "mqsite_cmp_growth"
-README = ROOT / "bench" / "README.md"
 TRANSPORTS = ("rest", "ws", "ws-batch")
 OURS_WORKLOADS = ("W1a", "W1a-8", "W1b", "W2", "W3", "W4")
 MODES = ("services", "embedded")
@@ -927,17 +927,6 @@ def build_grid(ours, growth_res, peers):
     return grid
 
 
-def update_readme(text):
-    begin, end = "<!-- compare:begin -->", "<!-- compare:end -->"
-    current = README.read_text()
-    if begin in current and end in current:
-        head, rest = current.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        README.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
-    else:
-        README.write_text(f"{current.rstrip()}\n\n{begin}\n{text}\n{end}\n")
-
-
 def versions():
     out = {}
     try:
@@ -1084,10 +1073,11 @@ def main():
     print(f"\nwritten: {path.relative_to(ROOT)} ({result['minutes']} minutes)")
     if args.update_readme:
         update_readme(
+            "compare",
             f"{header}\n\n`{path.relative_to(ROOT / 'bench')}`\n\n{text}\n\n"
             "Targets (ours ÷ RabbitMQ in the same "
             "run; W5 ÷ the same workload without the history rows; W6 ÷ W3; the socket's W1b, W2, "
-            f"W4 and W5 on the better of WS and WS batch, named beside the ratio):\n\n{targets_text(goals)}"
+            f"W4 and W5 on the better of WS and WS batch, named beside the ratio):\n\n{targets_text(goals)}",
         )
     all_ok = all(r.get("ok", True) for row in grid.values() for r in row.values())
     if all_ok:

@@ -1,11 +1,14 @@
 """What the benchmarks share: a fresh database, the manage.py setup, Daphne as a subprocess,
 a keep-alive REST client, the payload, and the machine description for the results file."""
 
+import configparser
 import contextlib
 import http.client
 import json
 import os
 import platform
+import shlex
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -161,6 +164,69 @@ def server_process(env, log_path, processes=1):
                 p.wait()
 
 
+SUPERVISORD_CONF = ROOT / "mqsite" / "supervisord.conf"
+
+
+def celery_commands(workdir):
+    """The Celery workers `make run` starts, as supervisord.conf names them ([program:worker],
+    [program:maintenance]): read from there, so a benchmark runs what production runs. Beat's
+    schedule file goes into `workdir` rather than the tree's var/."""
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(SUPERVISORD_CONF)
+    out = {}
+    for section in conf.sections():
+        command = conf[section].get("command", "")
+        if not section.startswith("program:") or " celery " not in f" {Path(command.split()[0]).name} ":
+            continue
+        args = shlex.split(command.replace("%(here)s", str(SUPERVISORD_CONF.parent)).replace("%%", "%"))
+        if "-s" in args:
+            args[args.index("-s") + 1] = str(Path(workdir) / f"celerybeat-{section.split(':')[1]}")
+        out[section.split(":")[1]] = args
+    return out
+
+
+@contextlib.contextmanager
+def celery_workers(env, workdir):
+    """The Celery workers of the services mode (celery_commands), each in a session of its own
+    (beat is a child of its worker); TERM to each group at the end, then KILL."""
+    procs = []
+    try:
+        for name, args in celery_commands(workdir).items():
+            log = open(Path(workdir) / f"celery-{name}.log", "w")  # noqa: SIM115 - closed below
+            procs.append(
+                (
+                    subprocess.Popen(
+                        args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    ),
+                    log,
+                )
+            )
+        yield [p for p, _ in procs]
+    finally:
+        for proc, _ in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, log in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+
+
+@contextlib.contextmanager
+def services_server(env, workdir, processes):
+    """The services mode as `make run` runs it: `processes` Daphne processes on one port and
+    the Celery workers beside them. Yields the port."""
+    with (
+        celery_workers(env, workdir),
+        server_process(env, Path(workdir) / "daphne.log", processes) as (port, _),
+    ):
+        yield port
+
+
 def fresh_database(backend, workdir, pg_db):
     """Return (DATABASE_URL, server version) of an empty database: a new SQLite file in
     `workdir`, or the PostgreSQL database `pg_db` dropped and made again."""
@@ -170,6 +236,22 @@ def fresh_database(backend, workdir, pg_db):
         conn.execute(f"DROP DATABASE IF EXISTS {pg_db} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {pg_db}")
         return f"{PG_SERVER}/{pg_db}", conn.execute("SHOW server_version").fetchone()[0]
+
+
+README = ROOT / "bench" / "README.md"
+
+
+def update_readme(name, text):
+    """Put `text` between the markers `<!-- name:begin -->` and `<!-- name:end -->` of
+    bench/README.md (at its end, with the markers, if they are missing)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    current = README.read_text()
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        README.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+    else:
+        README.write_text(f"{current.rstrip()}\n\n{begin}\n{text}\n{end}\n")
 
 
 def git(*args):

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Start whichever of the benchmark's peers is not listening yet: PostgreSQL, Redis, RabbitMQ
-# and NATS (with JetStream). Ones that already run are left alone; one that cannot be started
-# is reported and its runs fail or are skipped by compare.py.
+# and NATS (with JetStream), or only those named (`start_services.sh postgresql redis`). Ones
+# that already run are left alone; one that cannot be started is reported and its runs fail or
+# are skipped by compare.py.
 set -u
+WANTED=" $* "
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_for() { for _ in $(seq 1 60); do listening "$1" && return 0; sleep 1; done; return 1; }
 
 start() {  # name port command...
     local name=$1 port=$2; shift 2
+    if [ "$WANTED" != "  " ] && [[ "$WANTED" != *" $name "* ]]; then return 0; fi
     if listening "$port"; then return 0; fi
     echo "bench: starting $name"
     "$@" >/dev/null 2>&1 || true

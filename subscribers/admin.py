@@ -26,7 +26,7 @@ from django.utils.http import urlencode
 from delivery import wakeups
 from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
 from delivery.models import Status
-from delivery.owed import (
+from delivery.reports import (
     correlated_count,
     oldest_pending_at,
     owed_to_subscriber,
@@ -372,7 +372,7 @@ class SubscriberAdmin(
 
 
 def why_owed_html(subscriber, owed):
-    """The reasons of delivery.owed.why_owed as a list, each with when its wait ends, the last
+    """The reasons of delivery.reports.why_owed as a list, each with when its wait ends, the last
     error, and for a blocked ordered subscription a link to its head of line."""
     if not owed.reasons:
         return "nothing owed"

@@ -83,6 +83,14 @@ def open_q():
     return Q(status=Status.PENDING) | Q(status=Status.INFLIGHT)
 
 
+def open_in_sql(alias="d"):
+    """Open in SQL as one IN list of literals: the spelling of delivery_receipt_open's
+    condition, which a statement must repeat for SQLite (it matches the terms as written) and
+    PostgreSQL's generic plans to use that index."""
+    literals = ", ".join(f"'{status.value}'" for status in OPEN)
+    return f"{alias}.status IN ({literals})"
+
+
 def line_position(status, seq):
     """Where an open delivery stands in its ordered subscription's line (the lowest is the
     head): the one in flight first, whatever its seq (a seek or a redelivery may reopen lower

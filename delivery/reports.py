@@ -307,6 +307,7 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
         deliveries = deliveries.filter(subscriber=subscriber)
     if queue is not None:
         deliveries = deliveries.filter(queue=queue)
+    # What why_blocking has words for: in flight, waiting for a retry, or failed before.
     blocking = (
         Q(status=Status.INFLIGHT) | retrying_q(now) | Q(attempt__gte=PILING_UP_AFTER, last_error__gt="")
     )

@@ -137,8 +137,8 @@ class DeliveryQuerySet(QuerySet):
         flight (the lowest-seq one, should a race ever have left two), else, when none is, the
         lowest-seq pending one.
 
-        Each NOT EXISTS reads one status's partial index (delivery_ready, delivery_overdue's
-        status term): one condition over both statuses could use neither.
+        Each NOT EXISTS names one status, so that it can read that status's partial index
+        (delivery_ready for the pending ones): one condition over both could use neither.
         """
         of_line = self.model.objects.filter(subscription_id=OuterRef("subscription_id"))
         before = of_line.filter(seq__lt=OuterRef("seq"))

@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from delivery import heads, ledger
+from delivery import ledger, reports
 from delivery.models import Delivery, Status
 from queues import publishing
 from queues.headers import BadHeaders, headers_of_pairs
@@ -46,7 +46,7 @@ def head_of_line(request):
         return _act_on_head(request)
     subscriber = Subscriber.objects.filter(pk=_int(request.GET.get("subscriber", ""))).first()
     queue = Queue.objects.filter(pk=_int(request.GET.get("queue", ""))).first()
-    found = heads.blocked_heads(subscriber=subscriber, queue=queue)
+    found = reports.blocked_heads(subscriber=subscriber, queue=queue)
     ordered = list(Queue.objects.filter(ordered=True).values_list("name", flat=True))
     return TemplateResponse(
         request,
@@ -77,7 +77,7 @@ def _act_on_head(request):
     if delivery is None or action not in ("retry", "skip"):
         messages.error(request, "Choose a delivery and retry or skip.")
         return HttpResponseRedirect(back)
-    head = heads.head_of(delivery.subscription_id) if delivery.subscription_id else None
+    head = reports.head_of(delivery.subscription_id) if delivery.subscription_id else None
     if head is None or head.pk != delivery.pk:
         messages.warning(
             request,

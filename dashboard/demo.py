@@ -32,7 +32,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from delivery import ledger
-from delivery.models import Delivery, Status
+from delivery.models import Delivery
 from queues import publishing
 from queues.models import Queue
 from subscribers import subscribing
@@ -284,9 +284,7 @@ class DemoTraffic:
     def owed(self):
         """Deliveries of the demo subscribers not settled yet (pending or in flight), wherever
         they are served."""
-        return Delivery.objects.filter(
-            subscriber__in=self.subscribers, status__in=(Status.PENDING, Status.INFLIGHT)
-        ).count()
+        return Delivery.objects.filter(subscriber__in=self.subscribers).open().count()
 
     def troubles(self):
         """What keeps the demo from the server now, in words: one line each ([] when none)."""

@@ -23,7 +23,7 @@ from queues.models import Event
 
 from . import ledger
 from .models import DeadLetter, Delivery, DeliveryAttempt, Status
-from .owed import dead_letters
+from .reports import dead_letters
 
 STATUS_COLOURS = {
     Status.PENDING: "#8a6d00",

@@ -30,16 +30,7 @@ from subscribers.models import Subscriber, Subscription
 
 from . import receipts, wakeups
 from .models import Delivery, Status
-
-OPEN = (Status.PENDING, Status.INFLIGHT)
-
-
-def status_is(status, alias="d"):
-    """SQL: the delivery `alias` is in `status`, the status written as a literal. Where a partial
-    index (delivery.models) should serve a statement, its status must be a literal as in the
-    index's condition: the planner cannot prove a parameter's value matches it in a generic plan
-    (PostgreSQL's prepared statements), nor SQLite inside an IN list."""
-    return f"{alias}.status = '{Status(status).value}'"
+from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
 
 
 @contextmanager
@@ -251,13 +242,12 @@ def _subscriptions(subscriber, queue, event_ids, now):
     at = connection.ops.adapt_datetimefield_value(now)
     of_events, event_params = _of_events("d.event_id", event_ids)
     deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
-    pending, inflight = status_is(Status.PENDING), status_is(Status.INFLIGHT)
     of_queue = "AND s.queue_id = %s" if queue is not None else ""
     found = yield (
         f"""
             SELECT s.id, q.ordered, q.ack_timeout,
-                   EXISTS ({deliveries} AND {pending} AND d.next_attempt_at <= %s),
-                   EXISTS ({deliveries} AND {inflight} AND d.ack_deadline <= %s)
+                   EXISTS ({deliveries} AND {ready_sql("d")}),
+                   EXISTS ({deliveries} AND {overdue_sql("d")})
             FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
             JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
             WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
@@ -301,10 +291,7 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
     # (subscription, status, seq) yields its rows in order and the LIMIT stops the scan. With
     # "seq, id" PostgreSQL read and sorted every pending row of the backlog on each lease.
     order = "seq" if len(sub_ids) == 1 else "seq, id"
-    pick = (
-        f"SELECT id FROM {table} p WHERE {where} AND {status_is(Status.PENDING, 'p')}"
-        f" AND next_attempt_at <= %s ORDER BY {order} LIMIT %s"
-    )
+    pick = f"SELECT id FROM {table} p WHERE {where} AND {ready_sql('p')} ORDER BY {order} LIMIT %s"
     at = connection.ops.adapt_datetimefield_value
     params = [
         Status.INFLIGHT,
@@ -362,8 +349,7 @@ def _lease_head(subscriber_id, sub, event_ids, holder, now):
     head = _head(subscriber_id, sub["id"])
     if (
         head is None
-        or head["status"] != Status.PENDING
-        or head["next_attempt_at"] > now
+        or not is_ready(head["status"], head["next_attempt_at"], now)
         or (event_ids is not None and head["event_id"] not in event_ids)
     ):
         return []
@@ -396,7 +382,7 @@ def _head(subscriber_id, subscription_id):
         rows = cursor.fetchall()
     if not rows:
         return None
-    id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: (row[1] != Status.INFLIGHT, row[4]))
+    id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: line_position(row[1], row[4]))
     return {"id": id_, "status": status, "next_attempt_at": _datetime(next_attempt_at), "event_id": event_id}
 
 
@@ -452,15 +438,12 @@ def subscribers_with_work(subscriber_ids, now=None):
     granted = Subscriber.subscribe_queues.through.objects.filter(
         subscriber_id=OuterRef("subscriber_id"), queue_id=OuterRef("queue_id")
     )
-    ready = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(
+    owed = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(
         Q(subscriber__subscribe_all=True) | Exists(granted)
     )
     return set(
         Subscriber.objects.filter(pk__in=subscriber_ids, is_active=True)
-        .filter(
-            Exists(ready.filter(status=Status.PENDING, next_attempt_at__lte=now))
-            | Exists(ready.filter(status=Status.INFLIGHT, ack_deadline__lte=now))
-        )
+        .filter(Exists(owed.ready(now)) | Exists(owed.overdue(now)))
         .values_list("pk", flat=True)
     )
 
@@ -698,7 +681,7 @@ def _nack(subscriber_id, ids, retry_in, now, error):
         )
     # Wake only for what is ready now, or for a dead head of an ordered queue (what waited
     # behind it may go): as _fail.
-    wake = any(status == Status.PENDING and at_ <= now for status, _, at_ in done.values())
+    wake = any(is_ready(status, at_, now) for status, _, at_ in done.values())
     died_in = sorted({queue_id for _, status, _, _, queue_id, _ in rows if status == Status.DEAD})
     if not wake and died_in:
         wake = bool(
@@ -798,8 +781,7 @@ def _fail(delivery, error, retry_in, now):
     # Wake only for what is ready now: a retry after a backoff is found by the sweeper and the
     # waiters' own timers when it falls due (and a wake-up now would start a webhook job that
     # finds nothing to post). A dead head of an ordered queue lets the next one go now.
-    ready_now = delivery.status == Status.PENDING and delivery.next_attempt_at <= now
-    if ready_now or (delivery.status == Status.DEAD and delivery.queue.ordered):
+    if delivery.is_ready(now) or (delivery.status == Status.DEAD and delivery.queue.ordered):
         wakeups.notify_after_commit([delivery.subscriber_id])
     if delivery.status == Status.DEAD and delivery.receipt:
         receipts.check_after_commit([delivery.message_id])
@@ -834,7 +816,7 @@ def _expire_overdue(now, subscription_ids):
             SELECT d.id, d.attempt, d.ack_deadline, d.next_attempt_at, d.subscriber_id, q.max_attempts,
                    CASE WHEN d.receipt THEN d.message_id END
             FROM {table} d JOIN {Queue._meta.db_table} q ON q.id = d.queue_id
-            WHERE {status_is(Status.INFLIGHT)} AND d.ack_deadline <= %s{of_subscriptions}{lock}
+            WHERE {overdue_sql("d")}{of_subscriptions}{lock}
             """,
             params,
         )
@@ -894,7 +876,8 @@ def kill_deliveries(deliveries, reason="killed by an operator"):
 
 def _receipt_messages(deliveries):
     """The messages of the open receipt deliveries among `deliveries`, which an operator's
-    action (not a hot path) is about to settle: one read of the partial index's rows."""
+    action (not a hot path) is about to settle: one read of the partial index's rows. Open as
+    an IN list here, as delivery_receipt_open's condition spells it."""
     open_receipts = deliveries.filter(receipt=True, status__in=OPEN).order_by()
     return set(open_receipts.values_list("message_id", flat=True).distinct())
 
@@ -907,8 +890,8 @@ def retry_now(deliveries, reason="retried now by an operator", now=None):
     now = now or timezone.now()
     with transaction.atomic():
         # Re-checked in the UPDATE itself: one acked meanwhile is not moved (compare-and-set).
-        chosen = deliveries.filter(status__in=OPEN).values("id")
-        moving = Delivery.objects.filter(id__in=chosen, status__in=OPEN)
+        chosen = deliveries.open().values("id")
+        moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         count = moving.update(
             status=Status.PENDING, next_attempt_at=now, ack_deadline=None, lease_holder="", last_error=reason
@@ -922,8 +905,8 @@ def skip_deliveries(deliveries, operator):
     it: give up on it, dead with the reason "skipped by <operator>", so that the next one
     goes. Only pending and in-flight deliveries move. Returns how many."""
     with transaction.atomic():
-        chosen = deliveries.filter(status__in=OPEN).values("id")
-        moving = Delivery.objects.filter(id__in=chosen, status__in=OPEN)
+        chosen = deliveries.open().values("id")
+        moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.check_after_commit(_receipt_messages(moving))
         count = moving.update(

@@ -1,12 +1,9 @@
 from django.db import models
 from django.db.models.functions import Now
 
-
-class Status(models.TextChoices):
-    PENDING = "pending", "pending"
-    INFLIGHT = "inflight", "in flight"
-    ACKED = "acked", "acked"
-    DEAD = "dead", "dead"
+from . import querysets
+from .querysets import DeliveryQuerySet
+from .statuses import Status as Status  # where the rest of the project imports it from
 
 
 class Delivery(models.Model):
@@ -50,6 +47,8 @@ class Delivery(models.Model):
     # Its message's publisher waits for a receipt (Message.receipt_wanted, copied at fan-out):
     # the settling statements return the message id of such rows only (delivery.receipts).
     receipt = models.BooleanField(default=False, db_default=False, editable=False)
+
+    objects = DeliveryQuerySet.as_manager()  # the read predicates: ready(now), overdue(now), ...
 
     class Meta:
         verbose_name_plural = "deliveries"
@@ -109,6 +108,17 @@ class Delivery(models.Model):
 
     def __str__(self):
         return f"delivery {self.pk} ({self.status})"
+
+    # The read predicates of delivery.querysets, on a row already read.
+
+    def is_ready(self, now):
+        return querysets.is_ready(self.status, self.next_attempt_at, now)
+
+    def is_retrying(self, now):
+        return querysets.is_retrying(self.status, self.next_attempt_at, now)
+
+    def is_overdue(self, now):
+        return querysets.is_overdue(self.status, self.ack_deadline, now)
 
 
 class DeliveryAttempt(models.Model):

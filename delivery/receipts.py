@@ -43,6 +43,7 @@ from queues.models import Message
 
 from . import wakeups
 from .models import Delivery, Status
+from .querysets import open_in_sql
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ MAX_SUBSCRIPTIONS_SHOWN = 1000
 
 # Spelled as delivery_receipt_open's condition, so that SQLite (which matches the terms as
 # written) and PostgreSQL's generic plans use that index.
-OPEN_RECEIPT = "d.receipt AND d.status IN ('pending', 'inflight')"
+OPEN_RECEIPT = f"d.receipt AND {open_in_sql('d')}"
 
 
 def zero_counts():

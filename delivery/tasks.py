@@ -37,7 +37,7 @@ from subscribers import presence
 from subscribers.models import Connection, Subscriber
 
 from . import frames, ledger, liveness, tallies, webhooks
-from .models import Delivery, DeliveryAttempt, Status
+from .models import Delivery, DeliveryAttempt
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +239,9 @@ def next_due_at(subscriber_id, now=None):
     """When the subscriber's next pending delivery falls due, if within RETRY_LOOKAHEAD_SECS."""
     now = now or timezone.now()
     return (
-        Delivery.objects.filter(
+        Delivery.objects.retrying(now)
+        .filter(
             subscriber_id=subscriber_id,
-            status=Status.PENDING,
-            next_attempt_at__gt=now,
             next_attempt_at__lte=now + timedelta(seconds=RETRY_LOOKAHEAD_SECS),
             queue__paused=False,
         )
@@ -285,7 +284,8 @@ def sweep():
     tallies.fold()  # the kept counts' changes of the last second (delivery.tallies)
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
-        Delivery.objects.filter(status=Status.PENDING, next_attempt_at__lte=soon, queue__paused=False)
+        Delivery.objects.ready(soon)
+        .filter(queue__paused=False)
         .exclude(subscriber__webhook_url="")
         .order_by()
         .values_list("subscriber_id", flat=True)

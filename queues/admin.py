@@ -26,7 +26,8 @@ from delivery.admin import (
     status_badge,
 )
 from delivery.models import Delivery, Status
-from delivery.owed import UNSETTLED, correlated_count, not_acked, status_counts
+from delivery.querysets import UNSETTLED
+from delivery.reports import correlated_count, not_acked, status_counts
 from subscribers.admin import (
     DeliveryCountColumns,
     SubscriptionInlineBase,

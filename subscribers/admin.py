@@ -8,8 +8,6 @@ through presence.close_connection, so that what they held goes back to pending, 
 socket is told to close (delivery.wakeups.announce).
 """
 
-from datetime import timedelta
-
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -26,7 +24,7 @@ from django.utils.http import urlencode
 from delivery import wakeups
 from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
 from delivery.models import Status
-from delivery.owed import (
+from delivery.reports import (
     correlated_count,
     oldest_pending_at,
     owed_to_subscriber,
@@ -36,7 +34,7 @@ from delivery.owed import (
 from queues.models import Event
 
 from . import presence, replay, subscribing
-from .models import Connection, Subscriber, Subscription
+from .models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
 
 
 def deliveries_url(**filters):
@@ -106,23 +104,17 @@ class DeliveryCountColumns:
         return age(timezone.now() - obj.oldest_pending_at)
 
 
-def is_stale(connection, now):
-    """The predicate presence.sweep_stale_connections removes rows by: no heartbeat for
-    STALE_AFTER_SECS (its server probably died)."""
-    return connection.last_seen < now - timedelta(seconds=presence.STALE_AFTER_SECS)
-
-
 def heartbeat(connection):
     """When the connection was last seen, with a badge when that is too long ago."""
     seen = display_for_value(connection.last_seen, "-")
-    if not is_stale(connection, timezone.now()):
+    if not connection.is_stale(timezone.now()):
         return seen
     return format_html(
         '{} <span class="mq-stale" title="no heartbeat for over {} s: the sweep will close it" '
         'style="background:#b3261e;color:#fff;padding:1px 7px;border-radius:9px;font-size:11px">'
         "stale</span>",
         seen,
-        presence.STALE_AFTER_SECS,
+        STALE_AFTER_SECS,
     )
 
 
@@ -372,7 +364,7 @@ class SubscriberAdmin(
 
 
 def why_owed_html(subscriber, owed):
-    """The reasons of delivery.owed.why_owed as a list, each with when its wait ends, the last
+    """The reasons of delivery.reports.why_owed as a list, each with when its wait ends, the last
     error, and for a blocked ordered subscription a link to its head of line."""
     if not owed.reasons:
         return "nothing owed"
@@ -542,14 +534,13 @@ class HeartbeatFilter(admin.SimpleListFilter):
     parameter_name = "heartbeat"
 
     def lookups(self, request, model_admin):
-        return [("live", "live"), ("stale", f"stale (none for {presence.STALE_AFTER_SECS} s)")]
+        return [("live", "live"), ("stale", f"stale (none for {STALE_AFTER_SECS} s)")]
 
     def queryset(self, request, queryset):
-        cutoff = timezone.now() - timedelta(seconds=presence.STALE_AFTER_SECS)
         if self.value() == "live":
-            return queryset.filter(last_seen__gte=cutoff)
+            return queryset.live(timezone.now())
         if self.value() == "stale":
-            return queryset.filter(last_seen__lt=cutoff)
+            return queryset.stale(timezone.now())
         return queryset
 
 

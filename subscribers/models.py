@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
@@ -136,9 +138,29 @@ class Subscription(models.Model):
             )
 
 
+# Each open connection's server refreshes its row (last_seen) this often (subscribers.presence).
+HEARTBEAT_SECS = 15
+# Three missed heartbeats: long enough not to sweep a busy but live server.
+STALE_AFTER_SECS = 3 * HEARTBEAT_SECS
+
+
+def stale_before(now):
+    """A connection last seen before this is stale at `now`: its server stopped refreshing it
+    (probably died), and the sweep closes it."""
+    return now - timedelta(seconds=STALE_AFTER_SECS)
+
+
+class ConnectionQuerySet(models.QuerySet):
+    def stale(self, now):
+        return self.filter(last_seen__lt=stale_before(now))
+
+    def live(self, now):
+        return self.filter(last_seen__gte=stale_before(now))
+
+
 class Connection(models.Model):
     """An open websocket of a subscriber (presence). Deleted when the socket closes; a row
-    whose heartbeat stopped (its server died) is swept by `subscribers.presence`."""
+    whose heartbeat stopped (its server died) is stale, and swept by `subscribers.presence`."""
 
     subscriber = models.ForeignKey(Subscriber, on_delete=models.CASCADE, related_name="connections")
     channel_name = models.CharField(max_length=200, unique=True)
@@ -146,11 +168,16 @@ class Connection(models.Model):
     connected_at = models.DateTimeField(default=timezone.now)
     last_seen = models.DateTimeField(default=timezone.now, db_index=True)
 
+    objects = ConnectionQuerySet.as_manager()
+
     class Meta:
         ordering = ["-connected_at"]
 
     def __str__(self):
         return f"{self.subscriber.name} since {self.connected_at:%Y-%m-%d %H:%M:%S}"
+
+    def is_stale(self, now):
+        return self.last_seen < stale_before(now)
 
 
 class ServerProcess(models.Model):

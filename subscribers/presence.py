@@ -1,11 +1,9 @@
 """Presence: which subscribers have a websocket open now, and to what.
 
 A Connection row lives as long as its socket. A server that dies cannot delete its rows, so
-each open connection refreshes `last_seen` every HEARTBEAT_SECS and a sweep removes the rows
-not refreshed for STALE_AFTER_SECS, handing back what they held.
+each open connection refreshes `last_seen` every HEARTBEAT_SECS and a sweep removes the stale
+ones (Connection.is_stale: not refreshed for STALE_AFTER_SECS), handing back what they held.
 """
-
-from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -13,11 +11,8 @@ from django.utils import timezone
 from delivery import ledger, liveness
 from mqsite import limits, rows
 
+from .models import HEARTBEAT_SECS as HEARTBEAT_SECS  # the sockets' heartbeat reads it here
 from .models import Connection, Subscriber, Subscription
-
-HEARTBEAT_SECS = 15
-# Three missed heartbeats: long enough not to sweep a busy but live server.
-STALE_AFTER_SECS = 3 * HEARTBEAT_SECS
 
 
 def open_connection(subscriber, channel_name, remote_addr=""):
@@ -74,11 +69,7 @@ def sweep_stale_connections(now=None):
     """Remove connections whose server stopped refreshing them; returns how many."""
     now = now or timezone.now()
     with transaction.atomic():
-        stale = list(
-            Connection.objects.filter(last_seen__lt=now - timedelta(seconds=STALE_AFTER_SECS)).values_list(
-                "channel_name", flat=True
-            )
-        )
+        stale = list(Connection.objects.stale(now).values_list("channel_name", flat=True))
         if stale:
             close_connections(stale)
     return len(stale)

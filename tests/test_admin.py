@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from delivery import ledger
 from delivery.models import Delivery, Status
-from delivery.owed import owed_to_subscriber
+from delivery.reports import owed_to_subscriber
 from queues.models import Event, Message, Queue
 from queues.publishing import prepare, publish
 from subscribers import presence, subscribing

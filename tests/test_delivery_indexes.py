@@ -21,6 +21,15 @@ from queues import publishing
 from subscribers import subscribing
 
 PENDING_LITERAL = "p.status = 'pending'"
+# The partial indexes of pending deliveries. The lease's pick is meant for delivery_ready, but on
+# a table of ten rows the planner may take delivery_due (next_attempt_at <= now) instead, once
+# the table has statistics (PostgreSQL, after earlier tests' rows were analysed): either shows
+# that the status literal lets a generic plan use a partial index, which is what is tested here.
+PENDING_INDEXES = ("delivery_ready", "delivery_due")
+
+
+def uses_a_pending_index(plan):
+    return any(name in plan for name in PENDING_INDEXES)
 
 
 def pg_type(value):
@@ -99,7 +108,7 @@ def test_it_leases_through_the_partial_ready_index(backlog):
     assert [d["seq"] for d in leased] == [4, 5]
     sql, params = statements.having("ORDER BY seq")
     assert PENDING_LITERAL in sql
-    assert "delivery_ready" in plan_of(sql, params)
+    assert uses_a_pending_index(plan_of(sql, params))
 
 
 @pytest.mark.django_db
@@ -134,7 +143,7 @@ def test_it_could_not_use_the_index_were_the_status_a_parameter(backlog):
     as_parameter = sql.replace(PENDING_LITERAL, "p.status = %s")
     at = as_parameter[: as_parameter.index("p.status = %s")].count("%s")
 
-    assert "delivery_ready" not in plan_of(as_parameter, [*params[:at], Status.PENDING, *params[at:]])
+    assert not uses_a_pending_index(plan_of(as_parameter, [*params[:at], Status.PENDING, *params[at:]]))
 
 
 def index_names():

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import heads, ledger
+from delivery import ledger, reports
 from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Message
@@ -383,8 +383,8 @@ def test_the_head_of_line_is_the_one_in_flight_when_a_seek_reopened_seqs_behind_
         ack(logger, [d["id"] for d in pull(logger)])
     (in_flight,) = pull(logger)
     seek(logger, sub["id"], {"seq": 1})
-    assert heads.head_of(sub["id"]).pk == in_flight["id"]
-    (head,) = heads.blocked_heads()
+    assert reports.head_of(sub["id"]).pk == in_flight["id"]
+    (head,) = reports.blocked_heads()
     assert (head.delivery.pk, head.behind) == (in_flight["id"], 2)
     assert head.reason.startswith("in flight")
 

@@ -1,7 +1,18 @@
-"""What is still owed: read-only views of the ledger for operators (the admin, reports).
+"""Reports for operators: read-only views of the ledger (the admin, the dashboard's pages,
+commands). Nothing here changes a delivery.
 
-Nothing here changes a delivery; every query is one grouped statement or a correlated
-subquery, so a list page asks the same number of queries for ten rows as for a hundred.
+What is still owed: to a subscriber, per subscription and why it waits (owed_to_subscriber,
+why_owed); of a message, by whom (not_acked); the dead letters with their attempt history.
+Every query is one grouped statement or a correlated subquery, so a list page asks the same
+number of queries for ten rows as for a hundred.
+
+Head of line: in an ordered queue, what holds each subscription back. An ordered subscription
+hands out only its head (DeliveryQuerySet.heads: the delivery in flight, else the lowest-seq
+pending one), and nothing while that head is in flight or waits for its retry. A head that is
+in flight, that waits for a retry, or whose attempts pile up is what an operator looks at: it
+can be retried now or skipped (delivery.ledger.retry_now / skip_deliveries).
+
+The predicates (ready, retrying, open, unsettled, heads, the backlog) are delivery.querysets'.
 """
 
 from dataclasses import dataclass, replace
@@ -14,9 +25,7 @@ from django.utils import timezone
 from subscribers.models import Connection, Subscription
 
 from .models import Delivery, DeliveryAttempt, Status
-
-# Not acked yet: still to be handed out or acknowledged, or given up on (dead).
-UNSETTLED = (Status.PENDING, Status.INFLIGHT, Status.DEAD)
+from .querysets import OPEN, line_position, retrying_q
 
 
 def correlated_count(queryset, field, outer="pk"):
@@ -152,24 +161,11 @@ def owed_to_subscriber(subscriber, now=None):
     one for whether the subscriber has a websocket open.
     """
     now = now or timezone.now()
-    waiting = Q(status=Status.PENDING, next_attempt_at__gt=now)
-    rows = (
-        Delivery.objects.filter(subscriber=subscriber, status__in=UNSETTLED)
-        .order_by()
-        .values("subscription_id")
-        .annotate(
-            pending=Count("pk", filter=Q(status=Status.PENDING)),
-            inflight=Count("pk", filter=Q(status=Status.INFLIGHT)),
-            dead=Count("pk", filter=Q(status=Status.DEAD)),
-            oldest_pending_at=Min("created_at", filter=Q(status=Status.PENDING)),
-            retrying=Count("pk", filter=waiting),
-            next_retry_at=Min("next_attempt_at", filter=waiting),
-            inflight_until=Max("ack_deadline", filter=Q(status=Status.INFLIGHT)),
-        )
-    )
+    rows = Delivery.objects.filter(subscriber=subscriber).backlog("subscription", now=now)
     counts = {r.pop("subscription_id"): r for r in rows}
     next_retry_error = (
-        Delivery.objects.filter(subscription=OuterRef("pk"), status=Status.PENDING, next_attempt_at__gt=now)
+        Delivery.objects.retrying(now)
+        .filter(subscription=OuterRef("pk"))
         .order_by("next_attempt_at", "id")
         .values("last_error")[:1]
     )
@@ -248,7 +244,7 @@ def not_acked(message, limit=200):
     Returns (first `limit` of them, oldest subscription first, with subscriber, subscription and
     event loaded; total count).
     """
-    unsettled = Delivery.objects.filter(message=message, status__in=UNSETTLED)
+    unsettled = Delivery.objects.filter(message=message).unsettled()
     rows = list(
         unsettled.select_related("subscriber", "subscription__event", "subscription__queue").order_by(
             "subscriber__name", "id"
@@ -262,3 +258,84 @@ def status_counts(deliveries):
     """{status: count} over a queryset of deliveries, every status present (zero if none)."""
     found = dict(deliveries.order_by().values_list("status").annotate(n=Count("pk")))
     return {s.value: found.get(s.value, 0) for s in Status}
+
+
+# --- head of line --------------------------------------------------------------------------------
+
+# A head handed out this many times that failed (it has an error) is piling up attempts.
+PILING_UP_AFTER = 1
+LIMIT = 200
+
+
+@dataclass(frozen=True)
+class Head:
+    delivery: Delivery
+    behind: int  # open deliveries of the same subscription waiting behind it
+    reason: str
+
+    @property
+    def waiting_until(self) -> datetime | None:
+        d = self.delivery
+        return d.ack_deadline if d.status == Status.INFLIGHT else d.next_attempt_at
+
+
+def why_blocking(delivery, now):
+    """Why this head holds its subscription back, in words; "" when it does not (it is
+    pending, ready, and on its first try: the next lease takes it)."""
+    if delivery.status == Status.INFLIGHT:
+        reason = f"in flight (attempt {delivery.attempt}) until its ack deadline"
+    elif delivery.is_retrying(now):
+        reason = f"waiting for retry {delivery.attempt + 1}"
+    elif delivery.attempt >= PILING_UP_AFTER and delivery.last_error:
+        reason = f"ready again after {delivery.attempt} failed attempts"
+    else:
+        return ""
+    if delivery.last_error:
+        reason += f": {delivery.last_error}"
+    return reason
+
+
+def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
+    """The heads of ordered subscriptions that hold others back (or would if others came):
+    in flight, waiting for a retry, or failed before. Oldest seq first per queue.
+
+    Two queries: the heads (DeliveryQuerySet.heads) and how many wait behind each.
+    """
+    now = now or timezone.now()
+    deliveries = Delivery.objects.all()
+    if subscriber is not None:
+        deliveries = deliveries.filter(subscriber=subscriber)
+    if queue is not None:
+        deliveries = deliveries.filter(queue=queue)
+    # What why_blocking has words for: in flight, waiting for a retry, or failed before.
+    blocking = (
+        Q(status=Status.INFLIGHT) | retrying_q(now) | Q(attempt__gte=PILING_UP_AFTER, last_error__gt="")
+    )
+    heads = list(
+        deliveries.heads()
+        .filter(blocking)
+        .select_related("subscriber", "subscription__event", "queue", "event", "message")
+        .order_by("queue__name", "subscriber__name", "seq")[:limit]
+    )
+    if not heads:
+        return []
+    counts = dict(
+        Delivery.objects.filter(subscription_id__in={h.subscription_id for h in heads})
+        .open()
+        .order_by()
+        .values_list("subscription_id")
+        .annotate(n=Count("id"))
+    )
+    return [Head(h, counts.get(h.subscription_id, 1) - 1, why_blocking(h, now)) for h in heads]
+
+
+def head_of(subscription_id):
+    """The current head of an ordered subscription (its delivery in flight, else its lowest-seq
+    pending one), or None. The first of each status by its own index, as delivery.ledger's
+    lease finds it, rather than heads(): its NOT EXISTS would be probed for every pending
+    delivery of a big backlog."""
+    of_subscription = Delivery.objects.filter(subscription_id=subscription_id)
+    firsts = [of_subscription.filter(status=status).order_by("seq").first() for status in OPEN]
+    return min(
+        (d for d in firsts if d is not None), key=lambda d: line_position(d.status, d.seq), default=None
+    )

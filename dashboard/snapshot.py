@@ -16,14 +16,14 @@ import json
 import math
 from datetime import timedelta
 
-from django.db.models import Count, DateTimeField, Min, OuterRef, Subquery, Sum
+from django.db.models import Count, Min, OuterRef, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
 from analytics.models import EventRate, EventStats, SubscriberStats
 from delivery import tallies
 from delivery.models import Delivery, Status, TallyActivity
-from delivery.stats import queue_stats
+from delivery.reports import first_pending_at, queue_stats
 from queues.models import Event, Message, Queue
 from subscribers.models import Connection, Subscriber, Subscription
 
@@ -284,14 +284,9 @@ def oldest_pending_by_subscription():
     published)} for the subscriptions with something pending: one probe each of the index of
     pending deliveries by (subscription, seq), as the lowest seq pending is the oldest
     published. One query, whatever the backlog."""
-    first = (
-        Delivery.objects.filter(subscription_id=OuterRef("pk"), status=Status.PENDING)
-        .order_by("seq")
-        .values("created_at")[:1]
-    )
     rows = (
         Subscription.objects.order_by()
-        .annotate(oldest=Subquery(first, output_field=DateTimeField()))
+        .annotate(oldest=first_pending_at(OuterRef("pk")))
         .filter(oldest__isnull=False)
         .values_list("id", "subscriber_id", "queue_id", "oldest")
     )

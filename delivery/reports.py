@@ -1,6 +1,10 @@
 """Reports for operators: read-only views of the ledger (the admin, the dashboard's pages,
 commands). Nothing here changes a delivery.
 
+Queue statistics: per queue and event, published and deliveries by status, and subscribers
+connected (queue_stats, for `queuestats` and the dashboard), from the kept counts
+(delivery.tallies): exact, and in proportion to queues, events and subscriptions, not rows.
+
 What is still owed: to a subscriber, per subscription and why it waits (owed_to_subscriber,
 why_owed); of a message, by whom (not_acked); the dead letters with their attempt history.
 Every query is one grouped statement or a correlated subquery, so a list page asks the same
@@ -15,15 +19,18 @@ can be retried now or skipped (delivery.ledger.retry_now / skip_deliveries).
 The predicates (ready, retrying, open, unsettled, heads, the backlog) are delivery.querysets'.
 """
 
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from django.db.models import Count, DateTimeField, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
+from django.db.models import Count, DateTimeField, IntegerField, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from queues.models import Event, Queue
 from subscribers.models import Connection, Subscription
 
+from . import tallies
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, line_position, retrying_q
 
@@ -46,21 +53,43 @@ def correlated_count(queryset, field, outer="pk"):
 
 
 def status_count(field, status, outer="pk"):
-    """How many deliveries of the outer row (by `field`: queue, subscriber, ...) are in `status`."""
-    return correlated_count(Delivery.objects.filter(status=status), field, outer)
+    """How many deliveries of the outer row (by `field`: queue, event, subscription,
+    subscriber) are in `status`: from the kept counts (delivery.tallies), exact, and one lookup
+    in a small table per row shown however many deliveries there are."""
+    return tallies.count_of(f"{field}_id", status, outer)
 
 
 def oldest_pending_at(field, outer="pk"):
-    """An annotation: when the oldest pending delivery of the outer row (by `field`) was
-    published; None when nothing is pending. A correlated subquery, as correlated_count."""
+    """An annotation: when the oldest pending delivery of the outer row (by `field`: queue,
+    subscription or subscriber) was published; None when nothing is pending.
+
+    The lowest seq pending of a subscription is its oldest published, and the index of
+    pending deliveries (delivery_ready: subscription, seq) finds it in one probe; a queue's or
+    a subscriber's is the oldest of its subscriptions' (pending deliveries an unsubscribe left
+    without one are not handed out, and not counted here). Work in proportion to
+    subscriptions, whatever the backlog."""
+    if field == "subscription":
+        return first_pending_at(OuterRef(outer))
     oldest = (
-        Delivery.objects.filter(status=Status.PENDING, **{field: OuterRef(outer)})
-        .order_by()
-        .values(field)
-        .annotate(at=Min("created_at"))
-        .values("at")
+        Subscription.objects.filter(**{field: OuterRef(outer)})
+        .annotate(first=first_pending_at(OuterRef("pk")))
+        .filter(first__isnull=False)
+        .order_by("first")
+        .values("first")[:1]
     )
     return Subquery(oldest, output_field=DateTimeField())
+
+
+def first_pending_at(subscription):
+    """An expression: when the oldest pending delivery of `subscription` (an id, or an
+    OuterRef to one) was published, None when none is pending: its lowest seq pending, one
+    probe of the index delivery_ready."""
+    first = (
+        Delivery.objects.filter(subscription_id=subscription, status=Status.PENDING)
+        .order_by("seq")
+        .values("created_at")[:1]
+    )
+    return Subquery(first, output_field=DateTimeField())
 
 
 def subscriber_backlog(outer="pk"):
@@ -339,3 +368,62 @@ def head_of(subscription_id):
     return min(
         (d for d in firsts if d is not None), key=lambda d: line_position(d.status, d.seq), default=None
     )
+
+
+# --- queue statistics: counts per queue and event, from the kept counts -------------------------
+
+FIELDS = ("queue", "event", "published", "pending", "inflight", "acked", "dead", "connected")
+
+
+def queue_stats(kept=None):
+    """One dict per (queue, event), every event included, sorted by queue and event name:
+    {queue, event, published, pending, inflight, acked, dead, connected}.
+
+    `kept`: the kept counts by their full key (tallies.counts(tallies.KEY)), when the caller
+    read them already; else they are read here. A queue with no event yet (nothing published
+    or subscribed to) gets one row with event None, so a fresh queue shows up. `published`
+    counts the messages still in the hot tables (archived history is counted by `analyze`).
+    """
+    if kept is None:
+        by_status = tallies.counts(("queue_id", "event_id", "status"))
+    else:
+        by_status = tallies.regroup(kept, ("queue_id", "event_id", "status"))
+    connected = connected_counts()
+
+    rows = []
+    events = Event.objects.select_related("queue").order_by("queue__name", "name")
+    keys = [(e.queue, e) for e in events]
+    keys += [(q, None) for q in Queue.objects.filter(events__isnull=True).order_by("name")]
+    for queue, event in sorted(keys, key=lambda k: (k[0].name, k[1].name if k[1] else "")):
+        key = (queue.pk, event.pk if event else None)
+        rows.append(
+            {
+                "queue": queue.name,
+                "event": event.name if event else None,
+                "published": by_status.get((*key, tallies.PUBLISHED), 0),
+                "pending": by_status.get((*key, Status.PENDING), 0),
+                "inflight": by_status.get((*key, Status.INFLIGHT), 0),
+                "acked": by_status.get((*key, Status.ACKED), 0),
+                "dead": by_status.get((*key, Status.DEAD), 0),
+                "connected": connected.get(key, 0),
+            }
+        )
+    return rows
+
+
+def connected_counts():
+    """{(queue id, event id): subscribers connected now whose subscriptions cover it}."""
+    live = (
+        Subscription.objects.filter(subscriber__connections__isnull=False)
+        .order_by()
+        .values_list("subscriber_id", "queue_id", "event_id")
+        .distinct()
+    )
+    events_of = defaultdict(list)
+    for queue_id, event_id in Event.objects.order_by().values_list("queue_id", "id"):
+        events_of[queue_id].append(event_id)
+    covered = defaultdict(set)
+    for subscriber_id, queue_id, event_id in live:
+        for e in [event_id] if event_id else events_of[queue_id]:
+            covered[(queue_id, e)].add(subscriber_id)
+    return {key: len(subscribers) for key, subscribers in covered.items()}

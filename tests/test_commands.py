@@ -22,7 +22,7 @@ from rest_framework.test import APIRequestFactory
 
 from delivery import ledger, wakeups
 from delivery.models import Delivery, Status
-from delivery.stats import queue_stats
+from delivery.reports import queue_stats
 from queues import publishing
 from queues.models import Event, Message, Queue
 from subscribers import subscribing

@@ -21,7 +21,7 @@ from analytics.models import EventRate, EventStats, SubscriberStats
 from dashboard import consumers, snapshot
 from delivery import ledger
 from delivery.models import Delivery, Status
-from delivery.stats import queue_stats
+from delivery.reports import queue_stats
 from mqsite.asgi import application
 from queues.models import Message, Queue
 from queues.publishing import prepare, publish

@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand
 
 from delivery import tallies
-from delivery.stats import FIELDS, queue_stats
+from delivery.reports import FIELDS, queue_stats
 
 
 class Command(BaseCommand):

@@ -12,7 +12,8 @@ A status that a partial index's condition names is written as one term per statu
 term can use the partial index of its status (delivery.models).
 """
 
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
+from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from .statuses import Status
 
@@ -132,24 +133,32 @@ class DeliveryQuerySet(QuerySet):
         return self.filter(status__in=UNSETTLED)
 
     def heads(self):
-        """The heads of ordered subscriptions among these deliveries: an open delivery of an
-        ordered queue's subscription that stands first in its line (line_position): the one in
-        flight (the lowest-seq one, should a race ever have left two), else, when none is, the
-        lowest-seq pending one.
+        """The heads of ordered subscriptions among these deliveries: per subscription of an
+        ordered queue, the delivery that stands first in its line (line_position): the one in
+        flight (the lowest-seq one, should a race ever have left two), else the lowest-seq
+        pending one.
 
-        Each NOT EXISTS names one status, so that it can read that status's partial index
-        (delivery_ready for the pending ones): one condition over both could use neither.
+        Found per subscription, not per delivery: two probes each, one per status and each on
+        its status's partial index (delivery_ready for the pending ones, by seq), so the work
+        grows with ordered subscriptions, not with their backlogs.
         """
-        of_line = self.model.objects.filter(subscription_id=OuterRef("subscription_id"))
-        before = of_line.filter(seq__lt=OuterRef("seq"))
-        in_flight = of_line.filter(status=Status.INFLIGHT)
-        first = ~Exists(before.filter(status=Status.PENDING)) & ~Exists(before.filter(status=Status.INFLIGHT))
-        return (
-            self.open()
-            .filter(queue__ordered=True, subscription__isnull=False)
-            .filter(first | (Q(status=Status.INFLIGHT) & ~Exists(in_flight.filter(seq__lt=OuterRef("seq")))))
-            .exclude(Q(status=Status.PENDING) & Exists(in_flight))
+        subscriptions = self.model._meta.get_field("subscription").related_model
+
+        def first(status):
+            return Subquery(
+                self.model.objects.filter(subscription_id=OuterRef("pk"), status=status)
+                .order_by("seq")
+                .values("id")[:1]
+            )
+
+        heads = (
+            subscriptions.objects.filter(queue__ordered=True)
+            .order_by()
+            .annotate(head=Coalesce(first(Status.INFLIGHT), first(Status.PENDING)))
+            .filter(head__isnull=False)
+            .values("head")
         )
+        return self.filter(id__in=heads)
 
     def backlog(self, *by, now=None):
         """The unsettled deliveries among these, grouped by `by` (any of BACKLOG_BY: subscriber,

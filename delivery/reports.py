@@ -328,7 +328,8 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
     """The heads of ordered subscriptions that hold others back (or would if others came):
     in flight, waiting for a retry, or failed before. Oldest seq first per queue.
 
-    Two queries: the heads (DeliveryQuerySet.heads) and how many wait behind each.
+    Three queries: the heads (DeliveryQuerySet.heads: two index probes per ordered
+    subscription), those of them that block, and how many wait behind each (the kept counts).
     """
     now = now or timezone.now()
     deliveries = Delivery.objects.all()
@@ -340,21 +341,22 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
     blocking = (
         Q(status=Status.INFLIGHT) | retrying_q(now) | Q(attempt__gte=PILING_UP_AFTER, last_error__gt="")
     )
+    # The heads' ids first: joined with the filters below, the planner would scan the table.
+    head_ids = list(deliveries.heads().values_list("id", flat=True))
     heads = list(
-        deliveries.heads()
+        Delivery.objects.filter(id__in=head_ids)
         .filter(blocking)
         .select_related("subscriber", "subscription__event", "queue", "event", "message")
         .order_by("queue__name", "subscriber__name", "seq")[:limit]
     )
     if not heads:
         return []
-    counts = dict(
-        Delivery.objects.filter(subscription_id__in={h.subscription_id for h in heads})
-        .open()
-        .order_by()
-        .values_list("subscription_id")
-        .annotate(n=Count("id"))
+    kept = tallies.counts(
+        ["subscription_id", "status"], subscription_id__in={h.subscription_id for h in heads}, status__in=OPEN
     )
+    counts = {}
+    for (subscription_id, _), n in kept.items():
+        counts[subscription_id] = counts.get(subscription_id, 0) + n
     return [Head(h, counts.get(h.subscription_id, 1) - 1, why_blocking(h, now)) for h in heads]
 
 

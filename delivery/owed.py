@@ -7,7 +7,7 @@ subquery, so a list page asks the same number of queries for ten rows as for a h
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from django.db.models import Count, DateTimeField, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
+from django.db.models import Count, DateTimeField, F, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -54,13 +54,45 @@ def oldest_pending_at(field, outer="pk"):
     return Subquery(oldest, output_field=DateTimeField())
 
 
+def _first_pending_at():
+    """A subquery: when the first pending delivery (lowest seq) of the outer subscription was
+    published. One probe of delivery_ready (subscription, seq) WHERE pending; status is the
+    literal 'pending', as that index's condition is (Delivery.Meta)."""
+    return (
+        Delivery.objects.filter(subscription=OuterRef("pk"), status=Status.PENDING)
+        .order_by("seq")
+        .values("created_at")[:1]
+    )
+
+
+def subscriber_oldest_pending_at(outer="pk"):
+    """An annotation: when the oldest pending delivery of the subscriber named by the outer
+    row's `outer` was published; None when nothing is pending. oldest_pending_at's answer, in
+    work bounded by the subscriber's subscriptions rather than by its backlog.
+
+    Within a queue seq grows with publish time, so a subscription's oldest pending delivery is
+    its first entry in delivery_ready (subscription, seq) WHERE pending: one index probe per
+    subscription, and the oldest of those. (A MIN(created_at) over the pending rows reads every
+    one of them: 0.6 s for a subscriber owed 200,000.) Pending rows left without a
+    subscription (deleted other than by subscribing.unsubscribe, which drops them) are not
+    looked at: nothing hands them out.
+    """
+    oldest = (
+        Subscription.objects.filter(subscriber=OuterRef(outer))
+        .annotate(first_pending_at=Subquery(_first_pending_at(), output_field=DateTimeField()))
+        .order_by(F("first_pending_at").asc(nulls_last=True))
+        .values("first_pending_at")[:1]
+    )
+    return Subquery(oldest, output_field=DateTimeField())
+
+
 def subscriber_backlog(outer="pk"):
     """Annotations for the backlog of the subscriber named by the outer row's `outer` (its pk on
     a subscriber, `subscriber_id` on a connection): n_pending, n_inflight, oldest_pending_at."""
     return {
         "n_pending": status_count("subscriber", Status.PENDING, outer),
         "n_inflight": status_count("subscriber", Status.INFLIGHT, outer),
-        "oldest_pending_at": oldest_pending_at("subscriber", outer),
+        "oldest_pending_at": subscriber_oldest_pending_at(outer),
     }
 
 

@@ -179,21 +179,26 @@ def owed_to_subscriber(subscriber, now=None):
     in-flight and dead deliveries, when the oldest pending one was published, and why they
     wait (why_owed).
 
-    Three queries however much is owed: one grouped over the (subscriber, status) index, one
-    for the subscriptions (with the error of each one's next retry, a correlated subquery),
-    one for whether the subscriber has a websocket open.
+    Three queries, and none reads the pending backlog row by row: one grouped over the rows
+    that are few however much is owed (in flight, dead, waiting for a retry, and pending ones
+    left without a subscription), each found by an index; one for the subscriptions, with
+    each one's pending count (status_count), oldest pending (an index probe) and the error of
+    its next retry; one for whether the subscriber has a websocket open.
     """
     now = now or timezone.now()
     waiting = Q(status=Status.PENDING, next_attempt_at__gt=now)
+    orphaned = Q(status=Status.PENDING, subscription__isnull=True)
     rows = (
-        Delivery.objects.filter(subscriber=subscriber, status__in=UNSETTLED)
+        # The three arms use delivery_by_subscriber, delivery_due and delivery_ready.
+        Delivery.objects.filter(subscriber=subscriber)
+        .filter(Q(status__in=[Status.INFLIGHT, Status.DEAD]) | waiting | orphaned)
         .order_by()
         .values("subscription_id")
         .annotate(
-            pending=Count("pk", filter=Q(status=Status.PENDING)),
+            pending=Count("pk", filter=orphaned),
             inflight=Count("pk", filter=Q(status=Status.INFLIGHT)),
             dead=Count("pk", filter=Q(status=Status.DEAD)),
-            oldest_pending_at=Min("created_at", filter=Q(status=Status.PENDING)),
+            oldest_pending_at=Min("created_at", filter=orphaned),
             retrying=Count("pk", filter=waiting),
             next_retry_at=Min("next_attempt_at", filter=waiting),
             inflight_until=Max("ack_deadline", filter=Q(status=Status.INFLIGHT)),
@@ -201,19 +206,27 @@ def owed_to_subscriber(subscriber, now=None):
     )
     counts = {r.pop("subscription_id"): r for r in rows}
     next_retry_error = (
-        Delivery.objects.filter(subscription=OuterRef("pk"), status=Status.PENDING, next_attempt_at__gt=now)
+        # By subscriber too, so that delivery_due finds it among the waiting ones only.
+        Delivery.objects.filter(
+            subscriber=subscriber, subscription=OuterRef("pk"), status=Status.PENDING, next_attempt_at__gt=now
+        )
         .order_by("next_attempt_at", "id")
         .values("last_error")[:1]
     )
     subscriptions = (
         subscriber.subscriptions.select_related("queue", "event")
-        .annotate(retry_error=Subquery(next_retry_error))
+        .annotate(
+            retry_error=Subquery(next_retry_error),
+            n_pending=status_count("subscription", Status.PENDING),
+            first_pending_at=Subquery(_first_pending_at(), output_field=DateTimeField()),
+        )
         .order_by("queue__name", "event__name", "id")
     )
     connected = Connection.objects.filter(subscriber=subscriber).exists()
     owed = []
     for s in subscriptions:
         found = counts.pop(s.pk, {})
+        found.update(pending=s.n_pending, oldest_pending_at=s.first_pending_at)
         if found.get("retrying"):
             found["retry_error"] = s.retry_error or ""
         owed.append(_with_reasons(Owed(s, **found), subscriber, connected))

@@ -28,10 +28,10 @@ from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
 from delivery.models import Status
 from delivery.owed import (
     correlated_count,
-    oldest_pending_at,
     owed_to_subscriber,
     status_count,
     subscriber_backlog,
+    subscriber_oldest_pending_at,
 )
 from queues.models import Event
 
@@ -274,7 +274,7 @@ class SubscriberAdmin(
             .annotate(
                 n_subscriptions=correlated_count(Subscription.objects.all(), "subscriber"),
                 n_connections=correlated_count(Connection.objects.all(), "subscriber"),
-                oldest_pending_at=oldest_pending_at("subscriber"),
+                oldest_pending_at=subscriber_oldest_pending_at(),
             )
         )
         return with_delivery_counts(queryset, "subscriber")

@@ -295,9 +295,9 @@ def not_acked(message, limit=200):
     """
     unsettled = Delivery.objects.filter(message=message, status__in=UNSETTLED)
     rows = list(
-        unsettled.select_related("subscriber", "subscription__event", "subscription__queue").order_by(
-            "subscriber__name", "id"
-        )[:limit]
+        unsettled.select_related(
+            "subscriber", "subscription__subscriber", "subscription__event", "subscription__queue"
+        ).order_by("subscriber__name", "id")[:limit]
     )
     total = len(rows) if len(rows) < limit else unsettled.count()
     return rows, total

@@ -108,6 +108,22 @@ def test_it_asks_as_many_queries_of_every_page_for_200_messages_as_for_10(staff,
     assert count_queries(staff, urls) == before
 
 
+def test_it_asks_as_many_queries_of_a_message_page_for_ten_subscribers_as_for_two(
+    staff, world, make_subscriber
+):
+    def page_queries():
+        message = Message.objects.order_by("-id").first()
+        return count_queries(staff, [change(message)])[change(message)]
+
+    publish_many(world["queue"], 1)
+    before = page_queries()
+    for k in range(8):
+        subscribing.subscribe(make_subscriber(f"extra{k}"), world["queue"])
+    publish_many(world["queue"], 1)
+    assert Delivery.objects.filter(message=Message.objects.order_by("-id").first()).count() == 10
+    assert page_queries() == before
+
+
 def top_level_counts(sqls):
     return [sql for sql in sqls if re.match(r"\s*SELECT\s+COUNT\(", sql, re.I)]
 

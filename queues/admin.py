@@ -99,7 +99,9 @@ class QueueSubscriptionInline(SubscriptionInlineBase):
         # Only this queue's events (the form class is made afresh for each request).
         event = formset.form.base_fields.get("event")
         if event is not None:
-            event.queryset = Event.objects.filter(queue=obj).order_by("name") if obj else Event.objects.none()
+            # Each row's select lists them, each named queue/event: load the queue with them.
+            events = Event.objects.filter(queue=obj).select_related("queue").order_by("name")
+            event.queryset = events if obj else Event.objects.none()
         return formset
 
 

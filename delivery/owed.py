@@ -75,7 +75,9 @@ def subscriber_oldest_pending_at(outer="pk"):
     subscription, and the oldest of those. (A MIN(created_at) over the pending rows reads every
     one of them: 0.6 s for a subscriber owed 200,000.) Pending rows left without a
     subscription (deleted other than by subscribing.unsubscribe, which drops them) are not
-    looked at: nothing hands them out.
+    looked at: nothing hands them out. After a replay (subscribing.seek) owes earlier seqs
+    again, the rows it made are stamped with the replay's time: the head of the line may then
+    be younger than rows behind it, and this is its age, where the MIN says the oldest row's.
     """
     oldest = (
         Subscription.objects.filter(subscriber=OuterRef(outer))

@@ -164,7 +164,10 @@ def pages():
     from queues.models import Event, Message, Queue
     from subscribers.models import Connection, Subscriber, Subscription
 
-    found = [("admin index", reverse("admin:index"))]
+    found = [
+        ("admin index", reverse("admin:index")),
+        ("head of line tool", reverse("mq-head-of-line")),
+    ]
     samples = {
         Queue: Queue.objects.get(name="orders"),
         Event: Event.objects.filter(queue__name="orders").first(),
@@ -177,6 +180,9 @@ def pages():
     }
     subscriber = samples[Subscriber]
     queue = samples[Queue]
+    found.append(
+        ("head of line tool ?subscriber", f"{reverse('mq-head-of-line')}?subscriber={subscriber.pk}")
+    )
     for model, model_admin in admin.site._registry.items():
         opts = model._meta
         changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")

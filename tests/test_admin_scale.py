@@ -257,3 +257,27 @@ def test_it_counts_what_a_subscriber_is_owed_without_its_subscription(world):
     oldest = Delivery.objects.filter(subscriber=world["peer"]).aggregate(at=Min("created_at"))["at"]
     assert (orphaned.subscription, orphaned.pending, orphaned.oldest_pending_at) == (None, 3, oldest)
     assert [r.code for r in orphaned.reasons] == ["orphaned"]
+
+
+def test_it_finds_the_heads_of_line_in_as_many_queries_for_200_messages_as_for_3(
+    staff, make_queue, make_subscriber
+):
+    orders = make_queue("orders", ordered=True)
+    billing = make_subscriber("billing", subscribe=["orders"])
+    subscribing.subscribe(billing, orders)
+    publish_many(orders, 3, "paid")
+    [held] = ledger.lease_deliveries(billing, limit=10)  # ordered: the head alone
+
+    def heads_page():
+        url = reverse("mq-head-of-line")
+        staff.get(url)
+        with CaptureQueriesContext(connection) as ctx:
+            r = staff.get(url)
+        [head] = r.context["heads"]
+        return len(ctx), head
+
+    before, head = heads_page()
+    assert (head.delivery.pk, head.behind) == (held["id"], 2)
+    publish_many(orders, 197, "paid")
+    after, head = heads_page()
+    assert (after, head.delivery.pk, head.behind) == (before, held["id"], 199)

@@ -281,3 +281,18 @@ def test_it_finds_the_heads_of_line_in_as_many_queries_for_200_messages_as_for_3
     publish_many(orders, 197, "paid")
     after, head = heads_page()
     assert (after, head.delivery.pk, head.behind) == (before, held["id"], 199)
+
+
+def test_it_asks_as_many_queries_of_a_subscribers_page_for_six_subscriptions_as_for_one(
+    staff, world, make_queue
+):
+    peer = world["peer"]
+    before = count_queries(staff, [change(peer)])[change(peer)]
+    for k in range(5):
+        queue = make_queue(f"more{k}")
+        peer.subscribe_queues.add(queue)
+        subscribing.subscribe(peer, queue)
+        publish_many(queue, 3)
+    r = staff.get(change(peer))
+    assert r.content.decode().count('name="subscriptions-') > 5 * 3  # each row has its fields
+    assert count_queries(staff, [change(peer)])[change(peer)] == before

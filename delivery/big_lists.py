@@ -55,7 +55,8 @@ class BoundedCountPaginator(Paginator):
         if not qs.query.where:
             estimate = estimated_rows(qs)
             if estimate is not None and estimate >= ESTIMATE_ABOVE:
-                self.count_words = f"about {estimate:,}"
+                # Three significant digits: more would claim a precision it does not have.
+                self.count_words = f"about {round(estimate, 3 - len(str(estimate))):,}"
                 return estimate
         # COUNT(*) over a subquery with a LIMIT: it stops one row after the pages it links to.
         counted = qs.order_by()[: self.rows_linked + 1].count()

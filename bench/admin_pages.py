@@ -257,13 +257,14 @@ def main():
     if args.counts_free:
         from django.db.models import Value
 
+        import delivery.heads
         import delivery.owed
         import subscribers.admin
 
         def free(field, status, outer="pk"):
             return Value(0)
 
-        delivery.owed.status_count = subscribers.admin.status_count = free
+        delivery.owed.status_count = delivery.heads.status_count = subscribers.admin.status_count = free
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client

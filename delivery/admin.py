@@ -10,18 +10,16 @@ import json
 
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.core.paginator import Paginator
-from django.db import connections
 from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from queues.models import Event
 
 from . import ledger
+from .big_lists import BigListAdmin
 from .models import DeadLetter, Delivery, DeliveryAttempt, Status
 from .reports import dead_letters
 
@@ -31,9 +29,6 @@ STATUS_COLOURS = {
     Status.ACKED: "#2e7d32",
     Status.DEAD: "#b3261e",
 }
-
-# Below this many rows (by the planner's estimate) an exact count is cheap enough to take.
-EXACT_COUNT_BELOW = 100_000
 
 
 def status_badge(status):
@@ -73,26 +68,6 @@ def admin_link(obj, text=None):
     opts = obj._meta
     url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
     return format_html('<a href="{}">{}</a>', url, text if text is not None else str(obj))
-
-
-class EstimatedCountPaginator(Paginator):
-    """Counting millions of rows exactly takes seconds on PostgreSQL. An unfiltered list of a
-    big table shows the planner's estimate instead; a filtered one is counted exactly."""
-
-    @cached_property
-    def count(self):
-        qs = self.object_list
-        connection = connections[getattr(qs, "db", "default")]
-        if connection.vendor == "postgresql" and hasattr(qs, "query") and not qs.query.where:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-                    [qs.model._meta.db_table],
-                )
-                row = cursor.fetchone()
-            if row and row[0] is not None and row[0] >= EXACT_COUNT_BELOW:
-                return row[0]
-        return super().count
 
 
 class EventFilter(admin.SimpleListFilter):
@@ -198,7 +173,7 @@ class DeliveryAttemptInline(admin.TabularInline):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(LedgerOperatorMixin, admin.ModelAdmin):
+class DeliveryAdmin(LedgerOperatorMixin, BigListAdmin):
     list_display = [
         "id",
         "subscriber_name",
@@ -217,15 +192,12 @@ class DeliveryAdmin(LedgerOperatorMixin, admin.ModelAdmin):
     list_select_related = ["subscriber", "queue", "event"]
     search_fields = ["=message__id", "subscriber__name"]
     search_help_text = "A number finds a message id or a delivery id; words find subscriber names."
-    raw_id_fields = ["message", "subscription"]
+    # No form edits a delivery; were one to, no select would list 200,000 messages.
+    raw_id_fields = ["subscription", "subscriber", "message", "queue", "event"]
     ordering = ["-id"]
-    list_per_page = 100
-    show_full_result_count = False
-    # Facet counts would count the whole table once per filter choice.
-    show_facets = admin.ShowFacets.NEVER
-    # Sorting by a joined name would sort every row; these come off the table itself.
-    sortable_by = ["id", "seq", "status_badge", "attempt", "next_attempt_at", "ack_deadline", "acked_at"]
-    paginator = EstimatedCountPaginator
+    # Sorted only by id (the primary key): no other column of every delivery has an index, and
+    # indexing one would cost each lease and ack another entry (Delivery.Meta).
+    sortable_by = ["id"]
     actions = ["redeliver", "kill", "purge"]
     inlines = [DeliveryAttemptInline]
     fields = [
@@ -385,6 +357,8 @@ class DeadLetterAdmin(DeliveryAdmin):
         ("subscriber", admin.RelatedOnlyFieldListFilter),
         EventFilter,
     ]
+    # Sorting by these sorts every dead letter (only id has an index to serve it): bearable
+    # while dead letters are thousands, as they are when operators redeliver or purge them.
     sortable_by = ["id", "seq", "attempt", "tries", "died"]
     actions = ["redeliver", "purge"]
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from django.db.models import Count, DateTimeField, IntegerField, Max, OuterRef, Q, Subquery, Value
+from django.db.models import Count, DateTimeField, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -67,7 +67,12 @@ def oldest_pending_at(field, outer="pk"):
     pending deliveries (delivery_ready: subscription, seq) finds it in one probe; a queue's or
     a subscriber's is the oldest of its subscriptions' (pending deliveries an unsubscribe left
     without one are not handed out, and not counted here). Work in proportion to
-    subscriptions, whatever the backlog."""
+    subscriptions, whatever the backlog: a MIN(created_at) over the pending rows read every one
+    of them, 0.6 s for a subscriber owed 200,000.
+
+    After a seek owes earlier seqs again, the rows it made are stamped with the replay's time:
+    the head of the line may then be younger than rows behind it, and this is its age, where a
+    MIN would say the oldest row's."""
     if field == "subscription":
         return first_pending_at(OuterRef(outer))
     oldest = (
@@ -185,28 +190,53 @@ def owed_to_subscriber(subscriber, now=None):
     in-flight and dead deliveries, when the oldest pending one was published, and why they
     wait (why_owed).
 
-    Three queries however much is owed: one grouped over the (subscriber, status) index, one
-    for the subscriptions (with the error of each one's next retry, a correlated subquery),
-    one for whether the subscriber has a websocket open.
+    Three queries, and none reads the pending backlog row by row: one grouped over the rows
+    that are few however much is owed (in flight, dead, waiting for a retry, and pending ones
+    left without a subscription), each found by an index; one for the subscriptions, with
+    each one's pending count (status_count), oldest pending (an index probe) and the error of
+    its next retry; one for whether the subscriber has a websocket open.
     """
     now = now or timezone.now()
-    rows = Delivery.objects.filter(subscriber=subscriber).backlog("subscription", now=now)
+    waiting = retrying_q(now)
+    orphaned = Q(status=Status.PENDING, subscription__isnull=True)
+    rows = (
+        # The three arms use delivery_by_subscriber, delivery_due and delivery_ready.
+        Delivery.objects.filter(subscriber=subscriber)
+        .filter(Q(status__in=[Status.INFLIGHT, Status.DEAD]) | waiting | orphaned)
+        .order_by()
+        .values("subscription_id")
+        .annotate(
+            pending=Count("pk", filter=orphaned),
+            inflight=Count("pk", filter=Q(status=Status.INFLIGHT)),
+            dead=Count("pk", filter=Q(status=Status.DEAD)),
+            oldest_pending_at=Min("created_at", filter=orphaned),
+            retrying=Count("pk", filter=waiting),
+            next_retry_at=Min("next_attempt_at", filter=waiting),
+            inflight_until=Max("ack_deadline", filter=Q(status=Status.INFLIGHT)),
+        )
+    )
     counts = {r.pop("subscription_id"): r for r in rows}
     next_retry_error = (
+        # By subscriber too, so that delivery_due finds it among the waiting ones only.
         Delivery.objects.retrying(now)
-        .filter(subscription=OuterRef("pk"))
+        .filter(subscriber=subscriber, subscription=OuterRef("pk"))
         .order_by("next_attempt_at", "id")
         .values("last_error")[:1]
     )
     subscriptions = (
         subscriber.subscriptions.select_related("queue", "event")
-        .annotate(retry_error=Subquery(next_retry_error))
+        .annotate(
+            retry_error=Subquery(next_retry_error),
+            n_pending=status_count("subscription", Status.PENDING),
+            first_pending_at=first_pending_at(OuterRef("pk")),
+        )
         .order_by("queue__name", "event__name", "id")
     )
     connected = Connection.objects.filter(subscriber=subscriber).exists()
     owed = []
     for s in subscriptions:
         found = counts.pop(s.pk, {})
+        found.update(pending=s.n_pending, oldest_pending_at=s.first_pending_at)
         if found.get("retrying"):
             found["retry_error"] = s.retry_error or ""
         owed.append(_with_reasons(Owed(s, **found), subscriber, connected))
@@ -275,9 +305,9 @@ def not_acked(message, limit=200):
     """
     unsettled = Delivery.objects.filter(message=message).unsettled()
     rows = list(
-        unsettled.select_related("subscriber", "subscription__event", "subscription__queue").order_by(
-            "subscriber__name", "id"
-        )[:limit]
+        unsettled.select_related(
+            "subscriber", "subscription__subscriber", "subscription__event", "subscription__queue"
+        ).order_by("subscriber__name", "id")[:limit]
     )
     total = len(rows) if len(rows) < limit else unsettled.count()
     return rows, total

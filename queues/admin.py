@@ -16,7 +16,6 @@ from django.utils.html import format_html, format_html_join
 from delivery import ledger, wakeups
 from delivery.admin import (
     DeliveriesGoWithTheirOwner,
-    EstimatedCountPaginator,
     EventFilter,
     LedgerOperatorMixin,
     admin_link,
@@ -25,6 +24,7 @@ from delivery.admin import (
     search_by_id_or_name,
     status_badge,
 )
+from delivery.big_lists import BigListAdmin
 from delivery.models import Delivery, Status
 from delivery.querysets import UNSETTLED
 from delivery.reports import correlated_count, not_acked, status_counts
@@ -100,7 +100,9 @@ class QueueSubscriptionInline(SubscriptionInlineBase):
         # Only this queue's events (the form class is made afresh for each request).
         event = formset.form.base_fields.get("event")
         if event is not None:
-            event.queryset = Event.objects.filter(queue=obj).order_by("name") if obj else Event.objects.none()
+            # Each row's select lists them, each named queue/event: load the queue with them.
+            events = Event.objects.filter(queue=obj).select_related("queue").order_by("name")
+            event.queryset = events if obj else Event.objects.none()
         return formset
 
 
@@ -238,7 +240,7 @@ class EventAdmin(DeliveriesGoWithTheirOwner, DeliveryCountColumns, admin.ModelAd
 
 
 @admin.register(Message)
-class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelAdmin):
+class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, BigListAdmin):
     list_display = [
         "id",
         "queue_name",
@@ -259,12 +261,11 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, admin.ModelA
         "A number finds a message id; anything else an idempotency key, or messages whose "
         "header names or values contain it (NAME=VALUE: that header with that value)."
     )
-    raw_id_fields = ["publisher"]
+    raw_id_fields = ["publisher", "queue", "event"]
     ordering = ["-id"]
-    list_per_page = 100
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER  # a count per filter choice over every message
-    paginator = EstimatedCountPaginator
+    # The columns an index serves (the primary key, created_at). A queue's seq is indexed
+    # with its queue, but across queues a sort by seq, a name or a count sorts every message.
+    sortable_by = ["id", "created_at"]
     actions = ["redeliver_unacked"]
     fields = [
         "id",

@@ -48,8 +48,10 @@ DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 PORT = _positive_int("PORT", 8000)
 
+# Not "daphne": its app only makes `runserver` serve ASGI, and installing it put the Twisted
+# reactor (0.3 s) into the start of every manage.py command and Celery worker. `make run`
+# serves with Daphne itself (`python -m daphne mqsite.asgi:application`), as production does.
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

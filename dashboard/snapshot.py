@@ -32,7 +32,7 @@ from subscribers.models import Connection, Subscriber, Subscription
 RATE_WINDOW_SECS = 60
 # The charts: the last five minutes, one point per ten seconds.
 SERIES_WINDOW_SECS = 300
-SERIES_STEP_SECS = 10
+SERIES_STEP_SECS = tallies.ACTIVITY_STEP_SECS  # the steps the fold files activity in
 # Latency percentiles come from at most this many of the newest acks: enough for a steady
 # p95, and a bounded read however busy the server is.
 LATENCY_SAMPLE = 5000
@@ -134,8 +134,10 @@ def _buckets(now):
     """The chart's time buckets [(start, end)], oldest first, aligned to the step on the
     clock (so that they stay put between snapshots); the last one is the current, partial one."""
     step = SERIES_STEP_SECS
-    epoch = now.timestamp()
-    current = now - timedelta(seconds=epoch % step)
+    # In whole seconds: the steps must equal, to the microsecond, the ones the fold files
+    # activity under (a float's remainder could be a microsecond off).
+    whole = now.replace(microsecond=0)
+    current = whole - timedelta(seconds=int(whole.timestamp()) % step)
     count = SERIES_WINDOW_SECS // step
     starts = [current - timedelta(seconds=step * (count - 1 - i)) for i in range(count)]
     return [(s, s + timedelta(seconds=step)) for s in starts]

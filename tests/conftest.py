@@ -9,6 +9,7 @@ from unittest import mock
 
 import pytest
 from django.db import close_old_connections
+from django.test import Client
 from rest_framework.test import APIClient
 
 from queues import publishing
@@ -80,6 +81,14 @@ def operator(django_user_model):
     return django_user_model.objects.create_user(
         "op", password="op-password-1", is_staff=True, is_superuser=True
     )
+
+
+@pytest.fixture
+def staff(operator):
+    """A browser logged in to the admin as the operator (Django's test client)."""
+    client = Client()
+    client.force_login(operator)
+    return client
 
 
 @pytest.fixture

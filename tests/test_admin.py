@@ -48,13 +48,6 @@ def publish_one(queue, event="create", payload=None):
 
 
 @pytest.fixture
-def staff(operator):
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
 def world(db_queue, logger, peer):
     logger_sub, _ = subscribing.subscribe(logger, db_queue)
     peer_sub, _ = subscribing.subscribe(peer, db_queue)

@@ -65,13 +65,6 @@ def receiver():
 
 
 @pytest.fixture
-def staff(operator):
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
 def world(db_queue, make_queue, logger, peer, outsider, receiver, settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     db = db_queue

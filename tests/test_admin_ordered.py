@@ -36,13 +36,6 @@ def world(db):
 
 
 @pytest.fixture
-def staff(operator):
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
 def viewer(django_user_model):
     user = django_user_model.objects.create_user("viewer", password="viewer-pass-1", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_delivery"))

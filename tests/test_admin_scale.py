@@ -16,7 +16,7 @@ from django.contrib import admin
 from django.contrib.admin.widgets import ForeignKeyRawIdWidget
 from django.db import connection
 from django.db.models import Min
-from django.test import Client, RequestFactory
+from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -41,13 +41,6 @@ def change(obj):
 
 def publish_many(queue, n, event="create"):
     publish(queue, [prepare(event, {"n": k}) for k in range(n)])
-
-
-@pytest.fixture
-def staff(operator):
-    client = Client()
-    client.force_login(operator)
-    return client
 
 
 @pytest.fixture

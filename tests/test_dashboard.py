@@ -239,6 +239,19 @@ def test_it_computes_latency_percentiles_and_rates_from_the_acks():
     assert all(100.0 <= v <= 2000.0 for v in p95)
 
 
+def test_the_charts_steps_are_whole_steps_of_the_clock():
+    """The steps the fold files publishes and acks under (whole 10 s of the clock) are the
+    chart's, to the microsecond, whatever the microseconds of now."""
+    from datetime import UTC, datetime
+
+    for micro in (0, 1, 123457, 999999):
+        now = datetime(2026, 11, 25, 10, 0, 7, micro, tzinfo=UTC)
+        buckets = snapshot._buckets(now)
+        assert buckets[-1][0] == datetime(2026, 11, 25, 10, 0, 0, tzinfo=UTC)
+        assert len(buckets) == snapshot.SERIES_WINDOW_SECS // snapshot.SERIES_STEP_SECS
+        assert all(lo.microsecond == 0 and lo.second % 10 == 0 for lo, _ in buckets)
+
+
 def store_analytics(computed_at, events=(("db", "create"),), subscribers=("logger",), hours=()):
     """Rows as analytics.load stores them after a run of the job."""
     for i, (queue, event) in enumerate(events):

@@ -54,8 +54,9 @@ def correlated_count(queryset, field, outer="pk"):
 
 def status_count(field, status, outer="pk"):
     """How many deliveries of the outer row (by `field`: queue, event, subscription,
-    subscriber) are in `status`: from the kept counts (delivery.tallies), exact, and one lookup
-    in a small table per row shown however many deliveries there are."""
+    subscriber) are in `status` (or, with tallies.PUBLISHED, how many messages of a queue or
+    event the hot tables hold): from the kept counts (delivery.tallies), exact, and one lookup
+    in a small table per row shown however many rows there are."""
     return tallies.count_of(f"{field}_id", status, outer)
 
 

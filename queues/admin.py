@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils.html import format_html, format_html_join
 
-from delivery import ledger, wakeups
+from delivery import ledger, tallies, wakeups
 from delivery.admin import (
     DeliveriesGoWithTheirOwner,
     EventFilter,
@@ -27,7 +27,7 @@ from delivery.admin import (
 from delivery.big_lists import BigListAdmin
 from delivery.models import Delivery, Status
 from delivery.querysets import UNSETTLED
-from delivery.reports import correlated_count, not_acked, status_counts
+from delivery.reports import correlated_count, not_acked, status_count, status_counts
 from subscribers.admin import (
     DeliveryCountColumns,
     SubscriptionInlineBase,
@@ -154,7 +154,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
             super()
             .get_queryset(request)
             .annotate(
-                n_messages=correlated_count(Message.objects.all(), "queue"),
+                n_messages=status_count("queue", tallies.PUBLISHED),  # the kept counts: no scan
                 n_subscriptions=correlated_count(Subscription.objects.all(), "queue"),
             )
         )
@@ -220,7 +220,7 @@ class EventAdmin(DeliveriesGoWithTheirOwner, DeliveryCountColumns, admin.ModelAd
             super()
             .get_queryset(request)
             .annotate(
-                n_messages=correlated_count(Message.objects.all(), "event"),
+                n_messages=status_count("event", tallies.PUBLISHED),
                 n_subscriptions=correlated_count(Subscription.objects.all(), "event"),
             )
         )

@@ -1,21 +1,22 @@
-"""The analytics job: delivery statistics over the archive and the recent rows, with PySpark.
+"""The analytics job: hourly aggregates of the archive with PySpark, merged by analytics.merge.
 
-    spark-submit analytics/job.py --archive DIR --recent DIR --out DIR [--now ISO-TIME]
+    spark-submit analytics/job.py --archive DIR --files LIST --out DIR
 
-It reads Parquet only (the archive, and the snapshot of the hot tables that
-analytics.extract writes in the same layout), and writes Parquet only, under --out:
+It reads the archive's Parquet files it is given (or, when the hot tables are large, their
+snapshot) and computes, per (queue, day) partition, one row per queue, event and hour
+(`event_hours`) and per queue, subscriber and hour (`subscriber_hours`): counts, minima,
+maxima and a latency sketch, every one of which merges across hours and days. A day's rows are
+computed once and kept (analytics.analysis); a run recomputes only the partitions that changed.
 
-    event_stats/          per queue and event: messages, deliveries by state, fan-out,
-                          publish-to-ack latency p50/p95/p99 (ms), attempts_mean,
-                          dead_letter_rate, messages per minute and per hour (mean and peak)
-    event_rates_minute/   per queue, event and minute: messages published
-    event_rates_hour/     per queue, event and hour: messages published
-    subscriber_stats/     per subscriber: deliveries by state, oldest_pending_age_s
+No global dedupe: each row is read once. The archive's batches are idempotent (a journal), so
+the archive holds each id once; the only overlap, the hot tables' rows that are also archived,
+is removed from the snapshot before it is aggregated (analytics.overlap: the archive's copy
+wins).
 
-Shape (../shared/STYLE.md): extract_* read, transform_* are pure DataFrame -> DataFrame, load_*
-write; paths and the reference time are arguments. The file imports nothing but PySpark and
-the standard library, so spark-submit runs it as it is, and it uses no Python UDF, so a
-cluster's executors need none of this project's code.
+Shape (../shared/STYLE.md): extract_* read, transform_* are pure DataFrame -> DataFrame; paths
+are arguments. The file imports nothing but PySpark and the standard library, so spark-submit
+runs it as it is, and it uses no Python UDF, so a cluster's executors need none of this
+project's code.
 """
 
 import argparse
@@ -23,7 +24,6 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -63,16 +63,39 @@ DELIVERY_SCHEMA = T.StructType(
         T.StructField("day", T.StringType()),
     ]
 )
-MESSAGE_COLUMNS = ("id", "queue", "event", "created_at")
-DELIVERY_COLUMNS = ("id", "queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
+# What the transforms read: never the payload, nor ids (nothing is deduped).
+MESSAGE_COLUMNS = ("queue", "day", "event", "created_at")
+DELIVERY_COLUMNS = ("queue", "day", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
+_KINDS = {"messages": (MESSAGE_SCHEMA, MESSAGE_COLUMNS), "deliveries": (DELIVERY_SCHEMA, DELIVERY_COLUMNS)}
 STATUSES = ("pending", "inflight", "acked", "dead")
 
-PERCENTILES = (0.5, 0.95, 0.99)
-# percentile_approx's rank error is at most 1/accuracy: 0.01 %, far inside the contract's 1 %.
+# The latency sketch of a group: its latencies at ranks 1/K, 2/K, ..., 1 (K = SKETCH_POINTS),
+# each point standing for 1/K of the group's acked deliveries. Merged (analytics.sketch), the
+# points of any set of groups give any quantile within 1/K of rank plus percentile_approx's
+# error (1/accuracy): 0.5 % + 0.01 %, inside the contract's 1 %. p50, p95 and p99 of a single
+# group are points of the grid, so an hour's own are as exact as percentile_approx.
+SKETCH_POINTS = 200
+SKETCH_RANKS = tuple(i / SKETCH_POINTS for i in range(1, SKETCH_POINTS + 1))
 PERCENTILE_ACCURACY = 10_000
 
-OUTPUTS = ("event_stats", "event_rates_minute", "event_rates_hour", "subscriber_stats")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EVENT_HOUR_COLUMNS = (
+    "queue", "day", "event", "hour", "messages", "deliveries", *STATUSES, "attempts_sum",
+    "minute_counts", "first_at", "last_at", "latency_points",
+)  # fmt: skip
+SUBSCRIBER_HOUR_COLUMNS = (
+    "queue", "day", "subscriber", "hour", "published", *STATUSES, "acks", "oldest_pending_at",
+)  # fmt: skip
+
+# Set on the session by every run (configure()).
+RUN_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    # The latency sketch is an object aggregate; past this many groups in a task Spark falls
+    # back from hashing to sorting the rest of its input. A group is an hour of an event, and
+    # its buffer holds at most the hour's acked latencies: hash them all.
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
+    # The caller lists the files; let the driver stat them instead of starting a Spark job to.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+}
 
 
 # --- the session ---------------------------------------------------------------------------------
@@ -130,200 +153,163 @@ def session(master=None, conf=None):
 # --- extract -------------------------------------------------------------------------------------
 
 
-def extract_messages(spark, *roots):
-    return _read_all(spark, roots, "messages", MESSAGE_SCHEMA).select(*MESSAGE_COLUMNS)
+def extract_archive(spark, root, kind, files):
+    """The given Parquet files of one kind ("messages" or "deliveries") of the archive under
+    `root`, with the queue and day of their partition, in the columns the transforms read.
+
+    The caller lists the files (analytics.partitions): a path given is read, nothing else,
+    so a run reads exactly the partitions it decided to recompute, and Spark lists nothing
+    (no Hadoop call through the JVM gateway, which Spark Connect does not have).
+    """
+    schema, columns = _KINDS[kind]
+    if not files:
+        return spark.createDataFrame([], T.StructType([schema[c] for c in columns]))
+    return (
+        spark.read.schema(schema)
+        .option("basePath", f"{str(root).rstrip('/')}/{kind}")
+        .parquet(*files)
+        .select(*columns)
+    )
 
 
-def extract_deliveries(spark, *roots):
-    return _read_all(spark, roots, "deliveries", DELIVERY_SCHEMA).select(*DELIVERY_COLUMNS)
-
-
-def _read_all(spark, roots, kind, schema):
-    frames = [_read(spark, f"{str(root).rstrip('/')}/{kind}", schema) for root in roots if root]
-    frames = [f for f in frames if f is not None]
-    if not frames:
-        return spark.createDataFrame([], schema)
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
-    return out
-
-
-def _read(spark, path, schema):
-    # Nothing archived yet (or nothing recent): no folder. Asked of Hadoop's filesystem, which
-    # knows every scheme Spark reads (file, hdfs, s3a, ...).
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    if not hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path):
-        return None
-    return spark.read.schema(schema).parquet(path)
+def extract_snapshot(spark, root, kind):
+    """The hot tables' snapshot (analytics.extract.write_snapshot: plain Parquet with a queue
+    column), with the day each row would be archived under."""
+    schema, columns = _KINDS[kind]
+    snapshot_schema = T.StructType([f for f in schema if f.name != "day"])
+    frame = spark.read.schema(snapshot_schema).parquet(f"{str(root).rstrip('/')}/{kind}")
+    return frame.withColumn("day", F.date_format("created_at", "yyyy-MM-dd")).select(*columns)
 
 
 # --- transform -----------------------------------------------------------------------------------
 
 
-def transform_unique(rows: DataFrame) -> DataFrame:
-    """Each id once. A crash between the archive's write and its delete leaves a batch both
-    in the archive and in the hot tables; a batch written again after its boundaries moved can
-    sit in two files. The copies are the same row (only acked history is archived, and acked
-    is final), so any one will do."""
-    return rows.dropDuplicates(["id"])
+def transform_event_hours(messages: DataFrame, deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, event and hour (EVENT_HOUR_COLUMNS): the hour's messages, its
+    first and last, its messages per minute; its deliveries by state, the attempts of the settled
+    ones; and the latency sketch of its acked deliveries.
 
+    Every figure of every window is a sum, min or max of these rows, or a merge of their
+    sketches (analytics.sketch), so a day's rows are computed once and kept.
 
-def transform_rates(messages: DataFrame, unit: str) -> DataFrame:
-    """Messages published per queue, event and `unit` ("minute" or "hour"), as
-    (queue, event, period_start, messages); periods with none are absent."""
-    return messages.groupBy("queue", "event", F.date_trunc(unit, "created_at").alias("period_start")).agg(
-        F.count(F.lit(1)).alias("messages")
+    The counts are plain aggregates, which Spark runs as generated code in a hash aggregate;
+    the percentile is an object aggregate, kept apart over the acked deliveries alone so that
+    it does not take the counts out of generated code.
+    """
+    by_minute = messages.groupBy(
+        "queue", "day", "event", F.date_trunc("minute", "created_at").alias("minute")
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("created_at").alias("first_at"),
+        F.max("created_at").alias("last_at"),
     )
-
-
-def transform_event_stats(
-    messages: DataFrame, deliveries: DataFrame, per_minute: DataFrame, per_hour: DataFrame
-) -> DataFrame:
-    """One row per queue and event. Latency is publish to ack of acked deliveries, in ms (a
-    delivery's created_at is its message's publish time: the fan-out makes both at once).
-    attempts_mean is over settled (acked or dead) deliveries; dead_letter_rate = dead /
-    deliveries; messages_per_minute (per_hour) is the mean over the minutes (hours) from the
-    first message's to the last's, both included, and peak_* the busiest one."""
-    published = messages.groupBy("queue", "event").agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.min("created_at").alias("first_published_at"),
-        F.max("created_at").alias("last_published_at"),
+    published = by_minute.groupBy("queue", "day", "event", F.date_trunc("hour", "minute").alias("hour")).agg(
+        F.sum("n").alias("messages"),
+        # Each busy minute's count, so that the busiest minute of any window is exact even
+        # when the archive and the hot tables each hold part of one minute.
+        F.collect_list(F.struct(F.minute("minute").alias("minute"), F.col("n"))).alias("minute_counts"),
+        F.min("first_at").alias("first_at"),
+        F.max("last_at").alias("last_at"),
     )
     status = F.col("status")
-    latency_ms = F.when(
-        status == "acked", (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
-    )
-    delivered = deliveries.groupBy("queue", "event").agg(
+    hour = F.date_trunc("hour", "created_at").alias("hour")
+    delivered = deliveries.groupBy("queue", "day", "event", hour).agg(
         F.count(F.lit(1)).alias("deliveries"),
         *[F.sum((status == s).cast("long")).alias(s) for s in STATUSES],
-        F.percentile_approx(latency_ms, list(PERCENTILES), PERCENTILE_ACCURACY).alias("latency"),
-        F.avg(F.when(status.isin("acked", "dead"), F.col("attempts"))).alias("attempts_mean"),
+        F.sum(F.when(status.isin("acked", "dead"), F.col("attempts"))).alias("attempts_sum"),
     )
-    peaks = (
-        per_minute.groupBy("queue", "event")
-        .agg(F.max("messages").alias("peak_per_minute"))
-        .join(
-            per_hour.groupBy("queue", "event").agg(F.max("messages").alias("peak_per_hour")),
-            ["queue", "event"],
-        )
+    latency_ms = (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
+    latency = (
+        deliveries.where(status == "acked")
+        .groupBy("queue", "day", "event", hour)
+        .agg(F.percentile_approx(latency_ms, list(SKETCH_RANKS), PERCENTILE_ACCURACY).alias("latency_points"))
     )
-    joined = published.join(delivered, ["queue", "event"], "full_outer").join(
-        peaks, ["queue", "event"], "left"
-    )
-    n_messages = F.coalesce(F.col("messages"), F.lit(0))
-    n_deliveries = F.coalesce(F.col("deliveries"), F.lit(0))
+    keys = ["queue", "day", "event", "hour"]
+    joined = published.join(delivered, keys, "full_outer").join(latency, keys, "left")
+    zero = F.lit(0).cast("long")
     return joined.select(
-        "queue",
-        "event",
-        n_messages.alias("messages"),
-        n_deliveries.alias("deliveries"),
-        *[F.coalesce(F.col(s), F.lit(0)).alias(s) for s in STATUSES],
-        F.when(n_messages > 0, n_deliveries / n_messages).alias("fanout"),
-        *[F.col("latency")[i].alias(f"latency_p{_pct(p)}_ms") for i, p in enumerate(PERCENTILES)],
-        "attempts_mean",
-        F.when(n_deliveries > 0, F.coalesce(F.col("dead"), F.lit(0)) / n_deliveries).alias(
-            "dead_letter_rate"
-        ),
-        (n_messages / _periods("minute", 60)).alias("messages_per_minute"),
-        (n_messages / _periods("hour", 3600)).alias("messages_per_hour"),
-        F.coalesce(F.col("peak_per_minute"), F.lit(0)).alias("peak_per_minute"),
-        F.coalesce(F.col("peak_per_hour"), F.lit(0)).alias("peak_per_hour"),
-        "first_published_at",
-        "last_published_at",
+        *keys,
+        *[F.coalesce(F.col(c), zero).alias(c) for c in ("messages", "deliveries", *STATUSES, "attempts_sum")],
+        "minute_counts",
+        "first_at",
+        "last_at",
+        "latency_points",
     )
 
 
-def _periods(unit, seconds):
-    """How many `unit`s from the first message's to the last's, both included."""
-    first = F.unix_seconds(F.date_trunc(unit, "first_published_at"))
-    last = F.unix_seconds(F.date_trunc(unit, "last_published_at"))
-    return (last - first) / F.lit(seconds) + F.lit(1)
-
-
-def _pct(p):
-    return f"{p * 100:g}".replace(".", "_")
-
-
-def transform_subscriber_stats(deliveries: DataFrame, now: datetime) -> DataFrame:
-    """One row per subscriber: its deliveries by state (backlog: pending and inflight) and
-    the age in seconds at `now` of its oldest pending delivery (lag; null when none)."""
+def transform_subscriber_hours(deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, subscriber and hour (SUBSCRIBER_HOUR_COLUMNS): the deliveries
+    made in the hour (`published`) by their state now, the oldest still pending, and the acks
+    made in the hour (`acks`, by acked_at: what the backlog trend subtracts)."""
     status = F.col("status")
-    now_us = (now - EPOCH) // timedelta(microseconds=1)
-    stats = deliveries.groupBy("subscriber").agg(
-        F.count(F.lit(1)).alias("deliveries"),
+    keys = ["queue", "day", "subscriber", "hour"]
+    made = deliveries.groupBy(
+        "queue", "day", "subscriber", F.date_trunc("hour", "created_at").alias("hour")
+    ).agg(
+        F.count(F.lit(1)).alias("published"),
         *[F.sum((status == s).cast("long")).alias(s) for s in STATUSES],
         F.min(F.when(status == "pending", F.col("created_at"))).alias("oldest_pending_at"),
     )
-    return stats.withColumn(
-        "oldest_pending_age_s", (F.lit(now_us) - F.unix_micros("oldest_pending_at")) / F.lit(1_000_000.0)
+    acks = (
+        deliveries.where(status == "acked")
+        .groupBy("queue", "day", "subscriber", F.date_trunc("hour", "acked_at").alias("hour"))
+        .agg(F.count(F.lit(1)).alias("acks"))
     )
-
-
-# --- load ----------------------------------------------------------------------------------------
-
-
-def load_parquet(results, out):
-    """Write each result under `out`, replacing the last run's."""
-    for name, frame in results.items():
-        # Small results: one file each. The per-minute rates can be long, so they keep Spark's.
-        if name != "event_rates_minute":
-            frame = frame.coalesce(1)
-        frame.write.mode("overwrite").parquet(f"{str(out).rstrip('/')}/{name}")
+    zero = F.lit(0).cast("long")
+    return made.join(acks, keys, "full_outer").select(
+        *keys,
+        *[F.coalesce(F.col(c), zero).alias(c) for c in ("published", *STATUSES, "acks")],
+        "oldest_pending_at",
+    )
 
 
 # --- the whole job -------------------------------------------------------------------------------
 
 
-def run(spark, archive, recent, out, now=None):
-    """Read the archive and the recent snapshot, compute every result, write them under `out`."""
-    now = now or datetime.now(UTC)
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    # Let adaptive execution size the partitions of what is computed from the cached frames
-    # too; Spark leaves a cached plan's partitioning alone by default, and every result here
-    # is computed from one (measured: 7 times faster with this on).
-    spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-    # Persisted: each feeds several results, and deduping is the job's one big shuffle.
-    messages = transform_unique(extract_messages(spark, archive, recent)).persist()
-    deliveries = transform_unique(extract_deliveries(spark, archive, recent)).persist()
-    per_minute = transform_rates(messages, "minute").persist()
-    per_hour = transform_rates(messages, "hour").persist()
-    try:
-        load_parquet(
-            {
-                "event_stats": transform_event_stats(messages, deliveries, per_minute, per_hour),
-                "event_rates_minute": per_minute,
-                "event_rates_hour": per_hour,
-                "subscriber_stats": transform_subscriber_stats(deliveries, now),
-            },
-            out,
-        )
-    finally:
-        for frame in (messages, deliveries, per_minute, per_hour):
-            frame.unpersist()
+def configure(spark):
+    """What every run needs of the session, whoever built it."""
+    for key, value in RUN_CONF.items():
+        spark.conf.set(key, value)
+
+
+def compute_hours(spark, messages, deliveries):
+    """(event hours, subscriber hours) of these rows, as Arrow tables (they are small: a row
+    per hour and key, whatever the rows)."""
+    configure(spark)
+    return (
+        transform_event_hours(messages, deliveries).toArrow(),
+        transform_subscriber_hours(deliveries).toArrow(),
+    )
 
 
 def main(argv=None):
+    """spark-submit entry: the hour rows of the given archive files, as Parquet under --out."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--archive", required=True, help="the archive root (MQ_ARCHIVE_DIR)")
-    parser.add_argument("--recent", default="", help="the snapshot of the hot tables (analytics.extract)")
-    parser.add_argument("--out", required=True, help="where the results go")
-    parser.add_argument("--now", type=_iso_time, default=None, help="reference time for ages (UTC)")
+    parser.add_argument(
+        "--files", required=True, help="a text file listing the archive files to read, one a line"
+    )
+    parser.add_argument("--out", required=True, help="where event_hours/ and subscriber_hours/ go")
     parser.add_argument("--master", default=None, help="Spark master; default spark-submit's, or local[*]")
     args = parser.parse_args(argv)
+    with open(args.files) as f:
+        files = [line.strip() for line in f if line.strip()]
     spark = build_session(args.master)
     try:
-        run(spark, args.archive, args.recent, args.out, now=args.now)
+        configure(spark)
+        by_kind = {kind: [p for p in files if f"/{kind}/" in p] for kind in _KINDS}
+        messages = extract_archive(spark, args.archive, "messages", by_kind["messages"])
+        deliveries = extract_archive(spark, args.archive, "deliveries", by_kind["deliveries"])
+        out = args.out.rstrip("/")
+        transform_event_hours(messages, deliveries).coalesce(1).write.mode("overwrite").parquet(
+            f"{out}/event_hours"
+        )
+        transform_subscriber_hours(deliveries).coalesce(1).write.mode("overwrite").parquet(
+            f"{out}/subscriber_hours"
+        )
     finally:
         spark.stop()
     return 0
-
-
-def _iso_time(text):
-    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ makes those of the hot tables' hours, with percentile_approx's own rule for whic
 picks, so that both engines give the same points for the same values.
 """
 
+import bisect
+import itertools
 import math
 
 from .job import SKETCH_RANKS
@@ -45,17 +47,11 @@ class Merged:
         if not self.count:
             return [None for _ in ps]
         ordered = sorted(self._points)
-        out = []
-        for p in ps:
-            # The first point whose cumulative weight reaches p of the total (with a little
-            # slack for the sum of float weights).
-            target = p * self.count - 1e-9 * self.count
-            cumulative = 0.0
-            found = ordered[-1][0]
-            for value, weight in ordered:
-                cumulative += weight
-                if cumulative >= target:
-                    found = value
-                    break
-            out.append(found)
-        return out
+        cumulative = list(itertools.accumulate(weight for _, weight in ordered))
+        # The first point whose cumulative weight reaches p of the total, with a little slack
+        # for the rounding of float sums.
+        slack = 1e-9 * self.count
+        return [
+            ordered[min(bisect.bisect_left(cumulative, p * self.count - slack), len(ordered) - 1)][0]
+            for p in ps
+        ]

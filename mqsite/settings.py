@@ -251,6 +251,12 @@ if MQ_WEBHOOK_TIMEOUT_SECS > 10:
     raise ImproperlyConfigured("MQ_WEBHOOK_TIMEOUT_SECS is at most 10 (the contract's deadline)")
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
+# How long `analyze` waits for the archive's lock (held by the archive, its compaction or
+# another analysis) before it gives up with AnalysisBusy.
+MQ_ANALYZE_LOCK_WAIT_SECS = _positive_float("MQ_ANALYZE_LOCK_WAIT_SECS", 60.0)
+# Past this many deliveries in the hot tables, their hour rows are computed by Spark rather
+# than in the analyzing process with Arrow (which holds the snapshot in memory).
+MQ_ANALYTICS_HOT_SPARK_ROWS = _positive_int("MQ_ANALYTICS_HOT_SPARK_ROWS", 2_000_000)
 # Requests a subscriber may make, per second or minute (DRF rate syntax).
 MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="2000/s")
 # Failed token attempts (REST and websocket) per client address per minute; beyond it a bad

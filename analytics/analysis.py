@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from django.conf import settings
 from django.utils import timezone
 
-from . import archive, extract, figures, hot_hours, job, layout, load, overlap, partitions, runs
+from . import archive, extract, figures, hours, job, layout, load, overlap, partitions, runs
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,10 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None):
     started_at, started = timezone.now(), time.monotonic()
     run_id = runs.new_run_id()
     folder = runs.run_path(out, run_id)
-    hours, facts = _hour_rows(root, out, folder, snapshot, master, since, until)
-    event_stats, event_trends = figures.event_figures(hours["events"], since=since, until=until)
+    rows, facts = _hour_rows(root, out, folder, snapshot, master, since, until)
+    event_stats, event_trends = figures.event_figures(rows["events"], since=since, until=until)
     subscriber_stats, subscriber_trends = figures.subscriber_figures(
-        hours["subscribers"], now=now, since=since, until=until
+        rows["subscribers"], now=now, since=since, until=until
     )
     for name, rows in (
         ("event_stats", event_stats),
@@ -146,36 +146,33 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
     hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
 
     new = {"events": [], "subscribers": []}
-    hot = {}
+    hot = None
     if missing or hot_in_spark:
         with job.session(master or settings.SPARK_MASTER) as spark:
             if missing:
                 files = {kind: [f for p in missing for f in p.paths(kind)] for kind in partitions.KINDS}
-                events, subscribers = job.compute_hours(
-                    spark,
-                    job.extract_archive(spark, root, layout.MESSAGES, files[layout.MESSAGES]),
-                    job.extract_archive(spark, root, layout.DELIVERIES, files[layout.DELIVERIES]),
+                derived = _derived(
+                    job.compute_parts(
+                        spark,
+                        job.extract_archive(spark, root, layout.MESSAGES, files[layout.MESSAGES]),
+                        job.extract_archive(spark, root, layout.DELIVERIES, files[layout.DELIVERIES]),
+                    )
                 )
                 by_key = {(p.queue, p.day): p.fingerprint for p in missing}
-                new["events"].append(_tagged(events, hot_hours.EVENT_HOUR_SCHEMA, by_key))
-                new["subscribers"].append(_tagged(subscribers, hot_hours.SUBSCRIBER_HOUR_SCHEMA, by_key))
+                for name, table in derived.items():
+                    new[name].append(_tagged(table, by_key))
             if hot_in_spark:
                 extract.write_snapshot(f"{folder}/hot", snapshot)
-                events, subscribers = job.compute_hours(
-                    spark,
-                    job.extract_snapshot(spark, f"{folder}/hot", layout.MESSAGES),
-                    job.extract_snapshot(spark, f"{folder}/hot", layout.DELIVERIES),
+                hot = _derived(
+                    job.compute_parts(
+                        spark,
+                        job.extract_snapshot(spark, f"{folder}/hot", layout.MESSAGES),
+                        job.extract_snapshot(spark, f"{folder}/hot", layout.DELIVERIES),
+                    )
                 )
-                hot = {
-                    "events": events.cast(hot_hours.EVENT_HOUR_SCHEMA),
-                    "subscribers": subscribers.cast(hot_hours.SUBSCRIBER_HOUR_SCHEMA),
-                }
                 layout.remove_tree(f"{folder}/hot")
-    if not hot:
-        hot = {
-            "events": hot_hours.event_hours(snapshot.messages, snapshot.deliveries),
-            "subscribers": hot_hours.subscriber_hours(snapshot.deliveries),
-        }
+    if hot is None:
+        hot = _derived(hours.parts(snapshot.messages, snapshot.deliveries))
 
     archived = {name: pa.concat_tables([kept[name], *new[name]]) for name in kept}
     _write_parquet(folder, EVENT_HOURS, archived["events"])
@@ -210,7 +207,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
 def _kept_hours(out, live):
     """The archive's hour rows of the current run whose partition is unchanged (fingerprint
     still live); empty tables when there is no current run or its rows cannot be read."""
-    schemas = {"events": hot_hours.EVENT_HOUR_SCHEMA, "subscribers": hot_hours.SUBSCRIBER_HOUR_SCHEMA}
+    schemas = {"events": hours.EVENT_HOUR_SCHEMA, "subscribers": hours.SUBSCRIBER_HOUR_SCHEMA}
     empty = {name: _with_fingerprint(schema).empty_table() for name, schema in schemas.items()}
     current = runs.current(out)
     if current is None:
@@ -231,9 +228,15 @@ def _with_fingerprint(schema):
     return schema.append(pa.field("fingerprint", pa.string()))
 
 
-def _tagged(table, schema, fingerprints):
-    """Spark's hour rows in `schema`, each with its partition's fingerprint."""
-    table = table.cast(schema)
+def _derived(parts):
+    """{"events": event hours, "subscribers": subscriber hours} of a run's parts (Spark's or
+    Arrow's)."""
+    parts = {name: table.cast(hours.PART_SCHEMAS[name]) for name, table in parts.items()}
+    return {"events": hours.event_hours(parts), "subscribers": hours.subscriber_hours(parts)}
+
+
+def _tagged(table, fingerprints):
+    """Hour rows, each with its partition's fingerprint."""
     keys = zip(table["queue"].to_pylist(), table["day"].to_pylist(), strict=True)
     return table.append_column("fingerprint", pa.array([fingerprints[k] for k in keys], pa.string()))
 

@@ -1,12 +1,14 @@
-"""The analytics job: hourly aggregates of the archive with PySpark, merged by analytics.merge.
+"""The analytics job: the archive's history reduced to a few rows per hour, with PySpark.
 
     spark-submit analytics/job.py --archive DIR --files LIST --out DIR
 
 It reads the archive's Parquet files it is given (or, when the hot tables are large, their
-snapshot) and computes, per (queue, day) partition, one row per queue, event and hour
-(`event_hours`) and per queue, subscriber and hour (`subscriber_hours`): counts, minima,
-maxima and a latency sketch, every one of which merges across hours and days. A day's rows are
-computed once and kept (analytics.analysis); a run recomputes only the partitions that changed.
+snapshot) and computes three small parts, per queue, day and hour: `message_hours` (messages,
+per minute, first and last), `delivery_cells` (deliveries counted by event, subscriber, state
+and hour of ack) and `latency_sketches` (a mergeable sketch of the acked deliveries' latency).
+Every figure of any window is a sum, a minimum, a maximum or a sketch merge of these
+(analytics.hours, analytics.figures), so a day's parts are computed once and kept
+(analytics.analysis): a run recomputes only the partitions that changed.
 
 No global dedupe: each row is read once. The archive's batches are idempotent (a journal), so
 the archive holds each id once; the only overlap, the hot tables' rows that are also archived,
@@ -78,13 +80,12 @@ SKETCH_POINTS = 200
 SKETCH_RANKS = tuple(i / SKETCH_POINTS for i in range(1, SKETCH_POINTS + 1))
 PERCENTILE_ACCURACY = 10_000
 
-EVENT_HOUR_COLUMNS = (
-    "queue", "day", "event", "hour", "messages", "deliveries", *STATUSES, "attempts_sum",
-    "minute_counts", "first_at", "last_at", "latency_points",
+MESSAGE_HOUR_COLUMNS = ("queue", "day", "event", "hour", "messages", "minute_counts", "first_at", "last_at")
+CELL_COLUMNS = (
+    "queue", "day", "event", "subscriber", "hour", "acked_hour", "status", "n", "attempts",
+    "first_created_at",
 )  # fmt: skip
-SUBSCRIBER_HOUR_COLUMNS = (
-    "queue", "day", "subscriber", "hour", "published", *STATUSES, "acks", "oldest_pending_at",
-)  # fmt: skip
+SKETCH_COLUMNS = ("queue", "day", "event", "hour", "latency_points")
 
 # Set on the session by every run (configure()).
 RUN_CONF = {
@@ -184,18 +185,10 @@ def extract_snapshot(spark, root, kind):
 # --- transform -----------------------------------------------------------------------------------
 
 
-def transform_event_hours(messages: DataFrame, deliveries: DataFrame) -> DataFrame:
-    """One row per queue, day, event and hour (EVENT_HOUR_COLUMNS): the hour's messages, its
-    first and last, its messages per minute; its deliveries by state, the attempts of the settled
-    ones; and the latency sketch of its acked deliveries.
-
-    Every figure of every window is a sum, min or max of these rows, or a merge of their
-    sketches (analytics.sketch), so a day's rows are computed once and kept.
-
-    The counts are plain aggregates, which Spark runs as generated code in a hash aggregate;
-    the percentile is an object aggregate, kept apart over the acked deliveries alone so that
-    it does not take the counts out of generated code.
-    """
+def transform_message_hours(messages: DataFrame) -> DataFrame:
+    """One row per queue, day, event and hour (MESSAGE_HOUR_COLUMNS): the hour's messages, each
+    busy minute's count (so that the busiest minute of any window is exact even when the archive
+    and the hot tables each hold part of one minute), the first and the last."""
     by_minute = messages.groupBy(
         "queue", "day", "event", F.date_trunc("minute", "created_at").alias("minute")
     ).agg(
@@ -203,63 +196,47 @@ def transform_event_hours(messages: DataFrame, deliveries: DataFrame) -> DataFra
         F.min("created_at").alias("first_at"),
         F.max("created_at").alias("last_at"),
     )
-    published = by_minute.groupBy("queue", "day", "event", F.date_trunc("hour", "minute").alias("hour")).agg(
+    return by_minute.groupBy("queue", "day", "event", F.date_trunc("hour", "minute").alias("hour")).agg(
         F.sum("n").alias("messages"),
-        # Each busy minute's count, so that the busiest minute of any window is exact even
-        # when the archive and the hot tables each hold part of one minute.
         F.collect_list(F.struct(F.minute("minute").alias("minute"), F.col("n"))).alias("minute_counts"),
         F.min("first_at").alias("first_at"),
         F.max("last_at").alias("last_at"),
     )
-    status = F.col("status")
-    hour = F.date_trunc("hour", "created_at").alias("hour")
-    delivered = deliveries.groupBy("queue", "day", "event", hour).agg(
-        F.count(F.lit(1)).alias("deliveries"),
-        *[F.sum((status == s).cast("long")).alias(s) for s in STATUSES],
-        F.sum(F.when(status.isin("acked", "dead"), F.col("attempts"))).alias("attempts_sum"),
-    )
-    latency_ms = (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
-    latency = (
-        deliveries.where(status == "acked")
-        .groupBy("queue", "day", "event", hour)
-        .agg(F.percentile_approx(latency_ms, list(SKETCH_RANKS), PERCENTILE_ACCURACY).alias("latency_points"))
-    )
-    keys = ["queue", "day", "event", "hour"]
-    joined = published.join(delivered, keys, "full_outer").join(latency, keys, "left")
-    zero = F.lit(0).cast("long")
-    return joined.select(
-        *keys,
-        *[F.coalesce(F.col(c), zero).alias(c) for c in ("messages", "deliveries", *STATUSES, "attempts_sum")],
-        "minute_counts",
-        "first_at",
-        "last_at",
-        "latency_points",
-    )
 
 
-def transform_subscriber_hours(deliveries: DataFrame) -> DataFrame:
-    """One row per queue, day, subscriber and hour (SUBSCRIBER_HOUR_COLUMNS): the deliveries
-    made in the hour (`published`) by their state now, the oldest still pending, and the acks
-    made in the hour (`acks`, by acked_at: what the backlog trend subtracts)."""
-    status = F.col("status")
-    keys = ["queue", "day", "subscriber", "hour"]
-    made = deliveries.groupBy(
-        "queue", "day", "subscriber", F.date_trunc("hour", "created_at").alias("hour")
+def transform_delivery_cells(deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, event, subscriber, hour of publish, hour of ack and state
+    (CELL_COLUMNS): how many deliveries, their attempts, the earliest published.
+
+    Every count of the event hours and the subscriber hours is a sum over these cells
+    (analytics.hours), so the deliveries are read once for all of them, by one aggregate of
+    plain functions that Spark runs as generated code. There are few cells: at most one per
+    subscription, hour and state, and a second hour for acks that came after their hour.
+    """
+    return deliveries.groupBy(
+        "queue",
+        "day",
+        "event",
+        "subscriber",
+        F.date_trunc("hour", "created_at").alias("hour"),
+        F.date_trunc("hour", "acked_at").alias("acked_hour"),
+        "status",
     ).agg(
-        F.count(F.lit(1)).alias("published"),
-        *[F.sum((status == s).cast("long")).alias(s) for s in STATUSES],
-        F.min(F.when(status == "pending", F.col("created_at"))).alias("oldest_pending_at"),
+        F.count(F.lit(1)).alias("n"),
+        F.sum("attempts").alias("attempts"),
+        F.min("created_at").alias("first_created_at"),
     )
-    acks = (
-        deliveries.where(status == "acked")
-        .groupBy("queue", "day", "subscriber", F.date_trunc("hour", "acked_at").alias("hour"))
-        .agg(F.count(F.lit(1)).alias("acks"))
-    )
-    zero = F.lit(0).cast("long")
-    return made.join(acks, keys, "full_outer").select(
-        *keys,
-        *[F.coalesce(F.col(c), zero).alias(c) for c in ("published", *STATUSES, "acks")],
-        "oldest_pending_at",
+
+
+def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, event and hour with acked deliveries (SKETCH_COLUMNS): the
+    latency sketch of its acked deliveries, publish to ack, in ms. An object aggregate, kept
+    apart from the counts so that it does not take them out of generated code."""
+    latency_ms = (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
+    return (
+        deliveries.where(F.col("status") == "acked")
+        .groupBy("queue", "day", "event", F.date_trunc("hour", "created_at").alias("hour"))
+        .agg(F.percentile_approx(latency_ms, list(SKETCH_RANKS), PERCENTILE_ACCURACY).alias("latency_points"))
     )
 
 
@@ -272,14 +249,20 @@ def configure(spark):
         spark.conf.set(key, value)
 
 
-def compute_hours(spark, messages, deliveries):
-    """(event hours, subscriber hours) of these rows, as Arrow tables (they are small: a row
-    per hour and key, whatever the rows)."""
+def transforms(messages, deliveries):
+    """{name: DataFrame} of the three parts (PARTS) of these rows."""
+    return {
+        "message_hours": transform_message_hours(messages),
+        "delivery_cells": transform_delivery_cells(deliveries),
+        "latency_sketches": transform_latency_sketches(deliveries),
+    }
+
+
+def compute_parts(spark, messages, deliveries):
+    """{name: Arrow table} of the three parts of these rows: small (a few rows per hour and
+    key, whatever the rows), so they come back to the driver whole."""
     configure(spark)
-    return (
-        transform_event_hours(messages, deliveries).toArrow(),
-        transform_subscriber_hours(deliveries).toArrow(),
-    )
+    return {name: frame.toArrow() for name, frame in transforms(messages, deliveries).items()}
 
 
 def main(argv=None):
@@ -289,7 +272,9 @@ def main(argv=None):
     parser.add_argument(
         "--files", required=True, help="a text file listing the archive files to read, one a line"
     )
-    parser.add_argument("--out", required=True, help="where event_hours/ and subscriber_hours/ go")
+    parser.add_argument(
+        "--out", required=True, help="where message_hours/, delivery_cells/, latency_sketches/ go"
+    )
     parser.add_argument("--master", default=None, help="Spark master; default spark-submit's, or local[*]")
     args = parser.parse_args(argv)
     with open(args.files) as f:
@@ -300,13 +285,8 @@ def main(argv=None):
         by_kind = {kind: [p for p in files if f"/{kind}/" in p] for kind in _KINDS}
         messages = extract_archive(spark, args.archive, "messages", by_kind["messages"])
         deliveries = extract_archive(spark, args.archive, "deliveries", by_kind["deliveries"])
-        out = args.out.rstrip("/")
-        transform_event_hours(messages, deliveries).coalesce(1).write.mode("overwrite").parquet(
-            f"{out}/event_hours"
-        )
-        transform_subscriber_hours(deliveries).coalesce(1).write.mode("overwrite").parquet(
-            f"{out}/subscriber_hours"
-        )
+        for name, frame in transforms(messages, deliveries).items():
+            frame.coalesce(1).write.mode("overwrite").parquet(f"{args.out.rstrip('/')}/{name}")
     finally:
         spark.stop()
     return 0

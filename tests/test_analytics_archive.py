@@ -213,7 +213,7 @@ def test_a_second_run_at_once_is_refused(archive_dir):
 
     def other_run():
         try:
-            with archive._exclusive(settings.MQ_ARCHIVE_DIR):
+            with archive.exclusive(settings.MQ_ARCHIVE_DIR):
                 holding.set()
                 release.wait(30)
         finally:

@@ -127,7 +127,8 @@ def archivable(queue, cutoff):
 def replay_journal(root):
     """Finish the batches a crashed run left in the journal, oldest first; yields each one's
     (messages, deliveries) deleted. Call it under exclusive(root)."""
-    for batch in ArchiveBatch.objects.order_by("id"):
+    # Only this place's: a batch journaled for another MQ_ARCHIVE_DIR waits for a run there.
+    for batch in ArchiveBatch.objects.filter(root=str(root)).order_by("id"):
         log.info("archive: replaying the journaled batch %s", batch)
         yield _run_batch(root, batch, replay=True)
 
@@ -140,7 +141,10 @@ def archive_batch(root, queue_name, ids):
         return 0, 0
     # Committed before a file is written: from here on a crash is replayed with these ids.
     batch = ArchiveBatch.objects.create(
-        queue=queue_name, message_ids=list(ids), days=sorted({layout.day_of(m[3]) for m in rows[0]})
+        root=str(root),
+        queue=queue_name,
+        message_ids=list(ids),
+        days=sorted({layout.day_of(m[3]) for m in rows[0]}),
     )
     return _run_batch(root, batch, rows=rows)
 

@@ -98,6 +98,7 @@ class ArchiveBatch(models.Model):
     names (analytics.archive.replay_journal), whatever batches it would pick itself.
     """
 
+    root = models.CharField(max_length=1024, help_text="The archive's place (MQ_ARCHIVE_DIR) it writes to.")
     queue = models.CharField(max_length=64)
     message_ids = models.JSONField(help_text="The batch's message ids; its files are named after them.")
     days = models.JSONField(default=list, help_text="The days (UTC) the batch wrote files into.")

@@ -15,9 +15,10 @@ operator deleted messages meanwhile) removed; then the delete. Batches the run p
 afterwards may have other boundaries (a message that became archivable meanwhile, another
 cutoff), but they never hold a journaled message: each message is in the archive once.
 
-Acked is a final state (the ledger never moves an acked delivery) and deliveries are made only
-at publish, so a message that was archivable when read is still archivable at the delete; the
-delete checks it again all the same.
+A message archivable when read may not be at the delete: a seek (ledger.replay) reopens acked
+deliveries and adds missing ones. The delete checks again and keeps such a message; the
+batch's files are then written again without it before the delete commits, so the archive
+never holds a message that is still in the hot tables.
 """
 
 import contextlib
@@ -69,6 +70,10 @@ DELIVERY_FIELDS = (
     "last_error",
 )
 
+
+# Writes of one batch before it is left to the next run, when its messages keep being reopened
+# between the write and the delete.
+WRITE_TRIES = 5
 
 # How often a waiting exclusive() tries the lock again.
 LOCK_POLL_SECS = 0.2
@@ -157,7 +162,7 @@ def _read_batch(ids):
         Delivery.objects.filter(message_id__in=ids).order_by("id").values_list(*DELIVERY_FIELDS)
     )
     if any(d[5] != Status.ACKED for d in deliveries):
-        # Not reachable through the ledger (acked is final); never archive an open delivery.
+        # Reopened by a seek since the batch was chosen: never archive an open delivery.
         unsettled = {d[1] for d in deliveries if d[5] != Status.ACKED}
         messages = [m for m in messages if m[0] not in unsettled]
         deliveries = [d for d in deliveries if d[1] not in unsettled]
@@ -165,25 +170,45 @@ def _read_batch(ids):
 
 
 def _run_batch(root, batch, *, rows=None, replay=False):
-    messages, deliveries = rows or _read_batch(batch.message_ids)
     # The name comes from the journaled ids alone, never from the rows found: a replay that
     # finds fewer rows still overwrites the files of the first attempt.
     name = layout.part_name(min(batch.message_ids), max(batch.message_ids))
-    # The files are complete and on disk before a single row goes.
+    for attempt in range(WRITE_TRIES):
+        messages, deliveries = rows if rows and not attempt else _read_batch(batch.message_ids)
+        # The files are complete and on disk before a single row goes.
+        _write_batch(root, batch, name, messages, deliveries, clean=replay or attempt > 0)
+        written = [m[0] for m in messages]
+        try:
+            with transaction.atomic():
+                moved = delete_archived(written, {d[0] for d in deliveries})
+                # A seek (ledger.replay) may reopen an acked delivery, or add one, between the
+                # read and the delete: that message stays in the hot tables, so its copy must
+                # leave the files, or it would be archived twice once settled again.
+                if Message.objects.filter(id__in=written).exists():
+                    raise _Reopened
+                ArchiveBatch.objects.filter(pk=batch.pk).delete()
+            return moved
+        except _Reopened:
+            log.info("archive: a message of %s was reopened meanwhile; writing the batch again", batch)
+    raise RuntimeError(f"archive: the batch {batch} kept changing; the next run replays it")
+
+
+class _Reopened(Exception):
+    pass
+
+
+def _write_batch(root, batch, name, messages, deliveries, *, clean):
     written = set(layout.write_history(root, batch.queue, messages, deliveries, durable=True, name=name))
-    if replay:
-        # A (kind, day) the first attempt wrote and this one did not: its rows are gone from
-        # the hot tables since; the archive does not keep a copy of what an operator deleted.
-        fs, base = layout.filesystem(root)
-        for day in batch.days:
-            for kind in (layout.MESSAGES, layout.DELIVERIES):
-                path = f"{layout.partition(base, kind, batch.queue, day)}/{name}"
-                if path not in written:
-                    layout.remove_file(fs, path)
-    with transaction.atomic():
-        moved = delete_archived([m[0] for m in messages], {d[0] for d in deliveries})
-        ArchiveBatch.objects.filter(pk=batch.pk).delete()
-    return moved
+    if not clean:
+        return
+    # A (kind, day) an earlier attempt wrote and this one did not: its rows have left the batch
+    # (deleted by an operator, or reopened); the archive keeps no copy of them.
+    fs, base = layout.filesystem(root)
+    for day in batch.days:
+        for kind in (layout.MESSAGES, layout.DELIVERIES):
+            path = f"{layout.partition(base, kind, batch.queue, day)}/{name}"
+            if path not in written:
+                layout.remove_file(fs, path)
 
 
 def delete_archived(message_ids, delivery_ids):

@@ -15,8 +15,9 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from analytics import archive, tasks
+from analytics import archive, layout, tasks
 from analytics.models import ArchiveBatch
+from delivery import ledger
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
@@ -366,3 +367,41 @@ def test_the_lock_can_be_waited_for(archive_dir):
     finally:
         release.set()
         thread.join()
+
+
+def test_a_message_reopened_before_the_delete_leaves_the_batchs_files(
+    archive_dir, subscribed, logger, peer, monkeypatch
+):
+    # Given three old settled messages, the second reopened for peer (a seek) after the
+    # batch's files are written, before its delete
+    ids = []
+    for _ in range(3):
+        ids.append(publish_at(subscribed, "create", days_ago(10)))
+        settle(ids[-1], {logger: Status.ACKED, peer: Status.ACKED})
+    real_write = layout.write_history
+    reopened = []
+
+    def write_then_reopen(*args, **kwargs):
+        written = real_write(*args, **kwargs)
+        if not reopened:  # a seek, committed while the archive is between write and delete
+            reopened.append(
+                Delivery.objects.filter(message_id=ids[1], subscriber=peer).update(status=Status.PENDING)
+            )
+        return written
+
+    monkeypatch.setattr(layout, "write_history", write_then_reopen)
+
+    # When
+    assert archive.archive_history() == {"messages": 2, "deliveries": 4}
+
+    # Then the reopened message stays, and the archive holds no copy of it
+    assert list(Message.objects.values_list("id", flat=True)) == [ids[1]]
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == [ids[0], ids[2]]
+    assert {d["message_id"] for d in parquet(archive_dir, "deliveries")} == {ids[0], ids[2]}
+    assert not ArchiveBatch.objects.exists()
+
+    # ... and once settled again it is archived, once
+    ledger.ack_deliveries(peer, [delivery_of(ids[1], peer).id])
+    assert archive.archive_history() == {"messages": 1, "deliveries": 2}
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == ids
+    assert_each_row_once_in_a_file(archive_dir)

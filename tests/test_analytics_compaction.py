@@ -334,3 +334,15 @@ def test_it_waits_for_no_one(archive_dir):
         release.set()
         thread.join()
     assert json.loads(compact("--json")) == {"partitions": 0, "files_before": 0, "files_after": 0}
+
+
+def test_a_local_disk_swaps_two_folders_in_one_step(tmp_path):
+    # The atomic way is the one taken here (no silent fall back to the manifest's)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "new").write_text("new")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "old").write_text("old")
+    assert compaction._exchange(str(tmp_path / "a"), str(tmp_path / "b")) is True
+    assert os.listdir(tmp_path / "b") == ["new"] and os.listdir(tmp_path / "a") == ["old"]
+    with pytest.raises(FileNotFoundError):
+        compaction._exchange(str(tmp_path / "a"), str(tmp_path / "missing"))

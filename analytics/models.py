@@ -5,6 +5,7 @@ the archive too, whose queues and subscribers may since have been deleted.
 """
 
 from django.db import models
+from django.utils import timezone
 
 
 class EventStats(models.Model):
@@ -86,3 +87,27 @@ class SubscriberStats(models.Model):
 
     def __str__(self):
         return self.subscriber
+
+
+class ArchiveBatch(models.Model):
+    """The archive's journal: one batch of messages between its Parquet write and its delete.
+
+    Committed before the batch's files are written and deleted in the transaction that deletes
+    the batch's rows, so a row here means "these files may exist, these rows may still be in
+    the hot tables". The next archive run replays it with the same ids, hence the same file
+    names (analytics.archive.replay_journal), whatever batches it would pick itself.
+    """
+
+    root = models.CharField(max_length=1024, help_text="The archive's place (MQ_ARCHIVE_DIR) it writes to.")
+    queue = models.CharField(max_length=64)
+    message_ids = models.JSONField(help_text="The batch's message ids; its files are named after them.")
+    days = models.JSONField(default=list, help_text="The days (UTC) the batch wrote files into.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "archive batch in progress"
+        verbose_name_plural = "archive batches in progress"
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.queue} {min(self.message_ids, default='')}-{max(self.message_ids, default='')}"

@@ -3,6 +3,12 @@
     <root>/messages/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
     <root>/deliveries/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
 
+The snapshot of the hot tables (analytics.extract) is smaller and plain: only the columns the
+analytics job reads, the queue a column rather than a folder (HOT_*_SCHEMA below):
+
+    <root>/messages/part-0.parquet
+    <root>/deliveries/part-0.parquet
+
 Hive partitioning, so Spark, DuckDB and pandas read it as it is. A delivery lives in its
 message's day (they are made in the same instant by the fan-out), and both files of a batch
 are named after the first and last message id in them: writing the same batch again
@@ -53,6 +59,21 @@ DELIVERY_SCHEMA = pa.schema(
         ("acked_at", TIMESTAMP),
         ("last_error", pa.string()),
     ]
+)
+
+# The snapshot's columns: those of the archive's schemas that the analytics job reads, under
+# the same names and types, and the queue, which the archive keeps in its folder names.
+QUEUE_FIELD = pa.field("queue", pa.string())
+
+
+def _hot_schema(archive_schema, names):
+    return pa.schema([QUEUE_FIELD if name == "queue" else archive_schema.field(name) for name in names])
+
+
+HOT_MESSAGE_SCHEMA = _hot_schema(MESSAGE_SCHEMA, ["id", "queue", "event", "created_at"])
+HOT_DELIVERY_SCHEMA = _hot_schema(
+    DELIVERY_SCHEMA,
+    ["id", "message_id", "queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at"],
 )
 
 MESSAGES = "messages"
@@ -108,6 +129,15 @@ def write_history(root, queue, messages, deliveries, *, durable=True):
             _write_file(fs, folder, name, _table(schema, kind_rows), durable)
             written.append(f"{folder}/{name}")
     return written
+
+
+def write_table(root, folder, name, table, *, durable=True):
+    """Write one Parquet file `<root>/<folder>/<name>` whole (a reader or a crash never sees
+    half of it); returns its path. With `durable`, it is on disk before this returns."""
+    fs, base = filesystem(root)
+    path = f"{base}/{folder}"
+    _write_file(fs, path, name, table, durable)
+    return f"{path}/{name}"
 
 
 def _table(schema, rows):

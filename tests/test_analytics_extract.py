@@ -119,6 +119,22 @@ def test_it_holds_every_hot_row_with_the_values_the_models_read(history, logger)
 
 
 @pytest.mark.django_db
+def test_it_reads_rows_across_the_blocks_of_its_reader(history, monkeypatch):
+    # Given blocks of a few rows each, so that rows and quoted line breaks meet their edges
+    # (PostgreSQL: the CSV of COPY; SQLite: the fetches)
+    monkeypatch.setattr(extract, "CSV_BLOCK_BYTES", 300)
+    monkeypatch.setattr(extract, "CHUNK_ROWS", 2)
+
+    # When
+    snapshot = extract.hot_snapshot()
+
+    # Then
+    assert snapshot_rows(snapshot.messages) == orm_messages()
+    assert snapshot_rows(snapshot.deliveries) == orm_deliveries()
+    assert snapshot.deliveries.column("id").num_chunks > 1
+
+
+@pytest.mark.django_db
 def test_it_never_reads_a_payload_headers_or_errors(history):
     # Given every statement, seen two ways: Django's query log and its execute hooks
     hooked = []

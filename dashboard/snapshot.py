@@ -20,7 +20,7 @@ from django.db.models import Count, Min, OuterRef, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
-from analytics.models import EventRate, EventStats, SubscriberStats
+from analytics.models import EventStats, EventTrend, Period, SubscriberStats
 from delivery import tallies
 from delivery.models import Delivery, Status, TallyActivity
 from delivery.reports import first_pending_at, queue_stats
@@ -249,10 +249,11 @@ def analytics_history():
         )[:HISTORY_ROWS_LIMIT]
     ]
     hours = dict(
-        EventRate.objects.order_by()
-        .values_list("hour")
+        EventTrend.objects.filter(period=Period.HOUR)
+        .order_by()
+        .values_list("period_start")
         .annotate(n=Sum("messages"))
-        .order_by("-hour")[:HISTORY_HOURS]
+        .order_by("-period_start")[:HISTORY_HOURS]
     )
     # One run writes all three tables in one transaction; the rows name when it ran.
     stamps = [r.pop("computed_at") for r in events + subscribers]

@@ -41,3 +41,7 @@ def _spark_path(path):
     """A local path made absolute (Spark would resolve it against its own working directory)."""
     path = str(path).rstrip("/")
     return path if "://" in path else os.path.abspath(path)
+
+
+class AnalysisBusy(RuntimeError):
+    """Another run of the analysis holds the run (it is still going): this one did nothing."""

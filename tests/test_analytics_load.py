@@ -105,3 +105,36 @@ def test_run_json_gives_back_the_manifest(tmp_path):
     manifest = runs.read_manifest(out, run_id)
     answer = load.run_json(load.last_run())
     assert {k: v for k, v in answer.items() if k != "loaded_at"} == manifest
+
+
+def test_the_admin_shows_trends_and_runs_read_only(operator_client, tmp_path):
+    from django.urls import reverse
+
+    out = str(tmp_path)
+    run_id = write_run(
+        out,
+        event_trends=[
+            {"queue": "db", "event": "create", "period_start": HOUR, "messages": 3, "dead_letter_rate": 0.25},
+            {"queue": "network", "event": "error", "period": "day", "period_start": HOUR.replace(hour=0)},
+        ],
+        subscriber_trends=[{"subscriber": "logger", "period_start": HOUR, "published": 3, "backlog": 1}],
+    )
+    load.load_run(out, run_id)
+    for model, query, shown, rows in (
+        (EventTrend, {"period__exact": "hour"}, "25.00%", 1),
+        (EventTrend, {"queue": "network"}, "network", 1),
+        (EventTrend, {}, "25.00%", 2),
+        (SubscriberTrend, {"period__exact": "hour"}, "logger", 1),
+        (AnalyticsRun, {}, run_id, 1),
+    ):
+        name = model._meta.model_name
+        page = operator_client.get(reverse(f"admin:analytics_{name}_changelist"), query)
+        text = page.content.decode()
+        assert page.status_code == 200 and shown in text, (name, query)
+        assert page.context["cl"].result_count == rows, (name, query)
+        assert operator_client.get(reverse(f"admin:analytics_{name}_add")).status_code == 403
+        obj = model.objects.first()
+        assert (
+            operator_client.post(reverse(f"admin:analytics_{name}_delete", args=[obj.pk])).status_code == 403
+        )
+        assert model.objects.filter(pk=obj.pk).exists()

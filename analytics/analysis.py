@@ -28,11 +28,12 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from django.conf import settings
 from django.utils import timezone
 
-from . import archive, extract, figures, hours, job, layout, load, overlap, partitions, runs
+from . import archive, extract, figures, hours, job, layout, load, overlap, partitions, runs, spark_settings
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
     new = {"events": [], "subscribers": []}
     hot = None
     if missing or hot_in_spark:
-        with job.session(master or settings.SPARK_MASTER) as spark:
+        with job.session(**spark_settings.session_options(master)) as spark:
             if missing:
                 files = {kind: [f for p in missing for f in p.paths(kind)] for kind in partitions.KINDS}
                 derived = _derived(
@@ -180,9 +181,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
 
     wanted = pa.array(sorted(p.fingerprint for p in chosen.values()), pa.string())
     rows = {
-        name: archived[name]
-        .filter(pa.compute.is_in(archived[name]["fingerprint"], value_set=wanted))
-        .to_pylist()
+        name: archived[name].filter(pc.is_in(archived[name]["fingerprint"], value_set=wanted)).to_pylist()
         + hot[name].to_pylist()
         for name in archived
     }
@@ -194,6 +193,9 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
             "reused": len(chosen) - len(missing),
         },
         "rows": {
+            # What Spark read of the archive (the partitions recomputed), from what it counted.
+            "archive_messages": sum(pc.sum(t["messages"]).as_py() or 0 for t in new["events"]),
+            "archive_deliveries": sum(pc.sum(t["deliveries"]).as_py() or 0 for t in new["events"]),
             "archive_files": sum(len(p.files) for p in missing),
             "archive_bytes": sum(p.bytes for p in missing),
             "hot_messages": snapshot.messages.num_rows,
@@ -220,7 +222,7 @@ def _kept_hours(out, live):
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("analyze: the last run's hour rows are unreadable (%s); recomputing every day", exc)
             return empty
-        kept[name] = table.filter(pa.compute.is_in(table["fingerprint"], value_set=pa.array(sorted(live))))
+        kept[name] = table.filter(pc.is_in(table["fingerprint"], value_set=pa.array(sorted(live))))
     return kept
 
 
@@ -259,3 +261,4 @@ def _spark_path(path):
     """A local path made absolute (Spark would resolve it against its own working directory)."""
     path = str(path).rstrip("/")
     return path if "://" in path else os.path.abspath(path)
+

@@ -84,19 +84,20 @@ class ArchiveBusy(RuntimeError):
 
 
 def archive_history(
-    *, older_than_days=None, now=None, root=None, batch_size=BATCH_MESSAGES, budget_secs=None
+    *, older_than_days=None, now=None, root=None, batch_size=BATCH_MESSAGES, budget_secs=None, wait_secs=0
 ):
     """Move archivable history to Parquet; returns {"messages": n, "deliveries": n} moved.
 
     `older_than_days` replaces each queue's retention (0: everything acked, whatever its age).
     With `budget_secs`, stops after the batch that passes it (the next run goes on from there).
-    Raises ArchiveBusy when another run is archiving into the same place.
+    Raises ArchiveBusy when the archive is held (another run, compaction, an analysis) past
+    `wait_secs`.
     """
     now = now or timezone.now()
     root = str(root or settings.MQ_ARCHIVE_DIR)
     started = time.monotonic()
     moved = {"messages": 0, "deliveries": 0}
-    with exclusive(root):
+    with exclusive(root, wait_secs=wait_secs):
         for messages, deliveries in replay_journal(root):
             moved["messages"] += messages
             moved["deliveries"] += deliveries
@@ -242,7 +243,9 @@ def exclusive(root, wait_secs=0):
     (SQLite is one machine's anyway; not re-entrant).
     """
     root = str(root or settings.MQ_ARCHIVE_DIR)
-    key = int.from_bytes(hashlib.sha256(f"mqsite.archive:{root}".encode()).digest()[:8], "big", signed=True)
+    # One place, one lock, however it is named: "var/archive", its absolute path, a slash more.
+    place = root.rstrip("/") if "://" in root else os.path.abspath(root)
+    key = int.from_bytes(hashlib.sha256(f"mqsite.archive:{place}".encode()).digest()[:8], "big", signed=True)
     deadline = time.monotonic() + wait_secs
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

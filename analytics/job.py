@@ -102,49 +102,78 @@ RUN_CONF = {
 # --- the session ---------------------------------------------------------------------------------
 
 
-def build_session(master=None, app_name="mqsite-analytics", conf=None):
-    """A SparkSession; `master` None leaves it to spark-submit (or local[*])."""
+def build_session(
+    master=None,
+    app_name="mqsite-analytics",
+    conf=None,
+    *,
+    remote=None,
+    driver_memory=None,
+    event_log_dir=None,
+):
+    """A SparkSession. `remote` (a Spark Connect URL, sc://host:15002) connects to a Spark
+    Connect server and `master` is ignored; else `master` None leaves it to spark-submit (or
+    local[*]). `driver_memory` (e.g. "2g") and `event_log_dir` apply to a session whose driver
+    is this process: they must be set before its JVM starts, and a Connect server has its own."""
     builder = SparkSession.builder.appName(app_name)
-    if master:
+    if remote:
+        builder = builder.remote(remote)
+    elif master:
         builder = builder.master(master)
     settings = {
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.ui.showConsoleProgress": "false",
     }
-    cores = _local_cores(master)
-    if cores:
-        # Spark's 200 shuffle partitions are sized for a cluster; on one machine each costs a
-        # task per stage for nothing (measured: 200k deliveries took 10 times as long).
-        settings["spark.sql.shuffle.partitions"] = str(2 * cores)
+    if not remote:
+        cores = _local_cores(master)
+        if cores:
+            # Spark's 200 shuffle partitions are sized for a cluster; on one machine each costs
+            # a task per stage for nothing (measured: 200k deliveries took 10 times as long).
+            settings["spark.sql.shuffle.partitions"] = str(2 * cores)
+        if driver_memory:
+            settings["spark.driver.memory"] = driver_memory
+        if event_log_dir:
+            settings["spark.eventLog.enabled"] = "true"
+            settings["spark.eventLog.dir"] = event_log_dir
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
     # py4j logs every connection at INFO, through the root logger Django configures.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not remote:
+        # A Spark Connect session has no SparkContext (nor JVM) on this side.
+        spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
 def _local_cores(master):
-    """N of local[N] (local[*]: this machine's CPUs), or None for a cluster's master."""
-    if not master or not master.startswith("local"):
+    """The cores of a master on this machine: N of local[N] and local[N,F] (local[*]: this
+    machine's CPUs, local: 1), N*C of local-cluster[N,C,M]; None for a cluster's master."""
+    if not master:
         return None
-    inner = master[len("local") :].strip("[]").split(",")[0]
-    if inner in ("", "*"):
-        return (os.cpu_count() or 1) if inner == "*" else 1
-    return int(inner)
+    if master.startswith("local-cluster["):
+        workers, cores = master[len("local-cluster[") :].rstrip("]").split(",")[:2]
+        return int(workers) * int(cores)
+    if not master.startswith("local"):
+        return None
+    inner = master[len("local") :].strip("[]").split(",")[0].strip()
+    if inner == "*":
+        return os.cpu_count() or 1
+    return int(inner) if inner else 1
 
 
 @contextmanager
-def session(master=None, conf=None):
+def session(master=None, conf=None, *, remote=None, driver_memory=None, event_log_dir=None):
     """The active SparkSession if there is one (left running), else a new one stopped after."""
     active = SparkSession.getActiveSession()
     if active is not None:
         yield active
         return
-    spark = build_session(master, conf=conf)
+    spark = build_session(
+        master, conf=conf, remote=remote, driver_memory=driver_memory, event_log_dir=event_log_dir
+    )
     try:
         yield spark
     finally:

@@ -148,7 +148,7 @@ def write_table(root, folder, name, table, *, durable=True):
     half of it); returns its path. With `durable`, it is on disk before this returns."""
     fs, base = filesystem(root)
     path = f"{base}/{folder}"
-    _write_file(fs, path, name, table, durable)
+    write_file(fs, path, name, table, durable)
     return f"{path}/{name}"
 
 

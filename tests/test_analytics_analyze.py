@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from analytics import archive, extract, load
-from analytics.models import EventRate, EventStats, SubscriberStats
+from analytics.models import EventStats, EventTrend, SubscriberStats
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
@@ -150,7 +150,7 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     # ... stored for the admin, and written as Parquet beside the archive; the snapshot is gone
     assert EventStats.objects.count() == len(events)
     assert SubscriberStats.objects.count() == len(subscribers)
-    assert EventRate.objects.exists()
+    assert EventTrend.objects.filter(period="hour").exists()
     assert {s.computed_at for s in EventStats.objects.all()} == {SubscriberStats.objects.first().computed_at}
     results = archive_dir / "_analytics"
     assert sorted(p for p in os.listdir(results) if not p.startswith(".")) == [
@@ -249,8 +249,16 @@ def test_the_admin_shows_the_statistics_read_only(operator_client):
         messages_per_hour=3.0,
         computed_at=now,
     )
-    EventRate.objects.create(
-        queue="db", event="create", hour=now.replace(minute=0), messages=3, computed_at=now
+    EventTrend.objects.create(
+        queue="db",
+        event="create",
+        period="hour",
+        period_start=now.replace(minute=0),
+        messages=3,
+        deliveries=6,
+        acked=4,
+        dead=1,
+        dead_letter_rate=1 / 6,
     )
     SubscriberStats.objects.create(
         subscriber="logger",
@@ -262,7 +270,7 @@ def test_the_admin_shows_the_statistics_read_only(operator_client):
         oldest_pending_age_s=42.0,
         computed_at=now,
     )
-    for model, text in ((EventStats, "16.67%"), (EventRate, "db"), (SubscriberStats, "42 s")):
+    for model, text in ((EventStats, "16.67%"), (EventTrend, "db"), (SubscriberStats, "42 s")):
         url = reverse(f"admin:analytics_{model._meta.model_name}_changelist")
         page = operator_client.get(url)
         assert page.status_code == 200 and text in page.content.decode()

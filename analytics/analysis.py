@@ -244,21 +244,17 @@ def _tagged(table, fingerprints):
 
 
 def _write_parquet(folder, name, table):
+    # Durable: once CURRENT names the run (after a crash too), its files are whole on disk.
     fs, base = layout.filesystem(folder)
-    fs.create_dir(base, recursive=True)
-    with fs.open_output_stream(f"{base}/{name}") as f:
-        pq.write_table(table, f)
+    layout.write_file(fs, base, name, table, durable=True)
 
 
 def _write_bytes(folder, name, data):
     fs, base = layout.filesystem(folder)
-    fs.create_dir(base, recursive=True)
-    with fs.open_output_stream(f"{base}/{name}") as f:
-        f.write(data)
+    layout.write_whole(fs, base, name, lambda out: out.write(data), durable=True)
 
 
 def _spark_path(path):
     """A local path made absolute (Spark would resolve it against its own working directory)."""
     path = str(path).rstrip("/")
     return path if "://" in path else os.path.abspath(path)
-

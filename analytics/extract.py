@@ -12,9 +12,6 @@ errors), both tables at one instant, straight into Arrow; write_snapshot() write
 
 The SQL is the ORM's, from the archive's own lookups (analytics.archive): a name means the
 same in the archive and the snapshot.
-
-extract_recent() is the former extract, row by row in the archive's layout, kept until its
-caller moves to hot_snapshot().
 """
 
 import contextlib
@@ -25,15 +22,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.csv as pacsv
 from django.db import connection, transaction
-from django.db.models import Max
 
 from delivery.models import Delivery
-from queues.models import Message, Queue
+from queues.models import Message
 
 from . import layout
 from .archive import DELIVERY_FIELDS, MESSAGE_FIELDS
 
-CHUNK_MESSAGES = 20_000
 # SQLite's rows per fetch: each chunk becomes an Arrow batch before the next is read.
 CHUNK_ROWS = 50_000
 # PostgreSQL's CSV is parsed a block at a time (pyarrow's default size, its unit of parallel work).
@@ -230,37 +225,3 @@ class _CopyStream(io.RawIOBase):
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
-
-
-def extract_recent(root, *, chunk=CHUNK_MESSAGES):
-    """Write every message and delivery now in the hot tables under `root`; returns
-    {"messages": n, "deliveries": n} written."""
-    counts = {"messages": 0, "deliveries": 0}
-    # Messages published after this are left to the next run, with their deliveries.
-    top = Message.objects.aggregate(top=Max("id"))["top"] or 0
-    for queue in Queue.objects.order_by("name"):
-        after = 0
-        while True:
-            messages = list(
-                Message.objects.filter(queue=queue, id__gt=after, id__lte=top)
-                .order_by("id")
-                .values_list(*MESSAGE_FIELDS)[:chunk]
-            )
-            if not messages:
-                break
-            first, last = messages[0][0], messages[-1][0]
-            present = {m[0] for m in messages}
-            deliveries = [
-                d
-                for d in Delivery.objects.filter(queue=queue, message_id__gte=first, message_id__lte=last)
-                .order_by("id")
-                .values_list(*DELIVERY_FIELDS)
-                # Only deliveries of messages read above: one committed in between (ids are
-                # taken before commit) is left whole to the next run.
-                if d[1] in present
-            ]
-            layout.write_history(root, queue.name, messages, deliveries, durable=False)
-            counts["messages"] += len(messages)
-            counts["deliveries"] += len(deliveries)
-            after = last
-    return counts

@@ -161,6 +161,12 @@ def _table(schema, rows):
 
 def write_file(fs, folder, name, table, durable):
     """Write one Parquet file whole: a reader or a crash sees all of it or none."""
+    write_whole(fs, folder, name, lambda out: pq.write_table(table, out), durable)
+
+
+def write_whole(fs, folder, name, write, durable):
+    """Write the file `name` in `folder` with write(stream), whole: a reader or a crash sees all
+    of it or none (the old file, if there was one). With `durable`, on disk when this returns."""
     # A temporary name that no reader takes for data: dot-files are hidden from Spark, and it
     # does not end in .parquet for DuckDB's and pandas' globs.
     tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -169,7 +175,7 @@ def write_file(fs, folder, name, table, durable):
         make_dirs_durable(folder)
         try:
             with open(tmp, "wb") as f:
-                pq.write_table(table, f)
+                write(f)
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())
@@ -180,9 +186,10 @@ def write_file(fs, folder, name, table, durable):
         if durable:
             fsync_dir(folder)
         return
+    # Object stores have no rename, but a move of one object replaces it whole.
     fs.create_dir(folder, recursive=True)
     with fs.open_output_stream(tmp) as out:
-        pq.write_table(table, out)
+        write(out)
     fs.move(tmp, final)
 
 

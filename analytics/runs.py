@@ -15,10 +15,8 @@ URI pyarrow knows (analytics.layout.filesystem).
 """
 
 import json
-import os
 import re
 import secrets
-import uuid
 from datetime import UTC, datetime
 
 from pyarrow import fs as pafs
@@ -84,31 +82,9 @@ def switch(out, run_id):
     manifest: the manifest is written last, so a run without one is unfinished."""
     read_manifest(out, run_id)
     fs, base = layout.filesystem(_base(out))
-    _replace_file(fs, base, CURRENT, (run_id + "\n").encode("ascii"))
-
-
-def _replace_file(fs, folder, name, data):
-    tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
-    final = f"{folder}/{name}"
-    if isinstance(fs, pafs.LocalFileSystem):
-        os.makedirs(folder, exist_ok=True)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            layout._remove_quietly(tmp)
-            raise
-        layout._fsync_dir(folder)  # the rename itself survives a crash
-        return
-    # Object stores have no rename, but a move of one small object replaces it whole: readers
-    # see the old CURRENT or the new one.
-    fs.create_dir(folder, recursive=True)
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, final)
+    layout.write_whole(
+        fs, base, CURRENT, lambda out: out.write((run_id + "\n").encode("ascii")), durable=True
+    )
 
 
 def run_ids(out):

@@ -16,7 +16,7 @@ Each variant runs --repeat times, each in a fresh process (so that its peak memo
 own), into a fresh folder; the table gives the median and best wall time, the CPU time (user +
 system of the process; PostgreSQL's own is not in it) and the peak RSS:
 
-    old           analytics.extract.extract_recent(root)
+    old           analytics.extract_recent(root)
     csv           hot_snapshot() (COPY ... CSV, pyarrow.csv) + write_snapshot(): what ships
     binary        the same SELECTs as binary COPY, rows parsed by psycopg, columns to Arrow
     csv-one-line  csv with pyarrow told no value holds a line break (its faster splitter):
@@ -170,7 +170,7 @@ def run_variant(variant, root):
     started = time.perf_counter()
     result = {}
     if variant == "old":
-        result["rows"] = extract.extract_recent(root)
+        result["rows"] = extract_recent(root)
     else:
         if variant == "binary":
             extract._read_copy = _read_binary_copy
@@ -205,7 +205,7 @@ def check(url):
 
     root = tempfile.mkdtemp(prefix="extract-check-")
     try:
-        extract.extract_recent(root)
+        extract_recent(root)
         old = {}
         kinds = (("messages", layout.HOT_MESSAGE_SCHEMA), ("deliveries", layout.HOT_DELIVERY_SCHEMA))
         for kind, schema in kinds:
@@ -315,3 +315,49 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+# --- the extract before issue 19, the baseline measured above (analytics/extract.py at cb70f79) ---
+
+CHUNK_MESSAGES = 20_000
+
+
+def extract_recent(root, *, chunk=CHUNK_MESSAGES):
+    """Write every message and delivery now in the hot tables under `root`; returns
+    {"messages": n, "deliveries": n} written."""
+    from django.db.models import Max
+
+    from analytics import layout
+    from analytics.archive import DELIVERY_FIELDS, MESSAGE_FIELDS
+    from delivery.models import Delivery
+    from queues.models import Message, Queue
+
+    counts = {"messages": 0, "deliveries": 0}
+    # Messages published after this are left to the next run, with their deliveries.
+    top = Message.objects.aggregate(top=Max("id"))["top"] or 0
+    for queue in Queue.objects.order_by("name"):
+        after = 0
+        while True:
+            messages = list(
+                Message.objects.filter(queue=queue, id__gt=after, id__lte=top)
+                .order_by("id")
+                .values_list(*MESSAGE_FIELDS)[:chunk]
+            )
+            if not messages:
+                break
+            first, last = messages[0][0], messages[-1][0]
+            present = {m[0] for m in messages}
+            deliveries = [
+                d
+                for d in Delivery.objects.filter(queue=queue, message_id__gte=first, message_id__lte=last)
+                .order_by("id")
+                .values_list(*DELIVERY_FIELDS)
+                # Only deliveries of messages read above: one committed in between (ids are
+                # taken before commit) is left whole to the next run.
+                if d[1] in present
+            ]
+            layout.write_history(root, queue.name, messages, deliveries, durable=False)
+            counts["messages"] += len(messages)
+            counts["deliveries"] += len(deliveries)
+            after = last
+    return counts

@@ -181,8 +181,14 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
 
     wanted = pa.array(sorted(p.fingerprint for p in chosen.values()), pa.string())
     rows = {
-        name: archived[name].filter(pc.is_in(archived[name]["fingerprint"], value_set=wanted)).to_pylist()
-        + hot[name].to_pylist()
+        name: pa.concat_tables(
+            [
+                archived[name]
+                .filter(pc.is_in(archived[name]["fingerprint"], value_set=wanted))
+                .drop_columns(["fingerprint"]),
+                hot[name],
+            ]
+        )
         for name in archived
     }
     facts = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .job import STATUSES
 from .sketch import Merged
@@ -132,7 +133,7 @@ class Hour:
         for entry in row["minute_counts"] or ():
             self.minutes[entry["minute"]] += entry["n"]
         if row["latency_points"]:
-            self.sketches.append((row["latency_points"], row["acked"]))
+            self.sketches.append((row["latency_points"], row["latency_count"]))
 
 
 def in_window(day, since=None, until=None):
@@ -140,12 +141,12 @@ def in_window(day, since=None, until=None):
     return (since is None or day >= since.isoformat()) and (until is None or day <= until.isoformat())
 
 
-def event_figures(rows, *, since=None, until=None):
-    """(event stats, event trends) from event hour rows (dicts)."""
+def event_figures(table, *, since=None, until=None):
+    """(event stats, event trends) from event hour rows (an Arrow table in
+    analytics.hours.EVENT_HOUR_SCHEMA; several rows of one hour are added up)."""
     hours = defaultdict(Hour)
-    for row in rows:
-        if in_window(row["day"], since, until):
-            hours[(row["queue"], row["event"], row["hour"])].add_row(row)
+    for row in _in_window(table, since, until).to_pylist():
+        hours[(row["queue"], row["event"], row["hour"])].add_row(row)
 
     totals = defaultdict(Totals)
     trends = {period: defaultdict(Totals) for period in PERIODS}
@@ -207,58 +208,68 @@ def _per(t, unit):
     return t.messages / ((last - first) // unit + 1)
 
 
-def subscriber_figures(rows, *, now, since=None, until=None):
-    """(subscriber stats, subscriber trends) from subscriber hour rows (dicts).
+def subscriber_figures(table, *, now, since=None, until=None):
+    """(subscriber stats, subscriber trends) from subscriber hour rows (an Arrow table in
+    analytics.hours.SUBSCRIBER_HOUR_SCHEMA).
 
     The backlog of a period is what the subscriber was owed at its end: the deliveries made
     up to then, less those acked by then and those dead letters (counted from the hour their
     message was published: a dead letter keeps no time of its death).
     """
-    totals = defaultdict(lambda: defaultdict(int))
-    oldest = {}
-    by_hour = defaultdict(lambda: defaultdict(int))
-    for row in rows:
-        if not in_window(row["day"], since, until):
-            continue
-        name = row["subscriber"]
-        total = totals[name]
-        for key in ("published", *STATUSES):
-            total[key] += row[key]
-        if row["oldest_pending_at"] is not None:
-            oldest[name] = _least(oldest.get(name), row["oldest_pending_at"])
-        hour = by_hour[(name, row["hour"])]
-        hour["published"] += row["published"]
-        hour["acked"] += row["acks"]
-        hour["gone"] += row["acks"] + row["dead"]
+    table = _in_window(table, since, until)
+    totals = _group(
+        table,
+        ["subscriber"],
+        [(c, "sum") for c in ("published", *STATUSES)] + [("oldest_pending_at", "min")],
+    )
+    stats = [
+        {
+            "subscriber": t["subscriber"],
+            "deliveries": t["published"],
+            **{s: t[s] for s in STATUSES},
+            "oldest_pending_age_s": (
+                (now - t["oldest_pending_at"]).total_seconds() if t["oldest_pending_at"] is not None else None
+            ),
+        }
+        for t in sorted(totals, key=lambda t: t["subscriber"])
+    ]
 
-    stats = []
-    for name, t in sorted(totals.items()):
-        at = oldest.get(name)
-        stats.append(
-            {
-                "subscriber": name,
-                "deliveries": t["published"],
-                **{s: t[s] for s in STATUSES},
-                "oldest_pending_age_s": (now - at).total_seconds() if at is not None else None,
-            }
-        )
-
+    hours = sorted(
+        _group(table, ["subscriber", "hour"], [(c, "sum") for c in ("published", "acks", "dead")]),
+        key=lambda h: (h["subscriber"], h["hour"]),
+    )
     trends = []
     for period in PERIODS:
         owed = defaultdict(int)
         grouped = defaultdict(lambda: defaultdict(int))
-        for (name, hour), figures in sorted(by_hour.items()):
-            start = hour if period == "hour" else _day_start(hour)
-            owed[name] += figures["published"] - figures["gone"]
+        for h in hours:
+            name = h["subscriber"]
+            start = h["hour"] if period == "hour" else _day_start(h["hour"])
+            owed[name] += h["published"] - h["acks"] - h["dead"]
             g = grouped[(name, start)]
-            g["published"] += figures["published"]
-            g["acked"] += figures["acked"]
+            g["published"] += h["published"]
+            g["acked"] += h["acks"]
             g["backlog"] = owed[name]  # the last hour's running total: the period's end
         trends.extend(
             {"subscriber": name, "period": period, "period_start": start, **g}
             for (name, start), g in sorted(grouped.items())
         )
     return stats, trends
+
+
+def _in_window(table, since, until):
+    """The rows of days within since..until (both included; None: open)."""
+    if since is not None:
+        table = table.filter(pc.greater_equal(table["day"], since.isoformat()))
+    if until is not None:
+        table = table.filter(pc.less_equal(table["day"], until.isoformat()))
+    return table
+
+
+def _group(table, keys, aggregates):
+    """group_by(keys).aggregate(aggregates) as dicts, each aggregate under its column's name."""
+    out = table.group_by(keys, use_threads=False).aggregate(aggregates)
+    return out.rename_columns({f"{c}_{fn}": c for c, fn in aggregates}).to_pylist()
 
 
 def _least(a, b):

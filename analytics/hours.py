@@ -51,7 +51,13 @@ PART_SCHEMAS = {
         ]
     ),
     "latency_sketches": pa.schema(
-        [*_KEY, ("event", pa.string()), ("hour", TIMESTAMP), ("latency_points", pa.list_(pa.float64()))]
+        [
+            *_KEY,
+            ("event", pa.string()),
+            ("hour", TIMESTAMP),
+            ("latency_count", pa.int64()),
+            ("latency_points", pa.list_(pa.float64())),
+        ]
     ),
 }
 EVENT_HOUR_SCHEMA = pa.schema(
@@ -63,6 +69,7 @@ EVENT_HOUR_SCHEMA = pa.schema(
         ("minute_counts", _MINUTES),
         ("first_at", TIMESTAMP),
         ("last_at", TIMESTAMP),
+        ("latency_count", pa.int64()),
         ("latency_points", pa.list_(pa.float64())),
     ]
 )
@@ -147,6 +154,7 @@ def latency_sketches(deliveries):
     groups = _group(acked, ["queue", "day", "event", "hour"], latencies=("latency", "list"))
     sketches = _with(
         groups.drop_columns(["latencies"]),
+        latency_count=pc.cast(pc.list_value_length(groups["latencies"]), pa.int64()),
         latency_points=pa.array(
             [sketch.points(v) for v in groups["latencies"].to_pylist()], pa.list_(pa.float64())
         ),
@@ -158,8 +166,9 @@ def latency_sketches(deliveries):
 
 
 def event_hours(parts):
-    """One row per queue, day, event and hour (EVENT_HOUR_SCHEMA): messages, deliveries by
-    state, attempts of the settled ones (acked or dead), the sketch."""
+    """Rows of queue, day, event and hour (EVENT_HOUR_SCHEMA): messages, deliveries by state,
+    attempts of the settled ones (acked or dead), the sketch; up to three rows per key (one
+    from each part), to be added up."""
     cells = parts["delivery_cells"]
     status = cells["status"]
     settled = pc.is_in(status, value_set=pa.array(["acked", "dead"]))
@@ -176,13 +185,14 @@ def event_hours(parts):
         attempts_sum=("settled_attempts", "sum"),
         **{s: (f"n_{s}", "sum") for s in STATUSES},
     )
-    return _outer_join([parts["message_hours"], counts, parts["latency_sketches"]], keys, EVENT_HOUR_SCHEMA)
+    return _union([parts["message_hours"], counts, parts["latency_sketches"]], EVENT_HOUR_SCHEMA)
 
 
 def subscriber_hours(parts):
-    """One row per queue, day, subscriber and hour (SUBSCRIBER_HOUR_SCHEMA): the deliveries
-    made in the hour (`published`) by their state now, the oldest still pending, and the acks
-    made in the hour (`acks`, by when they came: what the backlog trend subtracts)."""
+    """Rows of queue, day, subscriber and hour (SUBSCRIBER_HOUR_SCHEMA), up to two per key, to
+    be added up: the deliveries made in the hour (`published`) by their state now, the oldest
+    still pending, and the acks made in the hour (`acks`, by when they came: what the backlog
+    trend subtracts)."""
     cells = parts["delivery_cells"]
     status = cells["status"]
     cells = _with(
@@ -206,7 +216,7 @@ def subscriber_hours(parts):
         keys,
         acks=("n", "sum"),
     )
-    return _outer_join([made, acks], keys, SUBSCRIBER_HOUR_SCHEMA)
+    return _union([made, acks], SUBSCRIBER_HOUR_SCHEMA)
 
 
 # --- Arrow helpers -------------------------------------------------------------------------------
@@ -226,19 +236,23 @@ def _group(table, keys, **aggregates):
     )
 
 
-def _outer_join(tables, keys, schema):
-    """The rows of these tables joined on `keys` (a key missing from one gets its columns as
-    nulls, its counts as 0), in `schema`. In Python: Arrow's joins take no list columns, and
-    there are a few rows per hour and key."""
-    rows = {}
+def _union(tables, schema):
+    """These tables' rows one after the other in `schema`: a column a table lacks is null, or 0
+    for a count. Not joined: a key can have a row from each table, and whoever reads the rows
+    adds up a key's rows anyway (analytics.figures), as it adds up the archive's and the hot
+    tables' rows of one hour."""
+    out = []
     for table in tables:
-        for row in table.to_pylist():
-            rows.setdefault(tuple(row[k] for k in keys), {}).update(row)
-    counts = {f.name for f in schema if pa.types.is_integer(f.type)}
-    return pa.Table.from_pylist(
-        [{f: (r.get(f) or 0) if f in counts else r.get(f) for f in schema.names} for r in rows.values()],
-        schema=schema,
-    )
+        columns = []
+        for field in schema:
+            if field.name in table.column_names:
+                columns.append(table[field.name].cast(field.type))
+            elif pa.types.is_integer(field.type):
+                columns.append(pa.array([0] * table.num_rows, field.type))
+            else:
+                columns.append(pa.nulls(table.num_rows, field.type))
+        out.append(pa.Table.from_arrays(columns, schema=schema))
+    return pa.concat_tables(out)
 
 
 def _zip_lists(left, right, names):

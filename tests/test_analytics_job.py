@@ -46,7 +46,7 @@ def hours_of(spark, messages, deliveries):  # noqa: F811
         frame(spark, "deliveries", DELIVERY_FIELDS, deliveries),
     )
     derived = analysis._derived(parts)
-    return derived["events"].to_pylist(), derived["subscribers"].to_pylist()
+    return derived["events"], derived["subscribers"]
 
 
 # --- tiny expected data ---------------------------------------------------------------------------

@@ -150,8 +150,8 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
     hot = None
     if missing or hot_in_spark:
         with job.session(**spark_settings.session_options(master)) as spark:
-            if missing:
-                files = {kind: [f for p in missing for f in p.paths(kind)] for kind in partitions.KINDS}
+            for chunk in _chunks(missing, settings.MQ_ANALYTICS_CHUNK_BYTES):
+                files = {kind: [f for p in chunk for f in p.paths(kind)] for kind in partitions.KINDS}
                 derived = _derived(
                     job.compute_parts(
                         spark,
@@ -159,7 +159,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
                         job.extract_archive(spark, root, layout.DELIVERIES, files[layout.DELIVERIES]),
                     )
                 )
-                by_key = {(p.queue, p.day): p.fingerprint for p in missing}
+                by_key = {(p.queue, p.day): p.fingerprint for p in chunk}
                 for name, table in derived.items():
                     new[name].append(_tagged(table, by_key))
             if hot_in_spark:
@@ -210,6 +210,21 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
         },
     }
     return rows, facts
+
+
+def _chunks(missing, most_bytes):
+    """The partitions to recompute in runs of Spark jobs of at most `most_bytes` of Parquet each
+    (a partition bigger than that alone): what a job holds at once (an hour's latencies, for
+    its sketch) stays bounded however much history a first run meets."""
+    chunk, size = [], 0
+    for partition in missing:
+        if chunk and size + partition.bytes > most_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(partition)
+        size += partition.bytes
+    if chunk:
+        yield chunk
 
 
 def _kept_hours(out, live):

@@ -258,6 +258,9 @@ MQ_ANALYZE_LOCK_WAIT_SECS = _positive_float("MQ_ANALYZE_LOCK_WAIT_SECS", 60.0)
 # Past this many deliveries in the hot tables, their hour rows are computed by Spark rather
 # than in the analyzing process with Arrow (which holds the snapshot in memory).
 MQ_ANALYTICS_HOT_SPARK_ROWS = _positive_int("MQ_ANALYTICS_HOT_SPARK_ROWS", 2_000_000)
+# The archive's partitions to recompute go to Spark this many bytes of Parquet at a time (about
+# 30 million deliveries a GiB): bounds a first run's memory over a long history.
+MQ_ANALYTICS_CHUNK_BYTES = _positive_int("MQ_ANALYTICS_CHUNK_BYTES", 1 << 30)
 # A Spark Connect server (sc://host:15002) to run the analytics on; when set, SPARK_MASTER is
 # not used (the server has its own master) and no JVM starts here.
 SPARK_REMOTE = env.str("SPARK_REMOTE", default="")

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from django.db import connection
 
 BASE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,9 +30,15 @@ def _connect_missing():
     return None
 
 
-pytestmark = pytest.mark.skipif(
-    _connect_missing() is not None, reason=f"Spark Connect's client cannot run: {_connect_missing()}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        _connect_missing() is not None, reason=f"Spark Connect's client cannot run: {_connect_missing()}"
+    ),
+    pytest.mark.skipif(
+        connection.vendor != "sqlite",
+        reason="two JVMs for half a minute, with no database in them: the SQLite pass of make test runs it",
+    ),
+]
 
 SERVER = """
 import sys

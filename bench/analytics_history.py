@@ -13,7 +13,8 @@ per row; 5 million deliveries in a few seconds):
 with exactly layout.MESSAGE_SCHEMA and DELIVERY_SCHEMA, files named after the first and last
 message id in them, as the archive names them. `hourly` is one file of each kind per queue and
 hour (what the hourly archive task leaves: 1,440 per kind for 6 queues over 10 days);
-`daily` one per queue and day (a compacted archive).
+`daily` one per queue and day (a compacted archive: 66 per kind, the 10 days from noon to
+noon touching 11 dates).
 
 The workload of issue 19: 6 queues, 3 events, 50 subscribers, 10 days ending at END, a
 fan-out of 5 (each message goes to 5 distinct subscribers), payloads of about 100 bytes.
@@ -50,7 +51,9 @@ sys.path.insert(0, str(ROOT))
 from analytics.layout import DELIVERY_SCHEMA, MESSAGE_SCHEMA  # noqa: E402
 
 TS = pa.timestamp("us", tz="UTC")
-END = datetime(2026, 11, 20, tzinfo=UTC)
+# Noon: the archive's last day is open, so the hour added after END (analytics_run.py's
+# "hour" run) lands in a day that already has files, as 23 of the hourly archive's 24 runs do.
+END = datetime(2026, 11, 20, 12, tzinfo=UTC)
 QUEUES = ["auth", "billing", "db", "filesystem", "mail", "network"]
 EVENTS = ["create", "delete", "error"]
 SUBSCRIBERS = [f"subscriber-{i:02d}" for i in range(50)]

@@ -152,6 +152,10 @@ def history_script(env, *args):
 
 BOUNDS = [0.49, 0.51, 0.94, 0.96, 0.98, 1.0]  # 1 % of rank either side of p50, p95, p99
 COUNTS = ("pending", "inflight", "acked", "dead")
+# The fields ../shared/API.md promises; the others (pending and in flight per event, deliveries
+# and in flight per subscriber) are checked when analyze prints them.
+EVENT_REQUIRED = ("messages", "deliveries", "acked", "dead")
+SUBSCRIBER_REQUIRED = ("pending", "acked", "dead")
 
 
 def expected(archive, hot):
@@ -217,7 +221,10 @@ def compare(printed, want):
         if row is None:
             continue
         for name in ("messages", "deliveries", *COUNTS):
-            if name in row and row[name] != w[name]:
+            if name not in row:
+                if name in EVENT_REQUIRED:
+                    problems.append(f"{key} {name}: missing from analyze's JSON")
+            elif row[name] != w[name]:
                 problems.append(f"{key} {name}: analyze {row[name]}, DuckDB {w[name]}")
         for i, p in enumerate(("p50", "p95", "p99")):
             value = row["latency_ms"][p]
@@ -237,7 +244,10 @@ def compare(printed, want):
     for name, w in want["subscribers"].items():
         row = subs.get(name)
         for field in ("deliveries", *COUNTS) if row else ():
-            if row[field] != w[field]:
+            if field not in row:
+                if field in SUBSCRIBER_REQUIRED:
+                    problems.append(f"subscriber {name} {field}: missing from analyze's JSON")
+            elif row[field] != w[field]:
                 problems.append(f"subscriber {name} {field}: analyze {row[field]}, DuckDB {w[field]}")
     return problems
 
@@ -260,14 +270,25 @@ def analyze(env, out, label):
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "exit": code,
     }
-    printed = None
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            printed = json.loads(line)
-            break
+    printed = _json_in(stdout)
     if code or printed is None:
         record["error"] = (stderr or stdout)[-3000:]
     return record, printed
+
+
+def _json_in(stdout):
+    """The object analyze printed: all of stdout, or else its last line that is one."""
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        pass
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
 
 
 def check(record, printed, want):

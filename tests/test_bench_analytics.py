@@ -133,6 +133,16 @@ def test_the_check_passes_right_figures_and_catches_wrong_ones(archive):
     wrong["events"][1]["latency_ms"]["p99"] = want["events"][key]["bounds"][4] - 1
     assert [p for p in run.compare(wrong, want) if "p99" in p]
 
+    # Extras left out are not checked; a field the contract promises is.
+    wrong = _as_printed(want)
+    for row in wrong["subscribers"]:
+        del row["inflight"]
+    assert run.compare(wrong, want) == []
+    del wrong["subscribers"][0]["pending"]
+    assert run.compare(wrong, want) == [
+        f"subscriber {wrong['subscribers'][0]['subscriber']} pending: missing from analyze's JSON"
+    ]
+
     # A subscriber missing.
     wrong = _as_printed(want)
     del wrong["subscribers"][0]

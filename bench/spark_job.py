@@ -3,9 +3,10 @@ against local[2], over generated histories of 1 and 10 million deliveries.
 
     .venv/bin/python bench/spark_job.py [--sizes 1000000,10000000] [--cores 1,2]
 
-The history is generated straight to Parquet with pyarrow, in the archive's Hive layout
-(queue=/day=), with no database: 4 queues, 3 events, 50 subscribers, 30 days, a fan-out of 2;
-90 % of deliveries acked, 5 % pending, 3 % in flight, 2 % dead. The last 7 days go to the
+The history is generated straight to Parquet with pyarrow (bench/analytics_history.py), in the
+archive's layout (queue=/day=/part-<first>-<last>.parquet, one file per queue and day), with no
+database: 4 queues, 3 events, 50 subscribers, 30 days, a fan-out of 2; 90 % of deliveries
+acked, 5 % pending, 3 % in flight, 2 % dead. The last 7 days go to the
 "recent" root (as analytics.extract would write them), the rest to the "archive" root, and 1 %
 of the archived messages are in both (as a crash between the archive's write and delete leaves
 them), so the job's dedupe has work to do.
@@ -29,140 +30,56 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import analytics_history as history  # noqa: E402
+
 from analytics import job  # noqa: E402
-from analytics.layout import DELIVERY_SCHEMA, MESSAGE_SCHEMA  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 QUEUES = ["db", "filesystem", "network", "auth"]
 EVENTS = ["create", "delete", "error"]
 SUBSCRIBERS = [f"subscriber-{i:02d}" for i in range(50)]
-STATUSES = ["acked", "pending", "inflight", "dead"]
+STATUS_MIX = [("acked", 0.90), ("pending", 0.05), ("inflight", 0.03), ("dead", 0.02)]
 DAYS = 30
 RECENT_DAYS = 7
 FANOUT = 2
 END = datetime(2026, 11, 20, tzinfo=UTC)
 START = END - timedelta(days=DAYS)
 DRIVER_MEMORY = "4g"
-PARTITIONS = pa.schema([("queue", pa.string()), ("day", pa.string())])
 
 
 # --- the generated history -------------------------------------------------------------------------
 
 
-def _seq(n, start=0):
-    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1 - start)
-
-
-def _mod(values, k):
-    return pc.subtract(values, pc.multiply(pc.divide(values, k), k))
-
-
-def _pick(indices, names):
-    """names[indices] as a plain string column."""
-    return pc.take(pa.array(names), indices)
-
-
-def _to_int(values):
-    return pc.cast(pc.floor(values), pa.int64())
-
-
-def _rand_int(n, high, seed):
-    return _to_int(pc.multiply(pc.random(n, initializer=seed), high))
-
-
 def generate(base, deliveries):
-    """Write a history of `deliveries` deliveries under base/archive and base/recent."""
-    n_msg = deliveries // FANOUT
-    mid = _seq(n_msg, start=1)
-    span_us = DAYS * 86_400_000_000
-    start_us = int(START.timestamp() * 1_000_000)
-    created_us = pc.add(_to_int(pc.multiply(pc.random(n_msg, initializer=1), span_us)), start_us)
-    created = pc.cast(created_us, pa.timestamp("us", tz="UTC"))
-    day = pc.strftime(created, format="%Y-%m-%d")
-    queue = _pick(_mod(mid, len(QUEUES)), QUEUES)
-    event = _pick(_mod(pc.divide(mid, len(QUEUES)), len(EVENTS)), EVENTS)
-    messages = pa.table(
-        {
-            "id": mid,
-            "event": event,
-            "seq": mid,
-            "created_at": created,
-            "payload": pa.repeat(pa.scalar('{"host":"bench-01","size":1024}'), n_msg),
-            "key": pa.nulls(n_msg, pa.string()),
-            "publisher": pa.nulls(n_msg, pa.string()),
-            "headers": pa.nulls(n_msg, pa.string()),
-            "queue": queue,
-            "day": day,
-        }
+    """Write a history of `deliveries` deliveries under base/archive and base/recent, one file
+    per queue and day in the archive's layout (bench/analytics_history.py makes the rows)."""
+    messages, deliveries_t = history.history_tables(
+        deliveries // FANOUT,
+        start=START,
+        end=END,
+        queues=QUEUES,
+        events=EVENTS,
+        subscribers=SUBSCRIBERS,
+        fanout=FANOUT,
+        status_mix=STATUS_MIX,
     )
-
-    # FANOUT deliveries per message: delivery k of message i is row k * n_msg + i.
-    n = n_msg * FANOUT
-    message_id = pa.concat_arrays([mid] * FANOUT)
-    d_created = pa.concat_arrays([created] * FANOUT)
-    status_roll = pc.random(n, initializer=3)
-    status = pc.case_when(
-        pc.make_struct(pc.less(status_roll, 0.90), pc.less(status_roll, 0.95), pc.less(status_roll, 0.98)),
-        "acked",
-        "pending",
-        "inflight",
-        "dead",
-    )
-    acked = pc.equal(status, "acked")
-    # Latency: log-uniform between 1 ms and ~20 s.
-    latency_us = _to_int(pc.exp(pc.add(pc.multiply(pc.random(n, initializer=4), 9.9), 6.9)))
-    acked_at = pc.if_else(
-        acked,
-        pc.cast(pc.add(pc.cast(d_created, pa.int64()), latency_us), pa.timestamp("us", tz="UTC")),
-        pa.scalar(None, pa.timestamp("us", tz="UTC")),
-    )
-    deliveries_t = pa.table(
-        {
-            "id": _seq(n, start=1),
-            "message_id": message_id,
-            "event": pa.concat_arrays([event] * FANOUT),
-            "subscriber": _pick(_rand_int(n, len(SUBSCRIBERS), 5), SUBSCRIBERS),
-            "seq": message_id,
-            "status": status,
-            "attempts": pc.add(_rand_int(n, 3, 6), 1),
-            "created_at": d_created,
-            "delivered_at": d_created,
-            "acked_at": acked_at,
-            "last_error": pa.nulls(n, pa.string()),
-            "queue": pa.concat_arrays([queue] * FANOUT),
-            "day": pa.concat_arrays([day] * FANOUT),
-        }
-    )
-
     recent_from = pa.scalar(END - timedelta(days=RECENT_DAYS), pa.timestamp("us", tz="UTC"))
-    for name, table, schema in (
-        ("messages", messages, MESSAGE_SCHEMA),
-        ("deliveries", deliveries_t, DELIVERY_SCHEMA),
-    ):
+    recent, archived = {}, {}
+    for name, table in (("messages", messages), ("deliveries", deliveries_t)):
         is_recent = pc.greater_equal(table["created_at"], recent_from)
         # 1 % of the archived rows also in the recent root: the overlap a crash leaves.
         id_col = table["id"] if name == "messages" else table["message_id"]
-        overlap = pc.and_(pc.invert(is_recent), pc.equal(_mod(id_col, 100), 0))
-        _write(base / "archive" / name, table.filter(pc.invert(is_recent)), schema)
-        _write(base / "recent" / name, table.filter(pc.or_(is_recent, overlap)), schema)
-    return {"messages": n_msg, "deliveries": n}
-
-
-def _write(folder, table, schema):
-    ds.write_dataset(
-        table.select([*schema.names, "queue", "day"]),
-        folder,
-        format="parquet",
-        partitioning=ds.partitioning(PARTITIONS, flavor="hive"),
-        existing_data_behavior="overwrite_or_ignore",
-        max_rows_per_group=1_000_000,
-    )
+        overlap = pc.and_(pc.invert(is_recent), pc.equal(history._mod(id_col, 100), 0))
+        archived[name] = table.filter(pc.invert(is_recent))
+        recent[name] = table.filter(pc.or_(is_recent, overlap))
+    history.write_files(base / "archive", archived["messages"], archived["deliveries"], "daily")
+    history.write_files(base / "recent", recent["messages"], recent["deliveries"], "daily")
+    return {"messages": len(messages), "deliveries": len(deliveries_t)}
 
 
 # --- one core count, in its own process -------------------------------------------------------------

@@ -113,11 +113,13 @@ def build_session(
     remote=None,
     driver_memory=None,
     event_log_dir=None,
+    class_archive=None,
 ):
     """A SparkSession. `remote` (a Spark Connect URL, sc://host:15002) connects to a Spark
     Connect server and `master` is ignored; else `master` None leaves it to spark-submit (or
     local[*]). `driver_memory` (e.g. "2g") and `event_log_dir` apply to a session whose driver
-    is this process: they must be set before its JVM starts, and a Connect server has its own."""
+    is this process: they must be set before its JVM starts, and a Connect server has its own.
+    `class_archive` is where a local driver keeps its classes' shared archive (_class_sharing)."""
     builder = SparkSession.builder.appName(app_name)
     if remote:
         builder = builder.remote(remote)
@@ -137,7 +139,7 @@ def build_session(
             # The throughput collector: the sketch's lists make short-lived garbage by the
             # million, and nothing here waits on a pause (measured on the 5 M archive, warm:
             # 5.4 s with G1, 4.7-5.1 s with it; the quick compiler alone, 7.8 s).
-            settings["spark.driver.extraJavaOptions"] = "-XX:+UseParallelGC"
+            settings["spark.driver.extraJavaOptions"] = "-XX:+UseParallelGC" + _class_sharing(class_archive)
         if driver_memory:
             settings["spark.driver.memory"] = driver_memory
         if event_log_dir:
@@ -153,6 +155,20 @@ def build_session(
         # A Spark Connect session has no SparkContext (nor JVM) on this side.
         spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _class_sharing(class_archive):
+    """The JVM option for Spark's classes' shared archive (AppCDS) at `class_archive`: use it
+    when it exists, else make it when this JVM exits (the first run after an install). The
+    classes then load mapped, already checked: measured on this machine, the session's start
+    3.3 s -> 2.0 s and a first run over the 5 M archive 13.0 s -> 11.0 s. A JVM whose classes
+    no longer match (an upgrade) ignores the archive with a warning."""
+    if not class_archive:
+        return ""
+    if os.path.exists(class_archive):
+        return f" -XX:SharedArchiveFile={class_archive}"
+    os.makedirs(os.path.dirname(os.path.abspath(class_archive)), exist_ok=True)
+    return f" -XX:ArchiveClassesAtExit={class_archive}"
 
 
 def _local_cores(master):
@@ -172,15 +188,14 @@ def _local_cores(master):
 
 
 @contextmanager
-def session(master=None, conf=None, *, remote=None, driver_memory=None, event_log_dir=None):
-    """The active SparkSession if there is one (left running), else a new one stopped after."""
+def session(master=None, conf=None, **options):
+    """The active SparkSession if there is one (left running), else a new one (build_session's
+    arguments) stopped after."""
     active = SparkSession.getActiveSession()
     if active is not None:
         yield active
         return
-    spark = build_session(
-        master, conf=conf, remote=remote, driver_memory=driver_memory, event_log_dir=event_log_dir
-    )
+    spark = build_session(master, conf=conf, **options)
     try:
         yield spark
     finally:

@@ -16,4 +16,5 @@ def session_options(master=None):
         "remote": remote,
         "driver_memory": settings.MQ_SPARK_DRIVER_MEMORY or None,
         "event_log_dir": settings.MQ_SPARK_EVENT_LOG_DIR or None,
+        "class_archive": settings.MQ_SPARK_CLASS_ARCHIVE or None,
     }

@@ -275,6 +275,9 @@ if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", MQ_SPARK_DRIVER_MEMORY.lower()):
     raise ImproperlyConfigured(
         f"MQ_SPARK_DRIVER_MEMORY must be a JVM memory size such as 512m or 2g, not {MQ_SPARK_DRIVER_MEMORY!r}"
     )
+# A local Spark driver's class archive (AppCDS: its classes load already checked, a second off
+# each run's start); made by the first run after an install. Empty: none.
+MQ_SPARK_CLASS_ARCHIVE = env.str("MQ_SPARK_CLASS_ARCHIVE", default=str(VAR_DIR / "spark-classes.jsa"))
 # Where Spark writes its event logs (for its history server); empty: none.
 MQ_SPARK_EVENT_LOG_DIR = env.str("MQ_SPARK_EVENT_LOG_DIR", default="")
 # The analytics run on beat this often (CELERY_BEAT_SCHEDULE["analyze"]: operators change it in

@@ -165,10 +165,11 @@ def _class_sharing(class_archive):
     no longer match (an upgrade) ignores the archive with a warning."""
     if not class_archive:
         return ""
+    # Quiet: the JVM lists every class it leaves out (those of signed jars) as it exits.
     if os.path.exists(class_archive):
-        return f" -XX:SharedArchiveFile={class_archive}"
+        return f" -XX:SharedArchiveFile={class_archive} -Xlog:cds=off"
     os.makedirs(os.path.dirname(os.path.abspath(class_archive)), exist_ok=True)
-    return f" -XX:ArchiveClassesAtExit={class_archive}"
+    return f" -XX:ArchiveClassesAtExit={class_archive} -Xlog:cds=off"
 
 
 def _local_cores(master):

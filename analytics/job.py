@@ -114,12 +114,14 @@ def build_session(
     driver_memory=None,
     event_log_dir=None,
     class_archive=None,
+    quick_jit=False,
 ):
     """A SparkSession. `remote` (a Spark Connect URL, sc://host:15002) connects to a Spark
     Connect server and `master` is ignored; else `master` None leaves it to spark-submit (or
     local[*]). `driver_memory` (e.g. "2g") and `event_log_dir` apply to a session whose driver
     is this process: they must be set before its JVM starts, and a Connect server has its own.
-    `class_archive` is where a local driver keeps its classes' shared archive (_class_sharing)."""
+    `class_archive` is where a local driver keeps its classes' shared archive (_class_sharing);
+    `quick_jit` asks a local driver for the quick compiler alone (a short run)."""
     builder = SparkSession.builder.appName(app_name)
     if remote:
         builder = builder.remote(remote)
@@ -138,8 +140,12 @@ def build_session(
             settings["spark.sql.shuffle.partitions"] = str(2 * cores)
             # The throughput collector: the sketch's lists make short-lived garbage by the
             # million, and nothing here waits on a pause (measured on the 5 M archive, warm:
-            # 5.4 s with G1, 4.7-5.1 s with it; the quick compiler alone, 7.8 s).
-            settings["spark.driver.extraJavaOptions"] = "-XX:+UseParallelGC" + _class_sharing(class_archive)
+            # 5.4 s with G1, 4.7-5.1 s with it). `quick_jit`: the quick compiler alone, for a
+            # short run (a JVM that starts and compiles sooner, but runs a long one slower:
+            # on the 5 M archive, start and first pass 14.4 s -> 11.8 s, a later pass 5.3 s
+            # -> 8.5 s).
+            java = "-XX:+UseParallelGC" + (" -XX:TieredStopAtLevel=1" if quick_jit else "")
+            settings["spark.driver.extraJavaOptions"] = java + _class_sharing(class_archive)
         if driver_memory:
             settings["spark.driver.memory"] = driver_memory
         if event_log_dir:

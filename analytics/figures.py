@@ -74,9 +74,12 @@ RESULT_SCHEMAS = {
 }
 
 
+COUNTED = ("messages", "deliveries", *STATUSES, "attempts_sum")
+
+
 @dataclass
-class Totals:
-    """Hour rows added together."""
+class Sums:
+    """Counts added up, and the span from the first message to the last."""
 
     messages: int = 0
     deliveries: int = 0
@@ -87,16 +90,39 @@ class Totals:
     attempts_sum: int = 0
     first_at: datetime | None = None
     last_at: datetime | None = None
+
+    def add_sums(self, value_of, first_at, last_at):
+        for name in COUNTED:
+            setattr(self, name, getattr(self, name) + value_of(name))
+        self.first_at = _least(self.first_at, first_at)
+        self.last_at = _greatest(self.last_at, last_at)
+
+
+@dataclass
+class Hour(Sums):
+    """The rows of one queue, event and hour, from the archive and the hot tables."""
+
+    minutes: dict = field(default_factory=lambda: defaultdict(int))
+    sketches: list = field(default_factory=list)
+
+    def add_row(self, row):
+        self.add_sums(row.__getitem__, row["first_at"], row["last_at"])
+        for entry in row["minute_counts"] or ():
+            self.minutes[entry["minute"]] += entry["n"]
+        if row["latency_points"]:
+            self.sketches.append((row["latency_points"], row["latency_count"]))
+
+
+@dataclass
+class Totals(Sums):
+    """Hours added together: a day, or a queue and event's whole window."""
+
     peak_per_minute: int = 0
     peak_per_hour: int = 0
     latency: Merged = field(default_factory=Merged)
 
     def add_hour(self, hour):
-        """One merged hour (an Hour)."""
-        for name in ("messages", "deliveries", *STATUSES, "attempts_sum"):
-            setattr(self, name, getattr(self, name) + getattr(hour, name))
-        self.first_at = _least(self.first_at, hour.first_at)
-        self.last_at = _greatest(self.last_at, hour.last_at)
+        self.add_sums(lambda name: getattr(hour, name), hour.first_at, hour.last_at)
         self.peak_per_minute = max(self.peak_per_minute, max(hour.minutes.values(), default=0))
         self.peak_per_hour = max(self.peak_per_hour, hour.messages)
         for points, count in hour.sketches:
@@ -107,33 +133,6 @@ class Totals:
 
     def dead_letter_rate(self):
         return self.dead / self.deliveries if self.deliveries else None
-
-
-@dataclass
-class Hour:
-    """The rows of one queue, event and hour, from the archive and the hot tables."""
-
-    messages: int = 0
-    deliveries: int = 0
-    pending: int = 0
-    inflight: int = 0
-    acked: int = 0
-    dead: int = 0
-    attempts_sum: int = 0
-    first_at: datetime | None = None
-    last_at: datetime | None = None
-    minutes: dict = field(default_factory=lambda: defaultdict(int))
-    sketches: list = field(default_factory=list)
-
-    def add_row(self, row):
-        for name in ("messages", "deliveries", *STATUSES, "attempts_sum"):
-            setattr(self, name, getattr(self, name) + row[name])
-        self.first_at = _least(self.first_at, row["first_at"])
-        self.last_at = _greatest(self.last_at, row["last_at"])
-        for entry in row["minute_counts"] or ():
-            self.minutes[entry["minute"]] += entry["n"]
-        if row["latency_points"]:
-            self.sketches.append((row["latency_points"], row["latency_count"]))
 
 
 def in_window(day, since=None, until=None):

@@ -34,12 +34,6 @@ EVENT_EXTRA_KEYS = set(load.EVENT_EXTRAS) | {"first_published_at", "last_publish
 SUBSCRIBER_EXTRA_KEYS = set(load.SUBSCRIBER_EXTRAS)
 
 
-@pytest.fixture
-def archive_dir(tmp_path, settings):
-    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
-    return tmp_path / "archive"
-
-
 def snapshot():
     """The figures expected of the job, from the rows as they are now (plain Python)."""
     messages = list(Message.objects.values("id", "queue__name", "event__name"))

@@ -26,19 +26,6 @@ from tests.analytics.builders import days_ago, delivery_of, publish_at, settle
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def archive_dir(tmp_path, settings):
-    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
-    return tmp_path / "archive"
-
-
-@pytest.fixture
-def subscribed(db_queue, logger, peer):
-    subscribing.subscribe(logger, db_queue)
-    subscribing.subscribe(peer, db_queue)
-    return db_queue
-
-
 def parquet(root, kind, where="true"):
     """Rows of the archive as DuckDB reads the Hive layout, as dicts."""
     db = duckdb.connect()

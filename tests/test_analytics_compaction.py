@@ -26,19 +26,6 @@ from tests.test_analytics_archive import crash_on_batch, files
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def archive_dir(tmp_path, settings):
-    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
-    return tmp_path / "archive"
-
-
-@pytest.fixture
-def subscribed(db_queue, logger, peer):
-    subscribing.subscribe(logger, db_queue)
-    subscribing.subscribe(peer, db_queue)
-    return db_queue
-
-
 CLOSED_DAYS = (10, 9, 8)  # before yesterday: closed
 OPEN_DAYS = (1, 0)  # yesterday and today: the hourly runs still write there
 

@@ -246,13 +246,6 @@ def publish(queue, n):
     return publishing.publish(queue, [publishing.prepare("create", {"n": n})])[0][0]["id"]
 
 
-@pytest.fixture
-def subscribed(db_queue, logger, peer):
-    subscribing.subscribe(logger, db_queue)
-    subscribing.subscribe(peer, db_queue)
-    return db_queue
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_publish_committed_during_the_snapshot_is_wholly_out(subscribed):
     # Given a message published before

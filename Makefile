@@ -114,6 +114,17 @@ bench-operators: install
 	bash bench/start_services.sh postgresql redis
 	$(BIN)/python bench/operators.py --update-readme
 
+# Issue 19's analytics benchmark: `manage.py analyze --json` run as an operator runs it (a new
+# process each time, SPARK_MASTER=local[2]) on 5 million acked deliveries in the archive's own
+# layout, hourly files and compacted ones, beside a live set in the hot tables: a first run, a
+# rerun with nothing new, a run after one new hourly file, and smaller histories to fit the
+# fixed cost and the rows a second per core. Every run's figures are checked against DuckDB;
+# the target fails on a disagreement. A SQLite file unless DATABASE_URL names a PostgreSQL
+# database with "bench" in its name (dropped and made again). About 15 minutes (bench/README.md).
+.PHONY: bench-analytics
+bench-analytics: install
+	$(BIN)/python bench/analytics_run.py
+
 # Not part of `make test`, which runs a short form (tests/test_faults.py). The long fault run
 # stops by itself: 100,000 messages in the services mode (a private PostgreSQL cluster, which
 # it also crashes, and a private Redis; neither is the machine's), then 10,000 in the embedded

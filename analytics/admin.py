@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from .models import EventRate, EventStats, SubscriberStats
+from .models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -73,12 +73,78 @@ class EventStatsAdmin(ReadOnlyAdmin):
         return f"{_num(obj.messages_per_hour, 1)}, {obj.peak_per_hour}"
 
 
-@admin.register(EventRate)
-class EventRateAdmin(ReadOnlyAdmin):
-    list_display = ("queue", "event", "hour", "messages", "computed_at")
-    list_filter = ("queue",)
+@admin.register(EventTrend)
+class EventTrendAdmin(ReadOnlyAdmin):
+    list_display = (
+        "queue",
+        "event",
+        "period",
+        "period_start",
+        "messages",
+        "deliveries",
+        "acked",
+        "dead",
+        "dead_rate",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
+    )
+    list_filter = ("period", "queue")
     search_fields = ("queue", "event")
-    date_hierarchy = "hour"
+    date_hierarchy = "period_start"
+
+    @admin.display(description="dead-letter rate", ordering="dead_letter_rate")
+    def dead_rate(self, obj):
+        return "-" if obj.dead_letter_rate is None else f"{obj.dead_letter_rate:.2%}"
+
+    @admin.display(description="p50 ms", ordering="latency_p50_ms")
+    def latency_p50(self, obj):
+        return _num(obj.latency_p50_ms, 1)
+
+    @admin.display(description="p95 ms", ordering="latency_p95_ms")
+    def latency_p95(self, obj):
+        return _num(obj.latency_p95_ms, 1)
+
+    @admin.display(description="p99 ms", ordering="latency_p99_ms")
+    def latency_p99(self, obj):
+        return _num(obj.latency_p99_ms, 1)
+
+
+@admin.register(SubscriberTrend)
+class SubscriberTrendAdmin(ReadOnlyAdmin):
+    list_display = ("subscriber", "period", "period_start", "published", "acked", "backlog")
+    list_filter = ("period",)
+    search_fields = ("subscriber",)
+    date_hierarchy = "period_start"
+
+
+@admin.register(AnalyticsRun)
+class AnalyticsRunAdmin(ReadOnlyAdmin):
+    list_display = (
+        "run_id",
+        "finished_at",
+        "duration",
+        "spark",
+        "window",
+        "partitions",
+        "rows_archive_messages",
+        "rows_hot_messages",
+        "loaded_at",
+    )
+    list_filter = ("spark",)
+    search_fields = ("run_id",)
+
+    @admin.display(description="duration", ordering="duration_s")
+    def duration(self, obj):
+        return f"{obj.duration_s:,.1f} s"
+
+    @admin.display(description="window")
+    def window(self, obj):
+        return f"{obj.window_since or 'start'} .. {obj.window_until or 'now'}"
+
+    @admin.display(description="partitions (recomputed / reused)")
+    def partitions(self, obj):
+        return f"{obj.partitions_recomputed} / {obj.partitions_reused}"
 
 
 @admin.register(SubscriberStats)

@@ -4,15 +4,21 @@ A message moves, with its deliveries, once it is older than its queue's retentio
 the days asked for) and every one of its deliveries is acked, or it has none. A message with a
 pending, in-flight or dead delivery stays, and so do those deliveries.
 
-Order of work, per batch of messages: read the rows, write their Parquet files completely and
-durably (analytics.layout), and only then delete the rows, in one transaction. A crash between
-the two leaves the batch both in Parquet and in the hot tables: nothing is lost, the next run
-writes the same files again under the same names (overwriting, not adding copies) and deletes
-the rows; until then the analytics job counts each id once (it dedupes by id).
+Order of work, per batch of messages: read the rows, commit the batch's journal row
+(ArchiveBatch: its message ids), write its Parquet files completely and durably
+(analytics.layout), named after the journaled ids only, and then delete the rows and the
+journal row in one transaction. A crash anywhere leaves the rows in the hot tables, and
+perhaps in Parquet too, with the journal row saying so. Every run, under the lock, first
+replays what the journal holds: the same ids, so the same rows under the same file names
+(overwritten, not copied beside), and files of the batch that no longer have a row (an
+operator deleted messages meanwhile) removed; then the delete. Batches the run picks itself
+afterwards may have other boundaries (a message that became archivable meanwhile, another
+cutoff), but they never hold a journaled message: each message is in the archive once.
 
-Acked is a final state (the ledger never moves an acked delivery) and deliveries are made only
-at publish, so a message that was archivable when read is still archivable at the delete; the
-delete checks it again all the same.
+A message archivable when read may not be at the delete: a seek (ledger.replay) reopens acked
+deliveries and adds missing ones. The delete checks again and keeps such a message; the
+batch's files are then written again without it before the delete commits, so the archive
+never holds a message that is still in the hot tables.
 """
 
 import contextlib
@@ -32,6 +38,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 
 from . import layout
+from .models import ArchiveBatch
 
 log = logging.getLogger(__name__)
 
@@ -64,24 +71,36 @@ DELIVERY_FIELDS = (
 )
 
 
+# Writes of one batch before it is left to the next run, when its messages keep being reopened
+# between the write and the delete.
+WRITE_TRIES = 5
+
+# How often a waiting exclusive() tries the lock again.
+LOCK_POLL_SECS = 0.2
+
+
 class ArchiveBusy(RuntimeError):
-    """Another archive run holds the lock."""
+    """Another run holds the archive's lock."""
 
 
 def archive_history(
-    *, older_than_days=None, now=None, root=None, batch_size=BATCH_MESSAGES, budget_secs=None
+    *, older_than_days=None, now=None, root=None, batch_size=BATCH_MESSAGES, budget_secs=None, wait_secs=0
 ):
     """Move archivable history to Parquet; returns {"messages": n, "deliveries": n} moved.
 
     `older_than_days` replaces each queue's retention (0: everything acked, whatever its age).
     With `budget_secs`, stops after the batch that passes it (the next run goes on from there).
-    Raises ArchiveBusy when another run is archiving into the same place.
+    Raises ArchiveBusy when the archive is held (another run, compaction, an analysis) past
+    `wait_secs`.
     """
     now = now or timezone.now()
     root = str(root or settings.MQ_ARCHIVE_DIR)
     started = time.monotonic()
     moved = {"messages": 0, "deliveries": 0}
-    with _exclusive(root):
+    with exclusive(root, wait_secs=wait_secs):
+        for messages, deliveries in replay_journal(root):
+            moved["messages"] += messages
+            moved["deliveries"] += deliveries
         for queue in Queue.objects.order_by("name"):
             days = queue.retention_days if older_than_days is None else older_than_days
             cutoff = now - timedelta(days=days)
@@ -95,7 +114,7 @@ def archive_history(
                 )
                 if not ids:
                     break
-                messages, deliveries = archive_batch(root, queue, ids)
+                messages, deliveries = archive_batch(root, queue.name, ids)
                 moved["messages"] += messages
                 moved["deliveries"] += deliveries
                 after = ids[-1]
@@ -111,23 +130,86 @@ def archivable(queue, cutoff):
     return Message.objects.filter(queue=queue, created_at__lt=cutoff).filter(~Exists(unsettled))
 
 
-def archive_batch(root, queue, ids):
-    """Write these messages and their deliveries to Parquet, then delete them. Returns the
+def replay_journal(root):
+    """Finish the batches a crashed run left in the journal, oldest first; yields each one's
+    (messages, deliveries) deleted. Call it under exclusive(root)."""
+    # Only this place's: a batch journaled for another MQ_ARCHIVE_DIR waits for a run there.
+    for batch in ArchiveBatch.objects.filter(root=str(root)).order_by("id"):
+        log.info("archive: replaying the journaled batch %s", batch)
+        yield _run_batch(root, batch, replay=True)
+
+
+def archive_batch(root, queue_name, ids):
+    """Journal, write to Parquet, then delete these messages and their deliveries. Returns the
     (messages, deliveries) deleted."""
+    rows = _read_batch(ids)
+    if not rows[0]:
+        return 0, 0
+    # Committed before a file is written: from here on a crash is replayed with these ids.
+    batch = ArchiveBatch.objects.create(
+        root=str(root),
+        queue=queue_name,
+        message_ids=list(ids),
+        days=sorted({layout.day_of(m[3]) for m in rows[0]}),
+    )
+    return _run_batch(root, batch, rows=rows)
+
+
+def _read_batch(ids):
+    """(messages, deliveries) of these ids that may be archived, as tuples in the layout's
+    column order."""
     messages = list(Message.objects.filter(id__in=ids).order_by("id").values_list(*MESSAGE_FIELDS))
     deliveries = list(
         Delivery.objects.filter(message_id__in=ids).order_by("id").values_list(*DELIVERY_FIELDS)
     )
     if any(d[5] != Status.ACKED for d in deliveries):
-        # Not reachable through the ledger (acked is final); never archive an open delivery.
+        # Reopened by a seek since the batch was chosen: never archive an open delivery.
         unsettled = {d[1] for d in deliveries if d[5] != Status.ACKED}
         messages = [m for m in messages if m[0] not in unsettled]
         deliveries = [d for d in deliveries if d[1] not in unsettled]
-    if not messages:
-        return 0, 0
-    # The files are complete and on disk before a single row goes.
-    layout.write_history(root, queue.name, messages, deliveries, durable=True)
-    return delete_archived([m[0] for m in messages], {d[0] for d in deliveries})
+    return messages, deliveries
+
+
+def _run_batch(root, batch, *, rows=None, replay=False):
+    # The name comes from the journaled ids alone, never from the rows found: a replay that
+    # finds fewer rows still overwrites the files of the first attempt.
+    name = layout.part_name(min(batch.message_ids), max(batch.message_ids))
+    for attempt in range(WRITE_TRIES):
+        messages, deliveries = rows if rows and not attempt else _read_batch(batch.message_ids)
+        # The files are complete and on disk before a single row goes.
+        _write_batch(root, batch, name, messages, deliveries, clean=replay or attempt > 0)
+        written = [m[0] for m in messages]
+        try:
+            with transaction.atomic():
+                moved = delete_archived(written, {d[0] for d in deliveries})
+                # A seek (ledger.replay) may reopen an acked delivery, or add one, between the
+                # read and the delete: that message stays in the hot tables, so its copy must
+                # leave the files, or it would be archived twice once settled again.
+                if Message.objects.filter(id__in=written).exists():
+                    raise _Reopened
+                ArchiveBatch.objects.filter(pk=batch.pk).delete()
+            return moved
+        except _Reopened:
+            log.info("archive: a message of %s was reopened meanwhile; writing the batch again", batch)
+    raise RuntimeError(f"archive: the batch {batch} kept changing; the next run replays it")
+
+
+class _Reopened(Exception):
+    pass
+
+
+def _write_batch(root, batch, name, messages, deliveries, *, clean):
+    written = set(layout.write_history(root, batch.queue, messages, deliveries, durable=True, name=name))
+    if not clean:
+        return
+    # A (kind, day) an earlier attempt wrote and this one did not: its rows have left the batch
+    # (deleted by an operator, or reopened); the archive keeps no copy of them.
+    fs, base = layout.filesystem(root)
+    for day in batch.days:
+        for kind in (layout.MESSAGES, layout.DELIVERIES):
+            path = f"{layout.partition(base, kind, batch.queue, day)}/{name}"
+            if path not in written:
+                layout.remove_file(fs, path)
 
 
 def delete_archived(message_ids, delivery_ids):
@@ -149,20 +231,29 @@ def delete_archived(message_ids, delivery_ids):
 
 
 @contextlib.contextmanager
-def _exclusive(root):
-    """One archive run at a time per archive place.
+def exclusive(root, wait_secs=0):
+    """Hold the archive's lock: one archive run, compaction or analytics listing at a time per
+    archive place. With `wait_secs`, tries again until then; raises ArchiveBusy if still held.
 
-    Two runs at once could each write a file of the same name with different rows in it (their
-    batches read at different moments), the second rename winning while both delete: rows
-    would go that no file holds. PostgreSQL: a session advisory lock (any host); otherwise a
-    file lock beside the database (SQLite is one machine's anyway).
+    Two archive runs at once could each write a file of the same name with different rows in
+    it (their batches read at different moments), the second rename winning while both delete:
+    rows would go that no file holds. Compaction swaps a partition's files for one, and a
+    reader that listed them before must not find them gone. PostgreSQL: a session advisory
+    lock (any host; re-entrant in one connection); otherwise a file lock beside the database
+    (SQLite is one machine's anyway; not re-entrant).
     """
-    key = int.from_bytes(hashlib.sha256(f"mqsite.archive:{root}".encode()).digest()[:8], "big", signed=True)
+    root = str(root or settings.MQ_ARCHIVE_DIR)
+    # One place, one lock, however it is named: "var/archive", its absolute path, a slash more.
+    place = root.rstrip("/") if "://" in root else os.path.abspath(root)
+    key = int.from_bytes(hashlib.sha256(f"mqsite.archive:{place}".encode()).digest()[:8], "big", signed=True)
+    deadline = time.monotonic() + wait_secs
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-            if not cursor.fetchone()[0]:
-                raise ArchiveBusy(f"another archive run is writing to {root}")
+            while True:
+                cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+                if cursor.fetchone()[0]:
+                    break
+                _wait_or_give_up(root, deadline)
         try:
             yield
         finally:
@@ -172,11 +263,20 @@ def _exclusive(root):
     lock_dir = os.path.dirname(os.path.abspath(str(connection.settings_dict["NAME"])))
     path = os.path.join(lock_dir, f".archive-{key & 0xFFFFFFFF:08x}.lock")
     with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ArchiveBusy(f"another archive run is writing to {root}") from None
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                _wait_or_give_up(root, deadline)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _wait_or_give_up(root, deadline):
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ArchiveBusy(f"another archive run is writing to {root}")
+    time.sleep(min(LOCK_POLL_SECS, left))

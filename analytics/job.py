@@ -1,21 +1,24 @@
-"""The analytics job: delivery statistics over the archive and the recent rows, with PySpark.
+"""The analytics job: the archive's history reduced to a few rows per hour, with PySpark.
 
-    spark-submit analytics/job.py --archive DIR --recent DIR --out DIR [--now ISO-TIME]
+    spark-submit analytics/job.py --archive DIR --files LIST --out DIR
 
-It reads Parquet only (the archive, and the snapshot of the hot tables that
-analytics.extract writes in the same layout), and writes Parquet only, under --out:
+It reads the archive's Parquet files it is given (or, when the hot tables are large, their
+snapshot) and computes three small parts, per queue, day and hour: `message_hours` (messages,
+per minute, first and last), `delivery_cells` (deliveries counted by event, subscriber, state
+and hour of ack) and `latency_sketches` (a mergeable sketch of the acked deliveries' latency).
+Every figure of any window is a sum, a minimum, a maximum or a sketch merge of these
+(analytics.hours, analytics.figures), so a day's parts are computed once and kept
+(analytics.analysis): a run recomputes only the partitions that changed.
 
-    event_stats/          per queue and event: messages, deliveries by state, fan-out,
-                          publish-to-ack latency p50/p95/p99 (ms), attempts_mean,
-                          dead_letter_rate, messages per minute and per hour (mean and peak)
-    event_rates_minute/   per queue, event and minute: messages published
-    event_rates_hour/     per queue, event and hour: messages published
-    subscriber_stats/     per subscriber: deliveries by state, oldest_pending_age_s
+No global dedupe: each row is read once. The archive's batches are idempotent (a journal), so
+the archive holds each id once; the only overlap, the hot tables' rows that are also archived,
+is removed from the snapshot before it is aggregated (analytics.overlap: the archive's copy
+wins).
 
-Shape (../shared/STYLE.md): extract_* read, transform_* are pure DataFrame -> DataFrame, load_*
-write; paths and the reference time are arguments. The file imports nothing but PySpark and
-the standard library, so spark-submit runs it as it is, and it uses no Python UDF, so a
-cluster's executors need none of this project's code.
+Shape (../shared/STYLE.md): extract_* read, transform_* are pure DataFrame -> DataFrame; paths
+are arguments. The file imports nothing but PySpark and the standard library, so spark-submit
+runs it as it is, and it uses no Python UDF, so a cluster's executors need none of this
+project's code.
 """
 
 import argparse
@@ -23,7 +26,6 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -63,64 +65,144 @@ DELIVERY_SCHEMA = T.StructType(
         T.StructField("day", T.StringType()),
     ]
 )
-MESSAGE_COLUMNS = ("id", "queue", "event", "created_at")
-DELIVERY_COLUMNS = ("id", "queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
+# What the transforms read: never the payload, nor ids (nothing is deduped), nor the day (each
+# row's is its hour's).
+MESSAGE_COLUMNS = ("queue", "event", "created_at")
+DELIVERY_COLUMNS = ("queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
+_KINDS = {"messages": (MESSAGE_SCHEMA, MESSAGE_COLUMNS), "deliveries": (DELIVERY_SCHEMA, DELIVERY_COLUMNS)}
 STATUSES = ("pending", "inflight", "acked", "dead")
 
-PERCENTILES = (0.5, 0.95, 0.99)
-# percentile_approx's rank error is at most 1/accuracy: 0.01 %, far inside the contract's 1 %.
-PERCENTILE_ACCURACY = 10_000
+# The latency sketch of a group: its exact latencies at ranks 1/K, 2/K, ..., 1 (K =
+# SKETCH_POINTS), each point standing for 1/K of the group's acked deliveries. Merged
+# (analytics.sketch), the points of any set of groups give any quantile within 1/K of rank:
+# 0.5 %, inside the contract's 1 %. p50, p95 and p99 are points of the grid, so an hour's own
+# are exact.
+SKETCH_POINTS = 200
 
-OUTPUTS = ("event_stats", "event_rates_minute", "event_rates_hour", "subscriber_stats")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MESSAGE_HOUR_COLUMNS = ("queue", "day", "event", "hour", "messages", "minute_counts", "first_at", "last_at")
+CELL_COLUMNS = (
+    "queue", "day", "event", "subscriber", "hour", "acked_hour", "status", "n", "attempts",
+    "first_created_at",
+)  # fmt: skip
+SKETCH_COLUMNS = ("queue", "day", "event", "hour", "latency_count", "latency_points")
+
+# Set on the session by every run (configure()).
+RUN_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    # The latency sketch is an object aggregate; past this many groups in a task Spark falls
+    # back from hashing to sorting the rest of its input. A group is an hour of an event, and
+    # its buffer holds the hour's acked latencies: hash them all.
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
+    # The caller lists the files; let the driver stat them instead of starting a Spark job to.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+    # The archive's files are small (one per queue and hour until compacted): Spark counts 4 MB
+    # for opening each when it packs files into tasks, which made 45 tasks of 1,440 files of
+    # 0.1 MB; at 64 KB it packs them into one task per core (measured: 25-40 % faster).
+    "spark.sql.files.openCostInBytes": str(64 * 1024),
+}
 
 
 # --- the session ---------------------------------------------------------------------------------
 
 
-def build_session(master=None, app_name="mqsite-analytics", conf=None):
-    """A SparkSession; `master` None leaves it to spark-submit (or local[*])."""
+def build_session(
+    master=None,
+    app_name="mqsite-analytics",
+    conf=None,
+    *,
+    remote=None,
+    driver_memory=None,
+    event_log_dir=None,
+    class_archive=None,
+    quick_jit=False,
+):
+    """A SparkSession. `remote` (a Spark Connect URL, sc://host:15002) connects to a Spark
+    Connect server and `master` is ignored; else `master` None leaves it to spark-submit (or
+    local[*]). `driver_memory` (e.g. "2g") and `event_log_dir` apply to a session whose driver
+    is this process: they must be set before its JVM starts, and a Connect server has its own.
+    `class_archive` is where a local driver keeps its classes' shared archive (_class_sharing);
+    `quick_jit` asks a local driver for the quick compiler alone (a short run)."""
     builder = SparkSession.builder.appName(app_name)
-    if master:
+    if remote:
+        builder = builder.remote(remote)
+    elif master:
         builder = builder.master(master)
     settings = {
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.ui.showConsoleProgress": "false",
     }
-    cores = _local_cores(master)
-    if cores:
-        # Spark's 200 shuffle partitions are sized for a cluster; on one machine each costs a
-        # task per stage for nothing (measured: 200k deliveries took 10 times as long).
-        settings["spark.sql.shuffle.partitions"] = str(2 * cores)
+    if not remote:
+        cores = _local_cores(master)
+        if cores:
+            # Spark's 200 shuffle partitions are sized for a cluster; on one machine each costs
+            # a task per stage for nothing (measured: 200k deliveries took 10 times as long).
+            settings["spark.sql.shuffle.partitions"] = str(2 * cores)
+            # The throughput collector: the sketch's lists make short-lived garbage by the
+            # million, and nothing here waits on a pause (measured on the 5 M archive, warm:
+            # 5.4 s with G1, 4.7-5.1 s with it). `quick_jit`: the quick compiler alone, for a
+            # short run (a JVM that starts and compiles sooner, but runs a long one slower:
+            # on the 5 M archive, start and first pass 14.4 s -> 11.8 s, a later pass 5.3 s
+            # -> 8.5 s).
+            java = "-XX:+UseParallelGC" + (" -XX:TieredStopAtLevel=1" if quick_jit else "")
+            settings["spark.driver.extraJavaOptions"] = java + _class_sharing(class_archive)
+        if driver_memory:
+            settings["spark.driver.memory"] = driver_memory
+        if event_log_dir:
+            settings["spark.eventLog.enabled"] = "true"
+            settings["spark.eventLog.dir"] = event_log_dir
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
     # py4j logs every connection at INFO, through the root logger Django configures.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not remote:
+        # A Spark Connect session has no SparkContext (nor JVM) on this side.
+        spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
+def _class_sharing(class_archive):
+    """The JVM option for Spark's classes' shared archive (AppCDS) at `class_archive`: use it
+    when it exists, else make it when this JVM exits (the first run after an install). The
+    classes then load mapped, already checked: measured on this machine, the session's start
+    3.3 s -> 2.0 s and a first run over the 5 M archive 13.0 s -> 11.0 s. A JVM whose classes
+    no longer match (an upgrade) ignores the archive with a warning."""
+    if not class_archive:
+        return ""
+    # Quiet: the JVM lists every class it leaves out (those of signed jars) as it exits.
+    if os.path.exists(class_archive):
+        return f" -XX:SharedArchiveFile={class_archive} -Xlog:cds=off"
+    os.makedirs(os.path.dirname(os.path.abspath(class_archive)), exist_ok=True)
+    return f" -XX:ArchiveClassesAtExit={class_archive} -Xlog:cds=off"
+
+
 def _local_cores(master):
-    """N of local[N] (local[*]: this machine's CPUs), or None for a cluster's master."""
-    if not master or not master.startswith("local"):
+    """The cores of a master on this machine: N of local[N] and local[N,F] (local[*]: this
+    machine's CPUs, local: 1), N*C of local-cluster[N,C,M]; None for a cluster's master."""
+    if not master:
         return None
-    inner = master[len("local") :].strip("[]").split(",")[0]
-    if inner in ("", "*"):
-        return (os.cpu_count() or 1) if inner == "*" else 1
-    return int(inner)
+    if master.startswith("local-cluster["):
+        workers, cores = master[len("local-cluster[") :].rstrip("]").split(",")[:2]
+        return int(workers) * int(cores)
+    if not master.startswith("local"):
+        return None
+    inner = master[len("local") :].strip("[]").split(",")[0].strip()
+    if inner == "*":
+        return os.cpu_count() or 1
+    return int(inner) if inner else 1
 
 
 @contextmanager
-def session(master=None, conf=None):
-    """The active SparkSession if there is one (left running), else a new one stopped after."""
+def session(master=None, conf=None, **options):
+    """The active SparkSession if there is one (left running), else a new one (build_session's
+    arguments) stopped after."""
     active = SparkSession.getActiveSession()
     if active is not None:
         yield active
         return
-    spark = build_session(master, conf=conf)
+    spark = build_session(master, conf=conf, **options)
     try:
         yield spark
     finally:
@@ -130,200 +212,187 @@ def session(master=None, conf=None):
 # --- extract -------------------------------------------------------------------------------------
 
 
-def extract_messages(spark, *roots):
-    return _read_all(spark, roots, "messages", MESSAGE_SCHEMA).select(*MESSAGE_COLUMNS)
+def extract_archive(spark, root, kind, files):
+    """The given Parquet files of one kind ("messages" or "deliveries") of the archive under
+    `root`, with the queue and day of their partition, in the columns the transforms read.
+
+    The caller lists the files (analytics.partitions): a path given is read, nothing else,
+    so a run reads exactly the partitions it decided to recompute, and Spark lists nothing
+    (no Hadoop call through the JVM gateway, which Spark Connect does not have).
+    """
+    configure(spark)  # before the read: the file listing's settings apply when it is made
+    schema, columns = _KINDS[kind]
+    if not files:
+        return spark.createDataFrame([], T.StructType([schema[c] for c in columns]))
+    return (
+        spark.read.schema(schema)
+        .option("basePath", f"{str(root).rstrip('/')}/{kind}")
+        .parquet(*files)
+        .select(*columns)
+    )
 
 
-def extract_deliveries(spark, *roots):
-    return _read_all(spark, roots, "deliveries", DELIVERY_SCHEMA).select(*DELIVERY_COLUMNS)
-
-
-def _read_all(spark, roots, kind, schema):
-    frames = [_read(spark, f"{str(root).rstrip('/')}/{kind}", schema) for root in roots if root]
-    frames = [f for f in frames if f is not None]
-    if not frames:
-        return spark.createDataFrame([], schema)
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
-    return out
-
-
-def _read(spark, path, schema):
-    # Nothing archived yet (or nothing recent): no folder. Asked of Hadoop's filesystem, which
-    # knows every scheme Spark reads (file, hdfs, s3a, ...).
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    if not hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path):
-        return None
-    return spark.read.schema(schema).parquet(path)
+def extract_snapshot(spark, root, kind):
+    """The hot tables' snapshot (analytics.extract.write_snapshot: plain Parquet with a queue
+    column), in the columns the transforms read."""
+    configure(spark)
+    schema, columns = _KINDS[kind]
+    snapshot_schema = T.StructType([f for f in schema if f.name != "day"])
+    return spark.read.schema(snapshot_schema).parquet(f"{str(root).rstrip('/')}/{kind}").select(*columns)
 
 
 # --- transform -----------------------------------------------------------------------------------
 
 
-def transform_unique(rows: DataFrame) -> DataFrame:
-    """Each id once. A crash between the archive's write and its delete leaves a batch both
-    in the archive and in the hot tables; a batch written again after its boundaries moved can
-    sit in two files. The copies are the same row (only acked history is archived, and acked
-    is final), so any one will do."""
-    return rows.dropDuplicates(["id"])
+# Hours and minutes as whole numbers since the epoch (UTC): grouping by a number is cheaper than
+# by date_trunc's timestamp, which goes through a calendar for every row; the hour's timestamp
+# and day are made once per group, at the end.
+HOUR_US = 3_600_000_000
+MINUTE_US = 60_000_000
 
 
-def transform_rates(messages: DataFrame, unit: str) -> DataFrame:
-    """Messages published per queue, event and `unit` ("minute" or "hour"), as
-    (queue, event, period_start, messages); periods with none are absent."""
-    return messages.groupBy("queue", "event", F.date_trunc(unit, "created_at").alias("period_start")).agg(
-        F.count(F.lit(1)).alias("messages")
-    )
+def _number(column, unit_us):
+    return F.expr(f"unix_micros({column}) div {unit_us}")
 
 
-def transform_event_stats(
-    messages: DataFrame, deliveries: DataFrame, per_minute: DataFrame, per_hour: DataFrame
-) -> DataFrame:
-    """One row per queue and event. Latency is publish to ack of acked deliveries, in ms (a
-    delivery's created_at is its message's publish time: the fan-out makes both at once).
-    attempts_mean is over settled (acked or dead) deliveries; dead_letter_rate = dead /
-    deliveries; messages_per_minute (per_hour) is the mean over the minutes (hours) from the
-    first message's to the last's, both included, and peak_* the busiest one."""
-    published = messages.groupBy("queue", "event").agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.min("created_at").alias("first_published_at"),
-        F.max("created_at").alias("last_published_at"),
+def _hour_and_day(number):
+    """The hour's start (a timestamp) and its day (YYYY-MM-DD) from its number."""
+    start = F.timestamp_micros(F.col(number) * F.lit(HOUR_US))
+    return start.alias("hour"), F.date_format(start, "yyyy-MM-dd").alias("day")
+
+
+def transform_message_hours(messages: DataFrame) -> DataFrame:
+    """One row per queue, day, event and hour (MESSAGE_HOUR_COLUMNS): the hour's messages, each
+    busy minute's count (so that the busiest minute of any window is exact even when the archive
+    and the hot tables each hold part of one minute), the first and the last."""
+    by_minute = messages.groupBy("queue", "event", _number("created_at", MINUTE_US).alias("m")).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("created_at").alias("first_at"),
+        F.max("created_at").alias("last_at"),
     )
-    status = F.col("status")
-    latency_ms = F.when(
-        status == "acked", (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
+    hours = by_minute.groupBy("queue", "event", (F.col("m") / 60).cast("long").alias("h")).agg(
+        F.sum("n").alias("messages"),
+        F.collect_list(F.struct((F.col("m") % 60).cast("int").alias("minute"), F.col("n"))).alias(
+            "minute_counts"
+        ),
+        F.min("first_at").alias("first_at"),
+        F.max("last_at").alias("last_at"),
     )
-    delivered = deliveries.groupBy("queue", "event").agg(
-        F.count(F.lit(1)).alias("deliveries"),
-        *[F.sum((status == s).cast("long")).alias(s) for s in STATUSES],
-        F.percentile_approx(latency_ms, list(PERCENTILES), PERCENTILE_ACCURACY).alias("latency"),
-        F.avg(F.when(status.isin("acked", "dead"), F.col("attempts"))).alias("attempts_mean"),
-    )
-    peaks = (
-        per_minute.groupBy("queue", "event")
-        .agg(F.max("messages").alias("peak_per_minute"))
-        .join(
-            per_hour.groupBy("queue", "event").agg(F.max("messages").alias("peak_per_hour")),
-            ["queue", "event"],
-        )
-    )
-    joined = published.join(delivered, ["queue", "event"], "full_outer").join(
-        peaks, ["queue", "event"], "left"
-    )
-    n_messages = F.coalesce(F.col("messages"), F.lit(0))
-    n_deliveries = F.coalesce(F.col("deliveries"), F.lit(0))
-    return joined.select(
+    hour, day = _hour_and_day("h")
+    return hours.select("queue", day, "event", hour, "messages", "minute_counts", "first_at", "last_at")
+
+
+def transform_delivery_cells(deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, event, subscriber, hour of publish, hour of ack and state
+    (CELL_COLUMNS): how many deliveries, their attempts, the earliest published.
+
+    Every count of the event hours and the subscriber hours is a sum over these cells
+    (analytics.hours), so the deliveries are read once for all of them, by one aggregate of
+    plain functions that Spark runs as generated code. There are few cells: at most one per
+    subscription, hour and state, and a second hour for acks that came after their hour.
+    """
+    cells = deliveries.groupBy(
         "queue",
         "event",
-        n_messages.alias("messages"),
-        n_deliveries.alias("deliveries"),
-        *[F.coalesce(F.col(s), F.lit(0)).alias(s) for s in STATUSES],
-        F.when(n_messages > 0, n_deliveries / n_messages).alias("fanout"),
-        *[F.col("latency")[i].alias(f"latency_p{_pct(p)}_ms") for i, p in enumerate(PERCENTILES)],
-        "attempts_mean",
-        F.when(n_deliveries > 0, F.coalesce(F.col("dead"), F.lit(0)) / n_deliveries).alias(
-            "dead_letter_rate"
-        ),
-        (n_messages / _periods("minute", 60)).alias("messages_per_minute"),
-        (n_messages / _periods("hour", 3600)).alias("messages_per_hour"),
-        F.coalesce(F.col("peak_per_minute"), F.lit(0)).alias("peak_per_minute"),
-        F.coalesce(F.col("peak_per_hour"), F.lit(0)).alias("peak_per_hour"),
-        "first_published_at",
-        "last_published_at",
+        "subscriber",
+        _number("created_at", HOUR_US).alias("h"),
+        _number("acked_at", HOUR_US).alias("acked_h"),
+        "status",
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum("attempts").alias("attempts"),
+        F.min("created_at").alias("first_created_at"),
+    )
+    hour, day = _hour_and_day("h")
+    acked_hour = F.timestamp_micros(F.col("acked_h") * F.lit(HOUR_US)).alias("acked_hour")
+    return cells.select(
+        "queue", day, "event", "subscriber", hour, acked_hour, "status", "n", "attempts", "first_created_at"
     )
 
 
-def _periods(unit, seconds):
-    """How many `unit`s from the first message's to the last's, both included."""
-    first = F.unix_seconds(F.date_trunc(unit, "first_published_at"))
-    last = F.unix_seconds(F.date_trunc(unit, "last_published_at"))
-    return (last - first) / F.lit(seconds) + F.lit(1)
+def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, event and hour with acked deliveries (SKETCH_COLUMNS): the
+    latency sketch of its acked deliveries, publish to ack, in ms: the exact latencies at the
+    ranks 1/K, 2/K, ..., 1, from the hour's latencies sorted.
 
-
-def _pct(p):
-    return f"{p * 100:g}".replace(".", "_")
-
-
-def transform_subscriber_stats(deliveries: DataFrame, now: datetime) -> DataFrame:
-    """One row per subscriber: its deliveries by state (backlog: pending and inflight) and
-    the age in seconds at `now` of its oldest pending delivery (lag; null when none)."""
-    status = F.col("status")
-    now_us = (now - EPOCH) // timedelta(microseconds=1)
-    stats = deliveries.groupBy("subscriber").agg(
-        F.count(F.lit(1)).alias("deliveries"),
-        *[F.sum((status == s).cast("long")).alias(s) for s in STATUSES],
-        F.min(F.when(status == "pending", F.col("created_at"))).alias("oldest_pending_at"),
+    An aggregate of its own (collect_list, an object aggregate), kept apart from the counts so
+    that it does not take them out of generated code. Exact rather than percentile_approx:
+    measured faster here (the hour's values are few, and sorting them beats feeding a
+    quantile summary row by row), and its points carry no error of their own. It holds an
+    hour's acked latencies in memory at once: 8 bytes each.
+    """
+    latency_ms = (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
+    hours = (
+        deliveries.where(F.col("status") == "acked")
+        .groupBy("queue", "event", _number("created_at", HOUR_US).alias("h"))
+        .agg(F.sort_array(F.collect_list(latency_ms)).alias("latencies"))
     )
-    return stats.withColumn(
-        "oldest_pending_age_s", (F.lit(now_us) - F.unix_micros("oldest_pending_at")) / F.lit(1_000_000.0)
+    # The point of rank i/K is the ceil(i * n / K)-th smallest value (integer arithmetic, as
+    # analytics.sketch.points computes it).
+    k = SKETCH_POINTS
+    rank = f"greatest(1, cast((i * size(latencies) + {k - 1}) div {k} as int))"
+    points = F.expr(f"transform(sequence(1, {k}), i -> element_at(latencies, {rank}))")
+    hour, day = _hour_and_day("h")
+    return hours.select(
+        "queue",
+        day,
+        "event",
+        hour,
+        F.size("latencies").cast("long").alias("latency_count"),
+        points.alias("latency_points"),
     )
-
-
-# --- load ----------------------------------------------------------------------------------------
-
-
-def load_parquet(results, out):
-    """Write each result under `out`, replacing the last run's."""
-    for name, frame in results.items():
-        # Small results: one file each. The per-minute rates can be long, so they keep Spark's.
-        if name != "event_rates_minute":
-            frame = frame.coalesce(1)
-        frame.write.mode("overwrite").parquet(f"{str(out).rstrip('/')}/{name}")
 
 
 # --- the whole job -------------------------------------------------------------------------------
 
 
-def run(spark, archive, recent, out, now=None):
-    """Read the archive and the recent snapshot, compute every result, write them under `out`."""
-    now = now or datetime.now(UTC)
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    # Let adaptive execution size the partitions of what is computed from the cached frames
-    # too; Spark leaves a cached plan's partitioning alone by default, and every result here
-    # is computed from one (measured: 7 times faster with this on).
-    spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-    # Persisted: each feeds several results, and deduping is the job's one big shuffle.
-    messages = transform_unique(extract_messages(spark, archive, recent)).persist()
-    deliveries = transform_unique(extract_deliveries(spark, archive, recent)).persist()
-    per_minute = transform_rates(messages, "minute").persist()
-    per_hour = transform_rates(messages, "hour").persist()
-    try:
-        load_parquet(
-            {
-                "event_stats": transform_event_stats(messages, deliveries, per_minute, per_hour),
-                "event_rates_minute": per_minute,
-                "event_rates_hour": per_hour,
-                "subscriber_stats": transform_subscriber_stats(deliveries, now),
-            },
-            out,
-        )
-    finally:
-        for frame in (messages, deliveries, per_minute, per_hour):
-            frame.unpersist()
+def configure(spark):
+    """What every run needs of the session, whoever built it."""
+    for key, value in RUN_CONF.items():
+        spark.conf.set(key, value)
+
+
+def transforms(messages, deliveries):
+    """{name: DataFrame} of the three parts (PARTS) of these rows."""
+    return {
+        "message_hours": transform_message_hours(messages),
+        "delivery_cells": transform_delivery_cells(deliveries),
+        "latency_sketches": transform_latency_sketches(deliveries),
+    }
+
+
+def compute_parts(spark, messages, deliveries):
+    """{name: Arrow table} of the three parts of these rows: small (a few rows per hour and
+    key, whatever the rows), so they come back to the driver whole."""
+    configure(spark)
+    return {name: frame.toArrow() for name, frame in transforms(messages, deliveries).items()}
 
 
 def main(argv=None):
+    """spark-submit entry: the hour rows of the given archive files, as Parquet under --out."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--archive", required=True, help="the archive root (MQ_ARCHIVE_DIR)")
-    parser.add_argument("--recent", default="", help="the snapshot of the hot tables (analytics.extract)")
-    parser.add_argument("--out", required=True, help="where the results go")
-    parser.add_argument("--now", type=_iso_time, default=None, help="reference time for ages (UTC)")
+    parser.add_argument(
+        "--files", required=True, help="a text file listing the archive files to read, one a line"
+    )
+    parser.add_argument(
+        "--out", required=True, help="where message_hours/, delivery_cells/, latency_sketches/ go"
+    )
     parser.add_argument("--master", default=None, help="Spark master; default spark-submit's, or local[*]")
     args = parser.parse_args(argv)
+    with open(args.files) as f:
+        files = [line.strip() for line in f if line.strip()]
     spark = build_session(args.master)
     try:
-        run(spark, args.archive, args.recent, args.out, now=args.now)
+        configure(spark)
+        by_kind = {kind: [p for p in files if f"/{kind}/" in p] for kind in _KINDS}
+        messages = extract_archive(spark, args.archive, "messages", by_kind["messages"])
+        deliveries = extract_archive(spark, args.archive, "deliveries", by_kind["deliveries"])
+        for name, frame in transforms(messages, deliveries).items():
+            frame.coalesce(1).write.mode("overwrite").parquet(f"{args.out.rstrip('/')}/{name}")
     finally:
         spark.stop()
     return 0
-
-
-def _iso_time(text):
-    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,18 @@
     <root>/messages/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
     <root>/deliveries/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
 
+The snapshot of the hot tables (analytics.extract) is smaller and plain: only the columns the
+analytics job reads, the queue a column rather than a folder (HOT_*_SCHEMA below):
+
+    <root>/messages/part-0.parquet
+    <root>/deliveries/part-0.parquet
+
 Hive partitioning, so Spark, DuckDB and pandas read it as it is. A delivery lives in its
 message's day (they are made in the same instant by the fan-out), and both files of a batch
-are named after the first and last message id in them: writing the same batch again
-overwrites its files instead of adding copies beside them.
+are named after the first and last message id of the batch (the archive's journaled ids, the
+same name in every day the batch touches): writing the same batch again overwrites its files
+instead of adding copies beside them. A compacted partition holds one file, named after the
+first and last message id in it (analytics.compaction).
 
 Written with pyarrow, not Spark: the archive runs inside a Celery task and a manage.py command
 and must not need a JVM. A local root gets each file written under a temporary name, fsynced,
@@ -55,6 +63,21 @@ DELIVERY_SCHEMA = pa.schema(
     ]
 )
 
+# The snapshot's columns: those of the archive's schemas that the analytics job reads, under
+# the same names and types, and the queue, which the archive keeps in its folder names.
+QUEUE_FIELD = pa.field("queue", pa.string())
+
+
+def _hot_schema(archive_schema, names):
+    return pa.schema([QUEUE_FIELD if name == "queue" else archive_schema.field(name) for name in names])
+
+
+HOT_MESSAGE_SCHEMA = _hot_schema(MESSAGE_SCHEMA, ["id", "queue", "event", "created_at"])
+HOT_DELIVERY_SCHEMA = _hot_schema(
+    DELIVERY_SCHEMA,
+    ["id", "message_id", "queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at"],
+)
+
 MESSAGES = "messages"
 DELIVERIES = "deliveries"
 
@@ -76,12 +99,22 @@ def day_of(ts):
     return ts.astimezone(UTC).strftime("%Y-%m-%d")
 
 
-def write_history(root, queue, messages, deliveries, *, durable=True):
+def part_name(first_id, last_id):
+    """A data file's name: zero-padded, so names sort as their ids do."""
+    return f"part-{first_id:012d}-{last_id:012d}.parquet"
+
+
+def partition(base, kind, queue, day):
+    return f"{base}/{kind}/queue={queue}/day={day}"
+
+
+def write_history(root, queue, messages, deliveries, *, durable=True, name=None):
     """Write one batch of a queue's history; returns the paths written.
 
     `messages` are tuples in MESSAGE_SCHEMA's order, `deliveries` tuples in DELIVERY_SCHEMA's
-    order whose message is among `messages`. One file of each kind per day. With `durable`,
-    every file is on disk before this returns (what the archive needs before it deletes).
+    order whose message is among `messages`. One file of each kind per day, all named `name`
+    (default: after the first and last message id of each day). With `durable`, every file
+    is on disk before this returns (what the archive needs before it deletes).
     """
     fs, base = filesystem(root)
     day_by_message = {}
@@ -97,17 +130,26 @@ def write_history(root, queue, messages, deliveries, *, durable=True):
     written = []
     for day, rows in sorted(messages_by_day.items()):
         ids = [r[0] for r in rows]
-        name = f"part-{min(ids):012d}-{max(ids):012d}.parquet"
+        file_name = name or part_name(min(ids), max(ids))
         for kind, schema, kind_rows in (
             (MESSAGES, MESSAGE_SCHEMA, rows),
             (DELIVERIES, DELIVERY_SCHEMA, deliveries_by_day.get(day, [])),
         ):
             if not kind_rows:
                 continue
-            folder = f"{base}/{kind}/queue={queue}/day={day}"
-            _write_file(fs, folder, name, _table(schema, kind_rows), durable)
-            written.append(f"{folder}/{name}")
+            folder = partition(base, kind, queue, day)
+            write_file(fs, folder, file_name, _table(schema, kind_rows), durable)
+            written.append(f"{folder}/{file_name}")
     return written
+
+
+def write_table(root, folder, name, table, *, durable=True):
+    """Write one Parquet file `<root>/<folder>/<name>` whole (a reader or a crash never sees
+    half of it); returns its path. With `durable`, it is on disk before this returns."""
+    fs, base = filesystem(root)
+    path = f"{base}/{folder}"
+    write_file(fs, path, name, table, durable)
+    return f"{path}/{name}"
 
 
 def _table(schema, rows):
@@ -117,16 +159,23 @@ def _table(schema, rows):
     )
 
 
-def _write_file(fs, folder, name, table, durable):
+def write_file(fs, folder, name, table, durable):
+    """Write one Parquet file whole: a reader or a crash sees all of it or none."""
+    write_whole(fs, folder, name, lambda out: pq.write_table(table, out), durable)
+
+
+def write_whole(fs, folder, name, write, durable):
+    """Write the file `name` in `folder` with write(stream), whole: a reader or a crash sees all
+    of it or none (the old file, if there was one). With `durable`, on disk when this returns."""
     # A temporary name that no reader takes for data: dot-files are hidden from Spark, and it
     # does not end in .parquet for DuckDB's and pandas' globs.
     tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
     final = f"{folder}/{name}"
     if isinstance(fs, pafs.LocalFileSystem):
-        _make_dirs_durable(folder)
+        make_dirs_durable(folder)
         try:
             with open(tmp, "wb") as f:
-                pq.write_table(table, f)
+                write(f)
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())
@@ -135,15 +184,16 @@ def _write_file(fs, folder, name, table, durable):
             _remove_quietly(tmp)
             raise
         if durable:
-            _fsync_dir(folder)
+            fsync_dir(folder)
         return
+    # Object stores have no rename, but a move of one object replaces it whole.
     fs.create_dir(folder, recursive=True)
     with fs.open_output_stream(tmp) as out:
-        pq.write_table(table, out)
+        write(out)
     fs.move(tmp, final)
 
 
-def _make_dirs_durable(folder):
+def make_dirs_durable(folder):
     """makedirs, fsyncing the parent of each folder it makes: a new file's name is durable
     only when every folder above it is."""
     missing = []
@@ -153,10 +203,10 @@ def _make_dirs_durable(folder):
         path = os.path.dirname(path)
     for path in reversed(missing):
         os.makedirs(path, exist_ok=True)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
 
 
-def _fsync_dir(path):
+def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -169,6 +219,16 @@ def _remove_quietly(path):
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def remove_file(fs, path):
+    """Delete a file (local or URI) if it exists; with a local one, durably."""
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return False
+    fs.delete_file(path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        fsync_dir(os.path.dirname(path))
+    return True
 
 
 def remove_tree(root):

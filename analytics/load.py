@@ -6,17 +6,22 @@ this process or was spark-submitted to a cluster that wrote them to shared stora
 """
 
 import math
+from datetime import date, datetime
 
 import pyarrow.parquet as pq
 from django.db import transaction
+from django.utils import timezone
 
-from . import layout
-from .models import EventRate, EventStats, SubscriberStats
+from . import layout, runs
+from .models import AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats, SubscriberTrend
 
 EVENT_FIELDS = [f.name for f in EventStats._meta.concrete_fields if f.name not in ("id", "computed_at")]
 SUBSCRIBER_FIELDS = [
     f.name for f in SubscriberStats._meta.concrete_fields if f.name not in ("id", "computed_at")
 ]
+EVENT_TREND_FIELDS = [f.name for f in EventTrend._meta.concrete_fields if f.name != "id"]
+SUBSCRIBER_TREND_FIELDS = [f.name for f in SubscriberTrend._meta.concrete_fields if f.name != "id"]
+RESULTS = ("event_stats", "subscriber_stats", "event_trends", "subscriber_trends")
 
 
 def read_result(out, name):
@@ -25,35 +30,116 @@ def read_result(out, name):
     return pq.read_table(f"{base}/{name}", filesystem=fs).to_pylist()
 
 
-def load_results(out, computed_at):
-    """Replace the stored statistics with the run's under `out`; returns how many rows of each."""
-    events = [_clean(r, EVENT_FIELDS) for r in read_result(out, "event_stats")]
-    rates = read_result(out, "event_rates_hour")
-    subscribers = [_clean(r, SUBSCRIBER_FIELDS) for r in read_result(out, "subscriber_stats")]
+def load_run(out, run_id):
+    """Replace the stored statistics with those of the run folder `run_id` under `out`
+    (analytics.runs), and record the run (AnalyticsRun); returns how many rows of each.
+
+    The files are read before the transaction (slow I/O holds no lock); the replacement is
+    one transaction, so a reader sees the previous run's figures or this one's, never a mix.
+    Loading the same run again gives the same rows."""
+    manifest = run_fields(runs.read_manifest(out, run_id))
+    folder = runs.run_path(out, run_id)
+    rows = {name: read_result(folder, f"{name}.parquet") for name in RESULTS}
+    computed_at = manifest["now"]
+    events = [_clean(r, EVENT_FIELDS) for r in rows["event_stats"]]
+    subscribers = [_clean(r, SUBSCRIBER_FIELDS) for r in rows["subscriber_stats"]]
+    event_trends = [_clean(r, EVENT_TREND_FIELDS) for r in rows["event_trends"]]
+    subscriber_trends = [_clean(r, SUBSCRIBER_TREND_FIELDS) for r in rows["subscriber_trends"]]
+    for trend in event_trends + subscriber_trends:
+        if trend["period"] not in Period.values:
+            raise runs.BadRun(f"run {run_id}: a trend's period is {trend['period']!r}, not hour or day")
     with transaction.atomic():
-        EventStats.objects.all().delete()
-        EventRate.objects.all().delete()
-        SubscriberStats.objects.all().delete()
-        EventStats.objects.bulk_create(
-            [EventStats(**r, computed_at=computed_at) for r in events], batch_size=500
+        _replace_stats(events, subscribers, computed_at)
+        EventTrend.objects.all().delete()
+        SubscriberTrend.objects.all().delete()
+        EventTrend.objects.bulk_create([EventTrend(**r) for r in event_trends], batch_size=1000)
+        SubscriberTrend.objects.bulk_create(
+            [SubscriberTrend(**r) for r in subscriber_trends], batch_size=1000
         )
-        EventRate.objects.bulk_create(
-            [
-                EventRate(
-                    queue=r["queue"],
-                    event=r["event"],
-                    hour=r["period_start"],
-                    messages=r["messages"],
-                    computed_at=computed_at,
-                )
-                for r in rates
-            ],
-            batch_size=1000,
+        AnalyticsRun.objects.update_or_create(
+            run_id=manifest["run_id"], defaults={**manifest, "loaded_at": timezone.now()}
         )
-        SubscriberStats.objects.bulk_create(
-            [SubscriberStats(**r, computed_at=computed_at) for r in subscribers], batch_size=500
-        )
-    return {"events": len(events), "rates": len(rates), "subscribers": len(subscribers)}
+    return {
+        "events": len(events),
+        "subscribers": len(subscribers),
+        "event_trends": len(event_trends),
+        "subscriber_trends": len(subscriber_trends),
+    }
+
+
+def run_fields(manifest):
+    """A manifest (analytics.runs) as AnalyticsRun's fields; BadRun naming what is missing or
+    malformed."""
+    try:
+        return {
+            "run_id": manifest["run_id"],
+            "started_at": _when(manifest["started_at"]),
+            "finished_at": _when(manifest["finished_at"]),
+            "duration_s": float(manifest["duration_s"]),
+            "now": _when(manifest["now"]),
+            "window_since": _day(manifest["window"]["since"]),
+            "window_until": _day(manifest["window"]["until"]),
+            "spark": bool(manifest["spark"]),
+            **{f"partitions_{k}": int(manifest["partitions"][k]) for k in ("total", "recomputed", "reused")},
+            **{
+                f"rows_{k}": int(manifest["rows"][k])
+                for k in ("archive_messages", "archive_deliveries", "hot_messages", "hot_deliveries")
+            },
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise runs.BadRun(f"malformed manifest ({type(exc).__name__}: {exc})") from exc
+
+
+def run_json(run):
+    """An AnalyticsRun as its manifest's fields (and when it was loaded)."""
+    if run is None:
+        return None
+    return {
+        "run_id": run.run_id,
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "duration_s": run.duration_s,
+        "now": _iso(run.now),
+        "window": {"since": _iso(run.window_since), "until": _iso(run.window_until)},
+        "spark": run.spark,
+        "partitions": {
+            "total": run.partitions_total,
+            "recomputed": run.partitions_recomputed,
+            "reused": run.partitions_reused,
+        },
+        "rows": {
+            "archive_messages": run.rows_archive_messages,
+            "archive_deliveries": run.rows_archive_deliveries,
+            "hot_messages": run.rows_hot_messages,
+            "hot_deliveries": run.rows_hot_deliveries,
+        },
+        "loaded_at": _iso(run.loaded_at),
+    }
+
+
+def last_run():
+    """The newest loaded run, or None."""
+    return AnalyticsRun.objects.order_by("-loaded_at", "-id").first()
+
+
+def _when(text):
+    value = datetime.fromisoformat(text)
+    if timezone.is_naive(value):
+        raise ValueError(f"{text!r} has no time zone")
+    return value
+
+
+def _day(text):
+    return None if text is None else date.fromisoformat(text)
+
+
+def _replace_stats(events, subscribers, computed_at):
+    EventStats.objects.all().delete()
+    SubscriberStats.objects.all().delete()
+    EventStats.objects.bulk_create([EventStats(**r, computed_at=computed_at) for r in events], batch_size=500)
+    SubscriberStats.objects.bulk_create(
+        [SubscriberStats(**r, computed_at=computed_at) for r in subscribers], batch_size=500
+    )
 
 
 def _clean(row, fields):
@@ -77,41 +163,57 @@ SUBSCRIBER_EXTRAS = ("deliveries", "inflight", "backlog", "lag_s")
 
 
 def results_json():
-    """The stored statistics as `analyze --json` prints them: the fields of ../shared/API.md,
-    and the extras above (and the span of each event's messages, as ISO times)."""
+    """The stored statistics as `analyze --json` prints them (as_json)."""
+    return as_json(
+        [{f: getattr(s, f) for f in EVENT_FIELDS} for s in EventStats.objects.order_by("queue", "event")],
+        [
+            {f: getattr(s, f) for f in SUBSCRIBER_FIELDS}
+            for s in SubscriberStats.objects.order_by("subscriber")
+        ],
+    )
+
+
+def as_json(events, subscribers):
+    """Event and subscriber statistics (dicts of EventStats' and SubscriberStats' fields) as
+    `analyze --json` prints them: the fields of ../shared/API.md, and the extras above (and
+    the span of each event's messages, as ISO times)."""
     return {
         "events": [
             {
-                "queue": s.queue,
-                "event": s.event,
-                "messages": s.messages,
-                "deliveries": s.deliveries,
-                "acked": s.acked,
-                "dead": s.dead,
-                "latency_ms": {"p50": s.latency_p50_ms, "p95": s.latency_p95_ms, "p99": s.latency_p99_ms},
-                "attempts_mean": s.attempts_mean,
-                **{f: getattr(s, f) for f in EVENT_EXTRAS},
-                "first_published_at": _iso(s.first_published_at),
-                "last_published_at": _iso(s.last_published_at),
+                "queue": s["queue"],
+                "event": s["event"],
+                "messages": s["messages"],
+                "deliveries": s["deliveries"],
+                "acked": s["acked"],
+                "dead": s["dead"],
+                "latency_ms": {
+                    "p50": s["latency_p50_ms"],
+                    "p95": s["latency_p95_ms"],
+                    "p99": s["latency_p99_ms"],
+                },
+                "attempts_mean": s["attempts_mean"],
+                **{f: s[f] for f in EVENT_EXTRAS},
+                "first_published_at": _iso(s["first_published_at"]),
+                "last_published_at": _iso(s["last_published_at"]),
             }
-            for s in EventStats.objects.order_by("queue", "event")
+            for s in sorted(events, key=lambda s: (s["queue"], s["event"]))
         ],
         "subscribers": [
             {
-                "subscriber": s.subscriber,
-                "pending": s.pending,
-                "oldest_pending_age_s": s.oldest_pending_age_s,
-                "acked": s.acked,
-                "dead": s.dead,
-                "deliveries": s.deliveries,
-                "inflight": s.inflight,
+                "subscriber": s["subscriber"],
+                "pending": s["pending"],
+                "oldest_pending_age_s": s["oldest_pending_age_s"],
+                "acked": s["acked"],
+                "dead": s["dead"],
+                "deliveries": s["deliveries"],
+                "inflight": s["inflight"],
                 # What it is still owed (pending and in flight), and how far behind it is: the
                 # age of its oldest pending delivery at the run (oldest_pending_age_s again,
                 # under the name the issue asks for).
-                "backlog": s.pending + s.inflight,
-                "lag_s": s.oldest_pending_age_s,
+                "backlog": s["pending"] + s["inflight"],
+                "lag_s": s["oldest_pending_age_s"],
             }
-            for s in SubscriberStats.objects.order_by("subscriber")
+            for s in sorted(subscribers, key=lambda s: s["subscriber"])
         ],
     }
 

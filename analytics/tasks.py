@@ -1,29 +1,71 @@
-"""Celery tasks of the analytics: the archive, on beat (CELERY_BEAT_SCHEDULE["archive"])."""
+"""Celery tasks of the analytics, on beat: the archive (CELERY_BEAT_SCHEDULE["archive"], on the
+maintenance queue) and the analysis ("analyze", on the analytics queue: a Spark run of minutes
+must not hold up the per-second sweep)."""
 
 import logging
+import time
 
 from celery import shared_task
 from django.conf import settings
 
-from . import archive
+from . import analysis, archive, compaction
 
 log = logging.getLogger(__name__)
 
-# Stop starting new batches after this long, well inside the hard time limit: a large backlog
-# is archived over several runs instead of being killed halfway through one (which would be
-# safe, but would redo that batch's files).
+# Stop starting new batches (then partitions) after this long, well inside the hard time limit:
+# a large backlog is archived over several runs instead of being killed halfway through one
+# (which would be safe, but would redo that batch's files).
 BUDGET_SECS = max(settings.CELERY_TASK_SOFT_TIME_LIMIT - 60, 30)
+# An analysis holds the archive while it reads it (tens of seconds at millions of rows): wait
+# that long rather than skip the hour. The wait comes out of the budget.
+LOCK_WAIT_SECS = min(60, BUDGET_SECS // 2)
 
 
 @shared_task(acks_late=True)
 def archive_history():
-    """Archive what has passed its queue's retention. Harmless when run twice, or while
-    another run holds the archive (it then does nothing)."""
+    """Archive what has passed its queue's retention, then compact the closed partitions with
+    what is left of the budget (a backlog's archiving comes first; closed partitions wait).
+    Harmless when run twice, or while another run holds the archive (it then does nothing)."""
+    started = time.monotonic()
     try:
-        moved = archive.archive_history(budget_secs=BUDGET_SECS)
+        moved = archive.archive_history(budget_secs=BUDGET_SECS - LOCK_WAIT_SECS, wait_secs=LOCK_WAIT_SECS)
     except archive.ArchiveBusy as exc:
         log.info("archive: %s; skipping this run", exc)
         return None
     if moved["messages"]:
         log.info("archive: moved %(messages)s messages and %(deliveries)s deliveries", moved)
+    left = BUDGET_SECS - (time.monotonic() - started)
+    if left > 0:
+        try:
+            compacted = compaction.compact_archive(budget_secs=left)
+        except archive.ArchiveBusy as exc:
+            log.info("compaction: %s; skipping it this run", exc)
+        else:
+            if compacted["partitions"]:
+                log.info(
+                    "compaction: %(partitions)s partitions, %(files_before)s files now %(files_after)s",
+                    compacted,
+                )
     return moved
+
+
+# A run is not acked late: beat starts another at its next interval anyway, and a redelivery
+# (a worker lost mid-run, or a run past Redis's visibility timeout) would only start a second
+# run beside the first. The hard limit frees the worker from a stuck JVM; it is far beyond a
+# full recomputation of the history.
+ANALYZE_TIME_LIMIT_SECS = 4 * 3600
+
+
+# Both given: a task's None would mean the global CELERY_TASK_SOFT_TIME_LIMIT (4 minutes).
+@shared_task(
+    acks_late=False, time_limit=ANALYZE_TIME_LIMIT_SECS, soft_time_limit=ANALYZE_TIME_LIMIT_SECS - 60
+)
+def analyze():
+    """Compute and load the statistics (analytics.analysis.run_analysis). Harmless when run
+    twice: a run while another holds the analysis does nothing."""
+    try:
+        analysis.run_analysis()
+    except analysis.AnalysisBusy as exc:
+        log.info("analyze: %s; skipping this run", exc)
+        return "busy"
+    return "done"

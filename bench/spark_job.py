@@ -1,254 +1,146 @@
-"""How fast the analytics job (analytics/job.py) runs: input rows per second per core, on local[1]
-against local[2], over generated histories of 1 and 10 million deliveries.
+"""How fast the analytics job's Spark part runs (analytics.job: the archive's files to the three
+parts per hour), on the archive's real layouts: input rows per second per core past the fixed
+cost, and the fixed cost.
 
-    .venv/bin/python bench/spark_job.py [--sizes 1000000,10000000] [--cores 1,2]
+    .venv/bin/python bench/spark_job.py [--sizes 1000000,2500000,5000000] [--layouts hourly,daily] [--cores 2]
 
-The history is generated straight to Parquet with pyarrow, in the archive's Hive layout
-(queue=/day=), with no database: 4 queues, 3 events, 50 subscribers, 30 days, a fan-out of 2;
-90 % of deliveries acked, 5 % pending, 3 % in flight, 2 % dead. The last 7 days go to the
-"recent" root (as analytics.extract would write them), the rest to the "archive" root, and 1 %
-of the archived messages are in both (as a crash between the archive's write and delete leaves
-them), so the job's dedupe has work to do.
+The archives are generated straight to Parquet (bench/analytics_history.py: issue 19's
+workload, 6 queues, 3 events, 50 subscribers, 10 days, fan-out 5): `hourly` is one file per
+queue and hour, as the hourly archive task leaves it (1,440 files per kind at 5 M deliveries);
+`daily` one file per queue and day, as compaction leaves it.
 
-Each core count runs in its own process (a fresh JVM, so one does not inherit the other's JIT
-warm-up), which first runs the job once, untimed, on the smallest history (a first run takes
-about twice as long: the JIT; a run on a tiny history does not warm it up enough), then times
-job.run() (read, dedupe, aggregate, write the results) once per size. Results:
+Each layout and core count runs in a fresh process, as `analyze` does (a new JVM, with the
+session options a local run gets: job.build_session). In it:
+
+- `session_s`: the session's start (the JVM);
+- `first_s`: the job on the largest archive, cold (what a first `analyze` pays: the JIT too);
+- then, after three more runs on the largest (the JIT's warm-up), the job on each size three
+  times (the median kept).
+
+The warm times are fitted to `fixed + rows / rate`: `rate / cores` is the input rows (messages
+and deliveries read) per second per core past the fixed cost. The job here is what Spark
+does: list the partitions, read the files, compute the parts and bring them back (toArrow).
+`bench/analytics_run.py` times the whole `manage.py analyze` around it. Results:
 bench/results/spark_job-<UTC time>.json.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from analytics import job  # noqa: E402
-from analytics.layout import DELIVERY_SCHEMA, MESSAGE_SCHEMA  # noqa: E402
+import analytics_history as history  # noqa: E402
+
+from analytics import job, partitions  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-QUEUES = ["db", "filesystem", "network", "auth"]
-EVENTS = ["create", "delete", "error"]
-SUBSCRIBERS = [f"subscriber-{i:02d}" for i in range(50)]
-STATUSES = ["acked", "pending", "inflight", "dead"]
-DAYS = 30
-RECENT_DAYS = 7
-FANOUT = 2
-END = datetime(2026, 11, 20, tzinfo=UTC)
-START = END - timedelta(days=DAYS)
-DRIVER_MEMORY = "4g"
-PARTITIONS = pa.schema([("queue", pa.string()), ("day", pa.string())])
+REPEAT = 3
+WARMUP_RUNS = 3
 
 
-# --- the generated history -------------------------------------------------------------------------
-
-
-def _seq(n, start=0):
-    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1 - start)
-
-
-def _mod(values, k):
-    return pc.subtract(values, pc.multiply(pc.divide(values, k), k))
-
-
-def _pick(indices, names):
-    """names[indices] as a plain string column."""
-    return pc.take(pa.array(names), indices)
-
-
-def _to_int(values):
-    return pc.cast(pc.floor(values), pa.int64())
-
-
-def _rand_int(n, high, seed):
-    return _to_int(pc.multiply(pc.random(n, initializer=seed), high))
-
-
-def generate(base, deliveries):
-    """Write a history of `deliveries` deliveries under base/archive and base/recent."""
-    n_msg = deliveries // FANOUT
-    mid = _seq(n_msg, start=1)
-    span_us = DAYS * 86_400_000_000
-    start_us = int(START.timestamp() * 1_000_000)
-    created_us = pc.add(_to_int(pc.multiply(pc.random(n_msg, initializer=1), span_us)), start_us)
-    created = pc.cast(created_us, pa.timestamp("us", tz="UTC"))
-    day = pc.strftime(created, format="%Y-%m-%d")
-    queue = _pick(_mod(mid, len(QUEUES)), QUEUES)
-    event = _pick(_mod(pc.divide(mid, len(QUEUES)), len(EVENTS)), EVENTS)
-    messages = pa.table(
-        {
-            "id": mid,
-            "event": event,
-            "seq": mid,
-            "created_at": created,
-            "payload": pa.repeat(pa.scalar('{"host":"bench-01","size":1024}'), n_msg),
-            "key": pa.nulls(n_msg, pa.string()),
-            "publisher": pa.nulls(n_msg, pa.string()),
-            "headers": pa.nulls(n_msg, pa.string()),
-            "queue": queue,
-            "day": day,
-        }
+def run_job(spark, root):
+    """List the archive under root and compute its parts; returns the input rows read."""
+    listing = partitions.list_archive(root)
+    files = {kind: [f for p in listing.values() for f in p.paths(kind)] for kind in partitions.KINDS}
+    parts = job.compute_parts(
+        spark,
+        job.extract_archive(spark, root, "messages", files["messages"]),
+        job.extract_archive(spark, root, "deliveries", files["deliveries"]),
     )
-
-    # FANOUT deliveries per message: delivery k of message i is row k * n_msg + i.
-    n = n_msg * FANOUT
-    message_id = pa.concat_arrays([mid] * FANOUT)
-    d_created = pa.concat_arrays([created] * FANOUT)
-    status_roll = pc.random(n, initializer=3)
-    status = pc.case_when(
-        pc.make_struct(pc.less(status_roll, 0.90), pc.less(status_roll, 0.95), pc.less(status_roll, 0.98)),
-        "acked",
-        "pending",
-        "inflight",
-        "dead",
-    )
-    acked = pc.equal(status, "acked")
-    # Latency: log-uniform between 1 ms and ~20 s.
-    latency_us = _to_int(pc.exp(pc.add(pc.multiply(pc.random(n, initializer=4), 9.9), 6.9)))
-    acked_at = pc.if_else(
-        acked,
-        pc.cast(pc.add(pc.cast(d_created, pa.int64()), latency_us), pa.timestamp("us", tz="UTC")),
-        pa.scalar(None, pa.timestamp("us", tz="UTC")),
-    )
-    deliveries_t = pa.table(
-        {
-            "id": _seq(n, start=1),
-            "message_id": message_id,
-            "event": pa.concat_arrays([event] * FANOUT),
-            "subscriber": _pick(_rand_int(n, len(SUBSCRIBERS), 5), SUBSCRIBERS),
-            "seq": message_id,
-            "status": status,
-            "attempts": pc.add(_rand_int(n, 3, 6), 1),
-            "created_at": d_created,
-            "delivered_at": d_created,
-            "acked_at": acked_at,
-            "last_error": pa.nulls(n, pa.string()),
-            "queue": pa.concat_arrays([queue] * FANOUT),
-            "day": pa.concat_arrays([day] * FANOUT),
-        }
-    )
-
-    recent_from = pa.scalar(END - timedelta(days=RECENT_DAYS), pa.timestamp("us", tz="UTC"))
-    for name, table, schema in (
-        ("messages", messages, MESSAGE_SCHEMA),
-        ("deliveries", deliveries_t, DELIVERY_SCHEMA),
-    ):
-        is_recent = pc.greater_equal(table["created_at"], recent_from)
-        # 1 % of the archived rows also in the recent root: the overlap a crash leaves.
-        id_col = table["id"] if name == "messages" else table["message_id"]
-        overlap = pc.and_(pc.invert(is_recent), pc.equal(_mod(id_col, 100), 0))
-        _write(base / "archive" / name, table.filter(pc.invert(is_recent)), schema)
-        _write(base / "recent" / name, table.filter(pc.or_(is_recent, overlap)), schema)
-    return {"messages": n_msg, "deliveries": n}
-
-
-def _write(folder, table, schema):
-    ds.write_dataset(
-        table.select([*schema.names, "queue", "day"]),
-        folder,
-        format="parquet",
-        partitioning=ds.partitioning(PARTITIONS, flavor="hive"),
-        existing_data_behavior="overwrite_or_ignore",
-        max_rows_per_group=1_000_000,
-    )
-
-
-# --- one core count, in its own process -------------------------------------------------------------
+    messages = sum(parts["message_hours"]["messages"].to_pylist())
+    deliveries = sum(parts["delivery_cells"]["n"].to_pylist())
+    return messages + deliveries
 
 
 def worker(args):
-    """Run in a child: warm up, then time the job on each history; print JSON."""
-    spark = job.build_session(
-        f"local[{args.worker}]",
-        app_name="mqsite-bench",
-        conf={"spark.ui.enabled": "false", "spark.driver.memory": DRIVER_MEMORY},
-    )
-    timings = {}
-    runs = [("warmup", args.warmup), *[h.split("=", 1) for h in args.histories]]
-    for label, base in runs:
-        base = Path(base)
-        out = base / f"out-{args.worker}-{label}"
-        started = time.perf_counter()
-        job.run(spark, str(base / "archive"), str(base / "recent"), str(out), now=END)
-        timings[label] = time.perf_counter() - started
-        print(f"  local[{args.worker}] {label}: {timings[label]:.1f} s", file=sys.stderr, flush=True)
+    """In a child: start the session, time a cold run on the largest archive, then warm runs on
+    each; print JSON."""
+    started = time.perf_counter()
+    spark = job.build_session(f"local[{args.worker}]", app_name="mqsite-bench")
+    out = {"session_s": round(time.perf_counter() - started, 2), "warm": {}}
+    largest = args.archives[-1].split("=", 1)[1]
+    started = time.perf_counter()
+    out["rows"] = {"first": run_job(spark, largest)}
+    out["first_s"] = round(time.perf_counter() - started, 2)
+    # The optimising compiler keeps compiling for a few runs more: warm up on the largest
+    # before timing any (measured: without it, the first size timed was slower than bigger ones).
+    for _ in range(WARMUP_RUNS):
+        run_job(spark, largest)
+    for spec in args.archives:
+        size, root = spec.split("=", 1)
+        times = []
+        for _ in range(REPEAT):
+            started = time.perf_counter()
+            out["rows"][size] = run_job(spark, root)
+            times.append(time.perf_counter() - started)
+        out["warm"][size] = round(statistics.median(times), 3)
+        print(f"  local[{args.worker}] {size}: {out['warm'][size]:.2f} s", file=sys.stderr, flush=True)
     spark.stop()
-    print(json.dumps(timings))
+    print(json.dumps(out))
 
 
-def run_cores(cores, warmup, histories):
-    cmd = [
-        sys.executable,
-        __file__,
-        "--worker",
-        str(cores),
-        "--warmup",
-        str(warmup),
-        *[arg for size, base in histories.items() for arg in ("--history", f"{size}={base}")],
-    ]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=1800, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def fit(points):
+    """Least squares of seconds = fixed + rows / rate over (rows, seconds); (fixed, rate)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, 1 / slope
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1000000,10000000", help="deliveries per history")
-    parser.add_argument("--cores", default="1,2", help="local[N] to compare")
+    parser.add_argument("--sizes", default="1000000,2500000,5000000", help="deliveries per archive")
+    parser.add_argument("--layouts", default="hourly,daily", help="hourly (as archived), daily (compacted)")
+    parser.add_argument("--cores", default="2", help="local[N] to run")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", help=argparse.SUPPRESS)
-    parser.add_argument("--history", dest="histories", action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--archive", dest="archives", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
 
     import harness
 
-    sizes = [int(s) for s in args.sizes.split(",")]
-    cores = [int(c) for c in args.cores.split(",")]
+    sizes = sorted(int(s) for s in args.sizes.split(","))
     machine = harness.machine()
     began = time.perf_counter()
+    runs = []
     with tempfile.TemporaryDirectory(prefix="mqbench-spark-") as tmp:
-        tmp = Path(tmp)
-        histories, generated = {}, {}
-        for size in sizes:
-            started = time.perf_counter()
-            generated[size] = generate(tmp / str(size), size)
-            generated[size]["generate_s"] = round(time.perf_counter() - started, 2)
-            generated[size]["parquet_bytes"] = sum(
-                f.stat().st_size for f in (tmp / str(size)).rglob("*.parquet")
-            )
-            histories[size] = tmp / str(size)
-            print(f"generated {size:,} deliveries in {generated[size]['generate_s']} s", file=sys.stderr)
-        runs, warmups = [], {}
-        warmup = histories[min(sizes)]
-        for n_cores in cores:
-            timings = run_cores(n_cores, warmup, histories)
-            warmups[f"local[{n_cores}]"] = round(timings["warmup"], 2)
+        for layout in args.layouts.split(","):
+            archives = {}
             for size in sizes:
-                seconds = timings[str(size)]
-                total = generated[size]["messages"] + generated[size]["deliveries"]
+                root = Path(tmp) / f"{layout}-{size}"
+                archives[size] = (root, history.generate_archive(root, size, files=layout))
+                print(f"generated {size:,} deliveries, {layout}", file=sys.stderr, flush=True)
+            for cores in (int(c) for c in args.cores.split(",")):
+                load = os.getloadavg()[0]
+                cmd = [sys.executable, __file__, "--worker", str(cores)]
+                cmd += [a for size, (root, _) in archives.items() for a in ("--archive", f"{size}={root}")]
+                done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=3600, check=True)
+                got = json.loads(done.stdout.strip().splitlines()[-1])
+                fixed, rate = fit([(got["rows"][str(s)], got["warm"][str(s)]) for s in sizes])
                 runs.append(
                     {
-                        "master": f"local[{n_cores}]",
-                        "cores": n_cores,
-                        "deliveries": size,
-                        "messages": generated[size]["messages"],
-                        "seconds": round(seconds, 2),
-                        "deliveries_per_s": round(size / seconds),
-                        "deliveries_per_s_per_core": round(size / seconds / n_cores),
-                        "input_rows_per_s_per_core": round(total / seconds / n_cores),
+                        "layout": layout,
+                        "master": f"local[{cores}]",
+                        "files_per_kind": archives[sizes[-1]][1]["files_per_kind"],
+                        "input_rows": {str(s): got["rows"][str(s)] for s in sizes},
+                        "session_s": got["session_s"],
+                        "first_s": got["first_s"],
+                        "warm_s": got["warm"],
+                        "fixed_s": round(fixed, 2),
+                        "rows_per_s_per_core": round(rate / cores),
+                        "loadavg_before": round(load, 2),
+                        "loadavg_after": round(os.getloadavg()[0], 2),
                     }
                 )
     result = {
@@ -256,33 +148,23 @@ def main():
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": harness.git("rev-parse", "--short", "HEAD"),
         "machine": machine,
-        "loadavg_after": os.getloadavg(),
         "java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
         "pyspark": __import__("pyspark").__version__,
-        "driver_memory": DRIVER_MEMORY,
-        "workload": {
-            "queues": len(QUEUES),
-            "events": len(EVENTS),
-            "subscribers": len(SUBSCRIBERS),
-            "days": DAYS,
-            "recent_days": RECENT_DAYS,
-            "fanout": FANOUT,
-            "histories": {str(k): v for k, v in generated.items()},
-        },
+        "sizes": sizes,
         "runs": runs,
-        "warmup_s": warmups,  # the untimed first run on the smallest history
         "wall_s": round(time.perf_counter() - began, 1),
     }
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"spark_job-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'master':<9} {'deliveries':>11} {'seconds':>8} {'deliveries/s':>13} {'per core':>10}")
+    print(f"{'layout':<7} {'master':<9} {'session':>8} {'first':>7} {'fixed':>7} {'rows/s/core':>12}  warm")
     for r in runs:
+        warm = ", ".join(f"{int(k) / 1e6:g}M {v:.2f}s" for k, v in r["warm_s"].items())
         print(
-            f"{r['master']:<9} {r['deliveries']:>11,} {r['seconds']:>8.1f} {r['deliveries_per_s']:>13,} "
-            f"{r['deliveries_per_s_per_core']:>10,}"
+            f"{r['layout']:<7} {r['master']:<9} {r['session_s']:>7.1f}s {r['first_s']:>6.1f}s "
+            f"{r['fixed_s']:>6.2f}s {r['rows_per_s_per_core']:>12,}  {warm}"
         )
-    print(f"written to {path.relative_to(ROOT)}")
+    print(f"results: {path.relative_to(ROOT)}")
     return 0
 
 

@@ -12,6 +12,9 @@ What is a counter and what is a gauge:
 - Everything else is a gauge of what the hot tables hold now. Acked deliveries and webhook
   attempts leave those tables when archived, so their totals may fall: for the ack rate use
   `mq_ack_rate_per_second` (acks over the last minute, from Delivery.acked_at), not `rate()`.
+- `mq_analytics_*` are the last loaded analytics run's (from the tables analytics.load fills,
+  in the same snapshot): when it finished, how long it took, its partitions recomputed and
+  reused, and its figures per queue and event over the whole history. None before a first run.
 """
 
 import time
@@ -103,6 +106,63 @@ def families(taken_at, data):
     for subscriber, n in part["connections"]:
         connected.add_metric([subscriber], n)
     yield connected
+
+    if part.get("analytics"):  # .get: a snapshot cached by a server before this one has none
+        yield from analytics_families(part["analytics"])
+
+
+QUANTILES = ("0.5", "0.95", "0.99")
+
+
+def analytics_families(analytics):
+    """The last analytics run's families (dashboard.snapshot.analytics_metrics)."""
+    run = analytics["run"]
+    finished = GaugeMetricFamily(
+        "mq_analytics_last_run_timestamp_seconds", "When the last loaded analytics run finished (Unix time)."
+    )
+    finished.add_metric([], run["finished_at"].timestamp())
+    duration = GaugeMetricFamily(
+        "mq_analytics_last_run_duration_seconds", "How long the last loaded analytics run took."
+    )
+    duration.add_metric([], run["duration_s"])
+    partitions = GaugeMetricFamily(
+        "mq_analytics_last_run_partitions",
+        "Partitions of the history the last analytics run computed again (recomputed) or took "
+        "from the run before (reused).",
+        labels=["state"],
+    )
+    partitions.add_metric(["recomputed"], run["partitions_recomputed"])
+    partitions.add_metric(["reused"], run["partitions_reused"])
+    yield finished
+    yield duration
+    yield partitions
+
+    messages = GaugeMetricFamily(
+        "mq_analytics_messages",
+        "Messages of the queue and event over the whole history (archive and hot tables), as of "
+        "the last analytics run.",
+        labels=["queue", "event"],
+    )
+    dead_rate = GaugeMetricFamily(
+        "mq_analytics_dead_letter_rate",
+        "Dead deliveries over deliveries of the queue and event, whole history, last analytics run.",
+        labels=["queue", "event"],
+    )
+    latency = GaugeMetricFamily(
+        "mq_analytics_latency_ms",
+        "Publish-to-ack latency of the queue and event, whole history, last analytics run.",
+        labels=["queue", "event", "quantile"],
+    )
+    for queue, event, n, rate, *quantiles in analytics["events"]:
+        messages.add_metric([queue, event], n)
+        if rate is not None:  # no deliveries: no rate
+            dead_rate.add_metric([queue, event], rate)
+        for quantile, ms in zip(QUANTILES, quantiles, strict=True):
+            if ms is not None:  # nothing acked: no latency
+                latency.add_metric([queue, event, quantile], ms)
+    yield messages
+    yield dead_rate
+    yield latency
 
 
 class _Snapshot:

@@ -20,7 +20,7 @@ from django.db.models import Count, Min, OuterRef, Sum
 from django.db.models.functions import Substr
 from django.utils import timezone
 
-from analytics.models import EventRate, EventStats, SubscriberStats
+from analytics.models import AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats
 from delivery import tallies
 from delivery.models import Delivery, Status, TallyActivity
 from delivery.reports import first_pending_at, queue_stats
@@ -249,10 +249,11 @@ def analytics_history():
         )[:HISTORY_ROWS_LIMIT]
     ]
     hours = dict(
-        EventRate.objects.order_by()
-        .values_list("hour")
+        EventTrend.objects.filter(period=Period.HOUR)
+        .order_by()
+        .values_list("period_start")
         .annotate(n=Sum("messages"))
-        .order_by("-hour")[:HISTORY_HOURS]
+        .order_by("-period_start")[:HISTORY_HOURS]
     )
     # One run writes all three tables in one transaction; the rows name when it ran.
     stamps = [r.pop("computed_at") for r in events + subscribers]
@@ -392,7 +393,26 @@ def _metrics_part(now, kept, oldest, rated, connections):
             (subscriber_names[sid], n) for sid, n in connections.items() if sid in subscriber_names
         ),
         "webhook_attempts": webhook_attempts(kept, subscriber_names),
+        "analytics": analytics_metrics(),
     }
+
+
+def analytics_metrics():
+    """The last loaded analytics run for /metrics: {"run": its time, length and partitions,
+    "events": [(queue, event, messages, dead_letter_rate, p50, p95, p99)]} over every queue and
+    event (rows per queue and event, so few), or None before the first run. One query, two
+    after a run: the stored figures, never the run's Parquet."""
+    run = (
+        AnalyticsRun.objects.order_by("-loaded_at", "-id")
+        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused")
+        .first()
+    )
+    if run is None:
+        return None
+    events = EventStats.objects.order_by("queue", "event").values_list(
+        "queue", "event", "messages", "dead_letter_rate", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms"
+    )
+    return {"run": run, "events": [list(e) for e in events]}
 
 
 def webhook_attempts(kept, names):

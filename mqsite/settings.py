@@ -5,6 +5,7 @@ A malformed value stops start-up with a message naming the variable.
 """
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -251,6 +252,37 @@ if MQ_WEBHOOK_TIMEOUT_SECS > 10:
     raise ImproperlyConfigured("MQ_WEBHOOK_TIMEOUT_SECS is at most 10 (the contract's deadline)")
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
+# How long `analyze` waits for the archive's lock (held by the archive, its compaction or
+# another analysis) before it gives up with AnalysisBusy.
+MQ_ANALYZE_LOCK_WAIT_SECS = _positive_float("MQ_ANALYZE_LOCK_WAIT_SECS", 60.0)
+# Past this many deliveries in the hot tables, their hour rows are computed by Spark rather
+# than in the analyzing process with Arrow (which holds the snapshot in memory).
+MQ_ANALYTICS_HOT_SPARK_ROWS = _positive_int("MQ_ANALYTICS_HOT_SPARK_ROWS", 2_000_000)
+# The archive's partitions to recompute go to Spark this many bytes of Parquet at a time (about
+# 30 million deliveries a GiB): bounds a first run's memory over a long history.
+MQ_ANALYTICS_CHUNK_BYTES = _positive_int("MQ_ANALYTICS_CHUNK_BYTES", 1 << 30)
+# A Spark Connect server (sc://host:15002) to run the analytics on; when set, SPARK_MASTER is
+# not used (the server has its own master) and no JVM starts here.
+SPARK_REMOTE = env.str("SPARK_REMOTE", default="")
+if SPARK_REMOTE and not SPARK_REMOTE.startswith("sc://"):
+    raise ImproperlyConfigured(
+        f"SPARK_REMOTE must be a Spark Connect URL (sc://host:port), not {SPARK_REMOTE!r}"
+    )
+# The analytics driver's heap when it runs here (a JVM size: 512m, 2g); read when the JVM
+# starts, so changing it needs a new worker process.
+MQ_SPARK_DRIVER_MEMORY = env.str("MQ_SPARK_DRIVER_MEMORY", default="2g")
+if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", MQ_SPARK_DRIVER_MEMORY.lower()):
+    raise ImproperlyConfigured(
+        f"MQ_SPARK_DRIVER_MEMORY must be a JVM memory size such as 512m or 2g, not {MQ_SPARK_DRIVER_MEMORY!r}"
+    )
+# A local Spark driver's class archive (AppCDS: its classes load already checked, a second off
+# each run's start); made by the first run after an install. Empty: none.
+MQ_SPARK_CLASS_ARCHIVE = env.str("MQ_SPARK_CLASS_ARCHIVE", default=str(VAR_DIR / "spark-classes.jsa"))
+# Where Spark writes its event logs (for its history server); empty: none.
+MQ_SPARK_EVENT_LOG_DIR = env.str("MQ_SPARK_EVENT_LOG_DIR", default="")
+# The analytics run on beat this often (CELERY_BEAT_SCHEDULE["analyze"]: operators change it in
+# the admin afterwards, and their change is kept).
+MQ_ANALYZE_EVERY_SECS = _positive_float("MQ_ANALYZE_EVERY_SECS", 3600.0)
 # Requests a subscriber may make, per second or minute (DRF rate syntax).
 MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="2000/s")
 # Failed token attempts (REST and websocket) per client address per minute; beyond it a bad
@@ -327,19 +359,23 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "mqsite.beat:OperatorEditableScheduler"
-# Posts on a queue of their own, the sweeper and the archive on another, each served by a
-# worker of its own (mqsite/supervisord.conf): a worker busy posting to slow endpoints never
-# holds up a sweep. Anything else goes to the default queue, which the maintenance worker serves.
+# Posts on a queue of their own, the sweeper and the archive on another, the analytics on a
+# third, each served by a worker of its own (mqsite/supervisord.conf): a worker busy posting to
+# slow endpoints, or a Spark run of minutes, never holds up a sweep. Anything else goes to the
+# default queue, which the maintenance worker serves.
 CELERY_TASK_ROUTES = {
     "delivery.tasks.deliver_webhooks": {"queue": "webhooks"},
     "delivery.tasks.sweep": {"queue": "maintenance"},
     "analytics.tasks.archive_history": {"queue": "maintenance"},
+    "analytics.tasks.analyze": {"queue": "analytics"},
 }
 CELERY_BEAT_SCHEDULE = {
     # Every second: retries are due by the second (backoff starts at 1 s).
     "sweep": {"task": "delivery.tasks.sweep", "schedule": 1.0},
     # Hourly: retention is counted in days, and each run moves whatever has passed it since.
     "archive": {"task": "analytics.tasks.archive_history", "schedule": 3600.0},
+    # The statistics of the admin, the dashboard's History, /metrics and GET /api/analytics.
+    "analyze": {"task": "analytics.tasks.analyze", "schedule": MQ_ANALYZE_EVERY_SECS},
 }
 
 REST_FRAMEWORK = {

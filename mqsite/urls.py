@@ -8,6 +8,7 @@ from drf_spectacular.renderers import (
 )
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from analytics.api.views import AnalyticsView
 from dashboard.metrics import metrics
 from dashboard.urls import admin_tools
 from delivery.api.views import AckView, DeliveryListView, ExtendView, MessageView, NackView
@@ -38,6 +39,7 @@ api = [
     path("deliveries/extend", ExtendView.as_view(), name="delivery-extend"),
     path("deliveries/<int:pk>/nack", NackView.as_view(), name="delivery-nack"),
     path("connections", ConnectionListView.as_view(), name="connection-list"),
+    path("analytics", AnalyticsView.as_view(), name="analytics"),
     path("schema/", schema_view, name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

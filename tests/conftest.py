@@ -156,3 +156,20 @@ def _close_async_pools():
     from mqsite import adb
 
     adb.close_pools()
+
+
+@pytest.fixture
+def archive_dir(tmp_path, settings):
+    """MQ_ARCHIVE_DIR in a fresh folder of the test's own."""
+    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
+    return tmp_path / "archive"
+
+
+@pytest.fixture
+def subscribed(db_queue, logger, peer):
+    """The db queue, with the logger and the peer subscribed to it."""
+    from subscribers import subscribing
+
+    subscribing.subscribe(logger, db_queue)
+    subscribing.subscribe(peer, db_queue)
+    return db_queue

@@ -205,7 +205,7 @@ def start_redis(port=None, data_dir=None):
 
 
 # Every queue of CELERY_TASK_ROUTES and the default one: a worker of the tests serves them all.
-ALL_QUEUES = "webhooks,maintenance,celery"
+ALL_QUEUES = "webhooks,maintenance,analytics,celery"
 
 
 def start_worker(extra_env):

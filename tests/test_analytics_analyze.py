@@ -6,15 +6,17 @@ plain Python from the rows before any of it moved."""
 import io
 import json
 import os
+import threading
 from datetime import datetime, timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from analytics import archive, extract, load
-from analytics.models import EventRate, EventStats, SubscriberStats
+from analytics import archive, extract, load, runs
+from analytics.models import EventStats, EventTrend, SubscriberStats
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
@@ -30,12 +32,6 @@ SUBSCRIBER_KEYS = {"subscriber", "pending", "oldest_pending_age_s", "acked", "de
 # The job's other figures, added beside the contract's (API.md allows adding fields).
 EVENT_EXTRA_KEYS = set(load.EVENT_EXTRAS) | {"first_published_at", "last_published_at"}
 SUBSCRIBER_EXTRA_KEYS = set(load.SUBSCRIBER_EXTRAS)
-
-
-@pytest.fixture
-def archive_dir(tmp_path, settings):
-    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
-    return tmp_path / "archive"
 
 
 def snapshot():
@@ -147,22 +143,32 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
         else:
             assert s["oldest_pending_age_s"] is None
 
-    # ... stored for the admin, and written as Parquet beside the archive; the snapshot is gone
+    # ... stored for the admin, and written to a run folder beside the archive, made current
     assert EventStats.objects.count() == len(events)
     assert SubscriberStats.objects.count() == len(subscribers)
-    assert EventRate.objects.exists()
+    assert EventTrend.objects.filter(period="hour").exists()
     assert {s.computed_at for s in EventStats.objects.all()} == {SubscriberStats.objects.first().computed_at}
-    results = archive_dir / "_analytics"
-    assert sorted(p for p in os.listdir(results) if not p.startswith(".")) == [
-        "event_rates_hour",
-        "event_rates_minute",
-        "event_stats",
-        "subscriber_stats",
-    ]
+    out_dir = archive_dir / "_analytics"
+    first = runs.current(str(out_dir))
+    assert first and load.last_run().run_id == first and load.last_run().spark
+    assert {"manifest.json", "event_stats.parquet", "event_trends.parquet"} <= set(
+        os.listdir(runs.run_path(str(out_dir), first))
+    )
 
-    # When it runs again, it replaces its results instead of adding to them
-    call_command("analyze", stdout=io.StringIO())
+    # When it runs again with nothing new, no Spark job runs, and it replaces its results
+    # instead of adding to them
+    again = io.StringIO()
+    call_command("analyze", "--json", stdout=again)
+    rerun = json.loads(again.getvalue())
+    ageless = {"oldest_pending_age_s", "lag_s"}  # later now, older pending deliveries
+    assert rerun["events"] == result["events"]
+    assert [{k: v for k, v in s.items() if k not in ageless} for s in rerun["subscribers"]] == [
+        {k: v for k, v in s.items() if k not in ageless} for s in result["subscribers"]
+    ]
     assert EventStats.objects.count() == len(events)
+    last = load.last_run()
+    assert last.run_id == runs.current(str(out_dir)) != first
+    assert not last.spark and last.partitions_recomputed == 0 and last.partitions_reused > 0
 
 
 def test_analyze_json_adds_rates_fanout_dead_letters_backlog_and_lag(
@@ -170,14 +176,11 @@ def test_analyze_json_adds_rates_fanout_dead_letters_backlog_and_lag(
     archive_dir,
     monkeypatch,
 ):
-    # Given the generated history (tests/analytics/history.py): archived batches, the recent
-    # rows, and the duplicates a crash leaves; its recent part is what the extract step finds
+    # Given the generated history (tests/analytics/history.py): archived batches, the hot
+    # rows, and the overlap a crash leaves; its hot part is what the snapshot finds
     h = history.generate()
-
-    def extract_generated(root):
-        history.write(h, str(archive_dir), root)
-
-    monkeypatch.setattr(extract, "extract_recent", extract_generated)
+    hot = history.write(h, str(archive_dir))
+    monkeypatch.setattr(extract, "hot_snapshot", lambda: hot)
 
     # When
     out = io.StringIO()
@@ -226,6 +229,70 @@ def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):  # no
     out = io.StringIO()
     call_command("analyze", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"events": [], "subscribers": []}
+    assert not EventStats.objects.exists() and not load.last_run().spark
+
+
+def test_analyze_over_a_window_prints_its_days_and_stores_nothing(
+    spark,  # noqa: F811
+    archive_dir,
+    monkeypatch,
+):
+    h = history.generate()
+    hot = history.write(h, str(archive_dir))
+    monkeypatch.setattr(extract, "hot_snapshot", lambda: hot)
+    day = (history.START + timedelta(days=1)).date()
+
+    out = io.StringIO()
+    call_command("analyze", "--json", "--since", day.isoformat(), "--until", day.isoformat(), stdout=out)
+
+    result = json.loads(out.getvalue())
+    in_day = [m for m in h.messages if m["created_at"].date() == day]
+    assert sum(e["messages"] for e in result["events"]) == len(in_day) > 0
+    assert sum(e["deliveries"] for e in result["events"]) == sum(
+        d["created_at"].date() == day for d in h.deliveries
+    )
+    assert not EventStats.objects.exists() and load.last_run() is None
+    assert runs.current(str(archive_dir / "_analytics")) is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--since", "2026-13-01"], "not a date"),
+        (["--until", "yesterday"], "not a date"),
+        (["--since", "2026-11-20", "--until", "2026-11-19"], "is after"),
+    ],
+)
+def test_analyze_refuses_a_bad_window(archive_dir, args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("analyze", *args, stdout=io.StringIO())
+
+
+def test_analyze_waits_for_the_archive_then_gives_up_clearly(archive_dir, settings):
+    """One run at a time, and none while the archive or its compaction writes: a run finding
+    the archive held past MQ_ANALYZE_LOCK_WAIT_SECS stops with a clear error, having done
+    nothing."""
+    settings.MQ_ANALYZE_LOCK_WAIT_SECS = 0.5
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with archive.exclusive(str(archive_dir)):
+                held.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(CommandError, match="try again"):
+            call_command("analyze", stdout=io.StringIO())
+    finally:
+        release.set()
+        holder.join()
+    assert load.last_run() is None and runs.current(str(archive_dir / "_analytics")) is None
 
 
 def test_the_admin_shows_the_statistics_read_only(operator_client):
@@ -249,8 +316,16 @@ def test_the_admin_shows_the_statistics_read_only(operator_client):
         messages_per_hour=3.0,
         computed_at=now,
     )
-    EventRate.objects.create(
-        queue="db", event="create", hour=now.replace(minute=0), messages=3, computed_at=now
+    EventTrend.objects.create(
+        queue="db",
+        event="create",
+        period="hour",
+        period_start=now.replace(minute=0),
+        messages=3,
+        deliveries=6,
+        acked=4,
+        dead=1,
+        dead_letter_rate=1 / 6,
     )
     SubscriberStats.objects.create(
         subscriber="logger",
@@ -262,7 +337,7 @@ def test_the_admin_shows_the_statistics_read_only(operator_client):
         oldest_pending_age_s=42.0,
         computed_at=now,
     )
-    for model, text in ((EventStats, "16.67%"), (EventRate, "db"), (SubscriberStats, "42 s")):
+    for model, text in ((EventStats, "16.67%"), (EventTrend, "db"), (SubscriberStats, "42 s")):
         url = reverse(f"admin:analytics_{model._meta.model_name}_changelist")
         page = operator_client.get(url)
         assert page.status_code == 200 and text in page.content.decode()

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import threading
+import time
 from datetime import UTC
 
 import duckdb
@@ -14,26 +15,15 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from analytics import archive, tasks
+from analytics import archive, layout, tasks
+from analytics.models import ArchiveBatch
+from delivery import ledger
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
 from tests.analytics.builders import days_ago, delivery_of, publish_at, settle
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def archive_dir(tmp_path, settings):
-    settings.MQ_ARCHIVE_DIR = str(tmp_path / "archive")
-    return tmp_path / "archive"
-
-
-@pytest.fixture
-def subscribed(db_queue, logger, peer):
-    subscribing.subscribe(logger, db_queue)
-    subscribing.subscribe(peer, db_queue)
-    return db_queue
 
 
 def parquet(root, kind, where="true"):
@@ -208,12 +198,13 @@ def test_running_it_again_rewrites_nothing(archive_dir, subscribed, logger, peer
     assert {f: os.stat(archive_dir / f).st_mtime_ns for f in files(archive_dir)} == before
 
 
-def test_a_second_run_at_once_is_refused(archive_dir):
+def test_a_second_run_at_once_is_refused(archive_dir, monkeypatch):
+    monkeypatch.setattr(tasks, "LOCK_WAIT_SECS", 0.3)
     holding, release = threading.Event(), threading.Event()
 
     def other_run():
         try:
-            with archive._exclusive(settings.MQ_ARCHIVE_DIR):
+            with archive.exclusive(settings.MQ_ARCHIVE_DIR):
                 holding.set()
                 release.wait(30)
         finally:
@@ -227,7 +218,7 @@ def test_a_second_run_at_once_is_refused(archive_dir):
             archive.archive_history()
         with pytest.raises(CommandError, match="another archive run"):
             call_command("archive", stdout=io.StringIO())
-        assert tasks.archive_history() is None  # the beat's run steps aside
+        assert tasks.archive_history() is None  # the beat's run waits a little, then steps aside
     finally:
         release.set()
         thread.join()
@@ -242,3 +233,163 @@ def test_the_beat_archives_hourly(archive_dir, subscribed, logger, peer):
 
     assert tasks.archive_history() == {"messages": 1, "deliveries": 2}
     assert tasks.archive_history() == {"messages": 0, "deliveries": 0}  # harmless twice
+
+
+def crash_on_batch(monkeypatch, n):
+    """Make the archive die after the n-th batch's Parquet write, before its delete."""
+    real_delete = archive.delete_archived
+    calls = []
+
+    def delete(message_ids, delivery_ids):
+        calls.append(message_ids)
+        if len(calls) == n:
+            raise RuntimeError("killed after the Parquet write, before the delete")
+        return real_delete(message_ids, delivery_ids)
+
+    monkeypatch.setattr(archive, "delete_archived", delete)
+    return lambda: monkeypatch.setattr(archive, "delete_archived", real_delete)
+
+
+def assert_each_row_once_in_a_file(root):
+    """Every message and delivery of the archive once, and every data file holding rows."""
+    for kind in ("messages", "deliveries"):
+        rows = parquet(root, kind)
+        assert len(rows) == len({r["id"] for r in rows}), f"a {kind} row twice"
+        with_rows = {os.path.relpath(r["filename"], root) for r in rows}
+        assert with_rows == {f for f in files(root) if f.startswith(f"{kind}/")}, "a file without rows"
+    assert all(f.endswith(".parquet") for f in files(root)), "a temporary file left"
+
+
+def test_a_rerun_after_a_crash_writes_the_journaled_batch_again_whatever_it_would_pick(
+    archive_dir, subscribed, logger, peer, monkeypatch
+):
+    # Given an old message still owed to peer (so not archivable), then seven settled ones
+    late = publish_at(subscribed, "create", days_ago(9))
+    settle(late, {logger: Status.ACKED, peer: Status.PENDING})
+    ids = []
+    for i in range(7):
+        ids.append(publish_at(subscribed, "create", days_ago(8 + i % 2), {"i": i}))
+        settle(ids[-1], {logger: Status.ACKED, peer: Status.ACKED})
+    # ... and a run that dies after writing its second batch of three
+    restore = crash_on_batch(monkeypatch, 2)
+    with pytest.raises(RuntimeError, match="killed"):
+        archive.archive_history(batch_size=3)
+    restore()
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == ids[:6]
+    assert ArchiveBatch.objects.get().message_ids == ids[3:6]
+    written = files(archive_dir)
+
+    # When the late message becomes archivable (a lower id than the crashed batch's) and the
+    # next run, with another cutoff, would cut its batches as [late, 3, 4], [5, 6]
+    settle(late, {peer: Status.ACKED})
+    assert archive.archive_history(older_than_days=5, batch_size=3) == {"messages": 5, "deliveries": 10}
+
+    # Then the crashed batch was written again under its own names, and every row is in the
+    # archive once, in a file that holds rows
+    assert set(written) <= set(files(archive_dir))
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == sorted([late, *ids])
+    assert len(parquet(archive_dir, "deliveries")) == 16
+    assert_each_row_once_in_a_file(archive_dir)
+    assert not Message.objects.exists() and not ArchiveBatch.objects.exists()
+
+    # ... and a run with nothing to do rewrites nothing
+    before = {f: os.stat(archive_dir / f).st_mtime_ns for f in files(archive_dir)}
+    assert archive.archive_history() == {"messages": 0, "deliveries": 0}
+    assert {f: os.stat(archive_dir / f).st_mtime_ns for f in files(archive_dir)} == before
+
+
+def test_a_replay_leaves_out_what_an_operator_deleted_meanwhile(
+    archive_dir, subscribed, logger, peer, monkeypatch
+):
+    # Given a batch of three, one of them alone in its day, written but not deleted
+    alone = publish_at(subscribed, "create", days_ago(20))
+    settle(alone, {logger: Status.ACKED, peer: Status.ACKED})
+    pair = []
+    for _ in range(2):
+        pair.append(publish_at(subscribed, "create", days_ago(10)))
+        settle(pair[-1], {logger: Status.ACKED, peer: Status.ACKED})
+    restore = crash_on_batch(monkeypatch, 1)
+    with pytest.raises(RuntimeError, match="killed"):
+        archive.archive_history()
+    restore()
+    assert len(parquet(archive_dir, "messages")) == 3
+
+    # When an operator deletes the lone message and one of the pair, then the archive runs
+    Message.objects.filter(id__in=[alone, pair[0]]).delete()
+    assert archive.archive_history() == {"messages": 1, "deliveries": 2}
+
+    # Then the archive holds the one that was left, once, and no file of the other two
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == [pair[1]]
+    assert {d["message_id"] for d in parquet(archive_dir, "deliveries")} == {pair[1]}
+    assert_each_row_once_in_a_file(archive_dir)
+    day = days_ago(20).astimezone(UTC).strftime("%Y-%m-%d")
+    assert not [f for f in files(archive_dir) if f"day={day}" in f]
+    assert not ArchiveBatch.objects.exists()
+
+
+def test_the_lock_can_be_waited_for(archive_dir):
+    holding, release = threading.Event(), threading.Event()
+
+    def other_run():
+        try:
+            with archive.exclusive(settings.MQ_ARCHIVE_DIR):
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_run)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        # Given a holder: a short wait gives up after its time
+        started = time.monotonic()
+        with pytest.raises(archive.ArchiveBusy):
+            with archive.exclusive(settings.MQ_ARCHIVE_DIR, wait_secs=0.5):
+                pass
+        assert time.monotonic() - started >= 0.5
+        # ... and a longer one gets the lock once the holder lets go
+        threading.Timer(0.5, release.set).start()
+        with archive.exclusive(settings.MQ_ARCHIVE_DIR, wait_secs=30):
+            assert release.is_set()
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_a_message_reopened_before_the_delete_leaves_the_batchs_files(
+    archive_dir, subscribed, logger, peer, monkeypatch
+):
+    # Given three old settled messages, the second reopened for peer (a seek) after the
+    # batch's files are written, before its delete
+    ids = []
+    for _ in range(3):
+        ids.append(publish_at(subscribed, "create", days_ago(10)))
+        settle(ids[-1], {logger: Status.ACKED, peer: Status.ACKED})
+    real_write = layout.write_history
+    reopened = []
+
+    def write_then_reopen(*args, **kwargs):
+        written = real_write(*args, **kwargs)
+        if not reopened:  # a seek, committed while the archive is between write and delete
+            reopened.append(
+                Delivery.objects.filter(message_id=ids[1], subscriber=peer).update(status=Status.PENDING)
+            )
+        return written
+
+    monkeypatch.setattr(layout, "write_history", write_then_reopen)
+
+    # When
+    assert archive.archive_history() == {"messages": 2, "deliveries": 4}
+
+    # Then the reopened message stays, and the archive holds no copy of it
+    assert list(Message.objects.values_list("id", flat=True)) == [ids[1]]
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == [ids[0], ids[2]]
+    assert {d["message_id"] for d in parquet(archive_dir, "deliveries")} == {ids[0], ids[2]}
+    assert not ArchiveBatch.objects.exists()
+
+    # ... and once settled again it is archived, once
+    ledger.ack_deliveries(peer, [delivery_of(ids[1], peer).id])
+    assert archive.archive_history() == {"messages": 1, "deliveries": 2}
+    assert [m["id"] for m in parquet(archive_dir, "messages")] == ids
+    assert_each_row_once_in_a_file(archive_dir)

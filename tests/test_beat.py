@@ -40,3 +40,25 @@ def test_a_deleted_entry_comes_back_as_the_settings_say(transactional_db):
     start_beat()
 
     assert PeriodicTask.objects.get(name="sweep").interval.every == 1
+
+
+def test_the_analysis_runs_on_beat_on_a_queue_of_its_own(transactional_db, settings):
+    start_beat()
+
+    analyze = PeriodicTask.objects.get(name="analyze")
+    assert analyze.task == "analytics.tasks.analyze" and analyze.enabled
+    assert analyze.interval.every == settings.MQ_ANALYZE_EVERY_SECS == 3600
+    # ... not on the sweeper's queue: a Spark run of minutes must not hold up a sweep
+    assert app.amqp.router.route({}, "analytics.tasks.analyze")["queue"].name == "analytics"
+    assert app.amqp.router.route({}, "delivery.tasks.sweep")["queue"].name == "maintenance"
+
+
+def test_an_interval_an_operator_gave_the_analysis_survives_a_restart(transactional_db):
+    start_beat()
+    analyze = PeriodicTask.objects.get(name="analyze")
+    analyze.interval, _ = IntervalSchedule.objects.get_or_create(every=900, period=IntervalSchedule.SECONDS)
+    analyze.save()
+
+    start_beat()
+
+    assert PeriodicTask.objects.get(name="analyze").interval.every == 900

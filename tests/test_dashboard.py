@@ -17,7 +17,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from analytics.models import EventRate, EventStats, SubscriberStats
+from analytics.models import EventStats, EventTrend, SubscriberStats
 from dashboard import consumers, snapshot
 from delivery import ledger
 from delivery.models import Delivery, Status
@@ -277,7 +277,28 @@ def store_analytics(computed_at, events=(("db", "create"),), subscribers=("logge
             computed_at=computed_at,
         )
         for hour, n in hours:
-            EventRate.objects.create(queue=queue, event=event, hour=hour, messages=n, computed_at=computed_at)
+            EventTrend.objects.create(
+                queue=queue,
+                event=event,
+                period="hour",
+                period_start=hour,
+                messages=n,
+                deliveries=2 * n,
+                acked=2 * n,
+                dead=0,
+            )
+        # Daily trends are not the hourly chart's
+        if hours:
+            EventTrend.objects.create(
+                queue=queue,
+                event=event,
+                period="day",
+                period_start=hours[0][0],
+                messages=999,
+                deliveries=0,
+                acked=0,
+                dead=0,
+            )
     for name in subscribers:
         SubscriberStats.objects.create(
             subscriber=name,

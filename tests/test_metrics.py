@@ -8,7 +8,7 @@ each outcome, one open websocket.
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from analytics import load
 from dashboard import metrics, shared
 from delivery import ledger, tallies
 from delivery.models import Delivery, DeliveryAttempt, Status
@@ -25,6 +26,7 @@ from queues.models import Queue
 from queues.publishing import prepare, publish
 from subscribers import presence, subscribing
 from subscribers.provisioning import create_subscriber
+from tests.analytics.run_folders import write_run
 from tests.servers import start_daphne, start_redis
 
 TOKEN = "s3cret-scrape"
@@ -117,6 +119,56 @@ def test_it_reports_what_the_database_holds(client, world):
     assert value(samples, "mq_webhook_attempts", subscriber="hook", outcome="error") == 2
     assert value(samples, "mq_connected_clients", subscriber="logger") == 1
     assert value(samples, "mq_queue_paused", queue="db") == 0
+
+
+def test_it_reports_the_last_analytics_run_and_nothing_before_one(client, world, tmp_path):
+    # Given no analytics run yet: no mq_analytics_* at all
+    assert not [name for name, _ in scrape(client) if name.startswith("mq_analytics")]
+
+    # Given a run loaded (an older one before it)
+    out = str(tmp_path)
+    load.load_run(out, write_run(out, events=[{"queue": "db", "event": "create", "messages": 1}]))
+    run_id = write_run(
+        out,
+        events=[
+            {
+                "queue": "db",
+                "event": "create",
+                "messages": 30,
+                "deliveries": 60,
+                "dead_letter_rate": 0.05,
+                "latency_p50_ms": 12.5,
+                "latency_p95_ms": 80.0,
+                "latency_p99_ms": 140.25,
+            },
+            {"queue": "network", "event": "error", "messages": 4},  # no deliveries, none acked
+        ],
+        manifest={
+            "finished_at": "2026-11-25T12:00:42.500000+00:00",
+            "duration_s": 42.5,
+            "partitions": {"total": 10, "recomputed": 3, "reused": 7},
+        },
+    )
+    load.load_run(out, run_id)
+    cache.clear()
+
+    # When
+    samples = scrape(client)
+
+    # Then the run's time, length and partitions, and its figures per queue and event
+    finished = datetime(2026, 11, 25, 12, 0, 42, 500000, tzinfo=UTC).timestamp()
+    assert value(samples, "mq_analytics_last_run_timestamp_seconds") == finished
+    assert value(samples, "mq_analytics_last_run_duration_seconds") == 42.5
+    assert value(samples, "mq_analytics_last_run_partitions", state="recomputed") == 3
+    assert value(samples, "mq_analytics_last_run_partitions", state="reused") == 7
+    assert value(samples, "mq_analytics_messages", queue="db", event="create") == 30
+    assert value(samples, "mq_analytics_messages", queue="network", event="error") == 4
+    assert value(samples, "mq_analytics_dead_letter_rate", queue="db", event="create") == 0.05
+    for quantile, ms in (("0.5", 12.5), ("0.95", 80.0), ("0.99", 140.25)):
+        assert value(samples, "mq_analytics_latency_ms", queue="db", event="create", quantile=quantile) == ms
+    # ... and no made-up figure where there is none
+    assert value(samples, "mq_analytics_dead_letter_rate", queue="network", event="error") is None
+    assert not [k for k in samples if k[0] == "mq_analytics_latency_ms" and ("queue", "network") in k[1]]
 
 
 def test_the_oldest_pending_age_grows_with_time(client, world):

@@ -1,8 +1,8 @@
 """A generated delivery history with known answers, and those answers computed in plain Python.
 
-The history is written as the archive and a recent snapshot would be (analytics.layout), with
-the overlaps a crash can leave: some archived batches also in the recent rows, and one batch
-in two archive files of different boundaries. The expected figures are computed from the
+The history is written as the archive would hold it (analytics.layout) and the snapshot of the
+hot tables would see it, with the overlap a crash can leave: some archived batches also in the
+hot tables, seen there before their acks. The expected figures are computed from the
 unique rows here, with no Spark and no SQL.
 """
 
@@ -11,6 +11,8 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
 
 from analytics import layout
 
@@ -92,31 +94,50 @@ def generate(seed=7, n_messages=600):
     return h
 
 
-def write(h, archive, recent):
-    """Write the history as the archive (settled messages of the first two days) and the
-    recent rows (everything else), with the duplicates a crash leaves."""
+@dataclass
+class Snapshot:
+    """The hot tables' snapshot as analytics.extract takes it (its HotSnapshot's fields)."""
+
+    messages: pa.Table
+    deliveries: pa.Table
+
+
+def write(h, archive):
+    """Write the settled messages of the first two days to the archive, in batches, and return
+    the snapshot of the hot tables: everything else, plus the overlap a crash leaves (every
+    third batch also still in the hot tables). The hot copy of that overlap is stale, as a
+    snapshot taken before the acks would be: its deliveries pending, not acked. The archive's
+    copy must win."""
     cutoff = START + timedelta(days=2)
     by_message = defaultdict(list)
     for d in h.deliveries:
         by_message[d["message_id"]].append(d)
-    archived, hot = [], []
+    archived, hot, stale = [], [], set()
     for m in h.messages:
         settled = all(d["status"] == "acked" for d in by_message[m["id"]])
         (archived if m["created_at"] < cutoff and settled else hot).append(m)
     for queue in sorted(EVENTS):
         rows = [m for m in archived if m["queue"] == queue]
-        # Batches of 40; the third also written again with other boundaries (a rerun after a
-        # crash that found more to archive), and every fifth left in the hot tables too (a crash
-        # between the write and the delete).
         for i in range(0, len(rows), 40):
             _write(h, archive, queue, rows[i : i + 40], by_message)
-            if i // 40 == 2:
-                _write(h, archive, queue, rows[i + 10 : i + 60], by_message)
-            if i // 40 % 5 == 4:
+            if i // 40 % 3 == 1:
                 hot.extend(rows[i : i + 40])
-        hot_rows = [m for m in hot if m["queue"] == queue]
-        for i in range(0, len(hot_rows), 100):
-            _write(h, recent, queue, sorted(hot_rows[i : i + 100], key=lambda m: m["id"]), by_message)
+                stale.update(m["id"] for m in rows[i : i + 40])
+    hot_deliveries = []
+    for m in hot:
+        for d in by_message[m["id"]]:
+            if m["id"] in stale:
+                d = {**d, "status": "pending", "acked_at": None}
+            hot_deliveries.append(d)
+    return Snapshot(
+        pa.Table.from_pylist(
+            [{f: m[f] for f in layout.HOT_MESSAGE_SCHEMA.names} for m in hot], layout.HOT_MESSAGE_SCHEMA
+        ),
+        pa.Table.from_pylist(
+            [{f: d[f] for f in layout.HOT_DELIVERY_SCHEMA.names} for d in hot_deliveries],
+            layout.HOT_DELIVERY_SCHEMA,
+        ),
+    )
 
 
 def _write(h, root, queue, messages, by_message):

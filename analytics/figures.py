@@ -1,0 +1,289 @@
+"""The figures operators read, from the hour rows (analytics.job's EVENT_HOUR_COLUMNS and
+SUBSCRIBER_HOUR_COLUMNS) of the archive and the hot tables: per queue and event, per
+subscriber, and their trends per hour and per day.
+
+Every figure is a sum, a minimum, a maximum or a sketch merge of hour rows, so the same code
+serves the whole history, a window of days (--since/--until), an hour and a day. The archive
+and the hot tables can each hold part of an hour (a message kept back by a dead letter): their
+rows of that hour are merged first, then read.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .job import STATUSES
+from .sketch import Merged
+
+PERCENTILES = (0.5, 0.95, 0.99)
+PERIODS = ("hour", "day")
+
+_TS = pa.timestamp("us", tz="UTC")
+_LATENCIES = [(f"latency_p{p}_ms", pa.float64()) for p in ("50", "95", "99")]
+# What a run writes to its folder (analytics.analysis) and analytics.load stores.
+RESULT_SCHEMAS = {
+    "event_stats": pa.schema(
+        [
+            ("queue", pa.string()),
+            ("event", pa.string()),
+            ("messages", pa.int64()),
+            ("deliveries", pa.int64()),
+            *[(s, pa.int64()) for s in STATUSES],
+            ("fanout", pa.float64()),
+            *_LATENCIES,
+            ("attempts_mean", pa.float64()),
+            ("dead_letter_rate", pa.float64()),
+            ("messages_per_minute", pa.float64()),
+            ("messages_per_hour", pa.float64()),
+            ("peak_per_minute", pa.int64()),
+            ("peak_per_hour", pa.int64()),
+            ("first_published_at", _TS),
+            ("last_published_at", _TS),
+        ]
+    ),
+    "subscriber_stats": pa.schema(
+        [
+            ("subscriber", pa.string()),
+            ("deliveries", pa.int64()),
+            *[(s, pa.int64()) for s in STATUSES],
+            ("oldest_pending_age_s", pa.float64()),
+        ]
+    ),
+    "event_trends": pa.schema(
+        [
+            ("queue", pa.string()),
+            ("event", pa.string()),
+            ("period", pa.string()),
+            ("period_start", _TS),
+            *[(c, pa.int64()) for c in ("messages", "deliveries", "acked", "dead")],
+            ("dead_letter_rate", pa.float64()),
+            *_LATENCIES,
+        ]
+    ),
+    "subscriber_trends": pa.schema(
+        [
+            ("subscriber", pa.string()),
+            ("period", pa.string()),
+            ("period_start", _TS),
+            *[(c, pa.int64()) for c in ("published", "acked", "backlog")],
+        ]
+    ),
+}
+
+
+COUNTED = ("messages", "deliveries", *STATUSES, "attempts_sum")
+
+
+@dataclass
+class Sums:
+    """Counts added up, and the span from the first message to the last."""
+
+    messages: int = 0
+    deliveries: int = 0
+    pending: int = 0
+    inflight: int = 0
+    acked: int = 0
+    dead: int = 0
+    attempts_sum: int = 0
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+
+    def add_sums(self, value_of, first_at, last_at):
+        for name in COUNTED:
+            setattr(self, name, getattr(self, name) + value_of(name))
+        self.first_at = _least(self.first_at, first_at)
+        self.last_at = _greatest(self.last_at, last_at)
+
+
+@dataclass
+class Hour(Sums):
+    """The rows of one queue, event and hour, from the archive and the hot tables."""
+
+    minutes: dict = field(default_factory=lambda: defaultdict(int))
+    sketches: list = field(default_factory=list)
+
+    def add_row(self, row):
+        self.add_sums(row.__getitem__, row["first_at"], row["last_at"])
+        for entry in row["minute_counts"] or ():
+            self.minutes[entry["minute"]] += entry["n"]
+        if row["latency_points"]:
+            self.sketches.append((row["latency_points"], row["latency_count"]))
+
+
+@dataclass
+class Totals(Sums):
+    """Hours added together: a day, or a queue and event's whole window."""
+
+    peak_per_minute: int = 0
+    peak_per_hour: int = 0
+    latency: Merged = field(default_factory=Merged)
+
+    def add_hour(self, hour):
+        self.add_sums(lambda name: getattr(hour, name), hour.first_at, hour.last_at)
+        self.peak_per_minute = max(self.peak_per_minute, max(hour.minutes.values(), default=0))
+        self.peak_per_hour = max(self.peak_per_hour, hour.messages)
+        for points, count in hour.sketches:
+            self.latency.add(points, count)
+
+    def latency_ms(self):
+        return dict(zip(("p50", "p95", "p99"), self.latency.quantiles(PERCENTILES), strict=True))
+
+    def dead_letter_rate(self):
+        return self.dead / self.deliveries if self.deliveries else None
+
+
+def in_window(day, since=None, until=None):
+    """Whether a day ("YYYY-MM-DD") is within since..until, both included (None: open)."""
+    return (since is None or day >= since.isoformat()) and (until is None or day <= until.isoformat())
+
+
+def event_figures(table, *, since=None, until=None):
+    """(event stats, event trends) from event hour rows (an Arrow table in
+    analytics.hours.EVENT_HOUR_SCHEMA; several rows of one hour are added up)."""
+    hours = defaultdict(Hour)
+    for row in _in_window(table, since, until).to_pylist():
+        hours[(row["queue"], row["event"], row["hour"])].add_row(row)
+
+    totals = defaultdict(Totals)
+    trends = {period: defaultdict(Totals) for period in PERIODS}
+    for (queue, event, start), hour in hours.items():
+        totals[(queue, event)].add_hour(hour)
+        trends["hour"][(queue, event, start)].add_hour(hour)
+        trends["day"][(queue, event, _day_start(start))].add_hour(hour)
+
+    stats = [_event_stats(queue, event, t) for (queue, event), t in sorted(totals.items())]
+    trend_rows = [
+        {
+            "queue": queue,
+            "event": event,
+            "period": period,
+            "period_start": start,
+            "messages": t.messages,
+            "deliveries": t.deliveries,
+            "acked": t.acked,
+            "dead": t.dead,
+            "dead_letter_rate": t.dead_letter_rate(),
+            **{f"latency_{k}_ms": v for k, v in t.latency_ms().items()},
+        }
+        for period in PERIODS
+        for (queue, event, start), t in sorted(trends[period].items())
+    ]
+    return stats, trend_rows
+
+
+def _event_stats(queue, event, t):
+    settled = t.acked + t.dead
+    latency = t.latency_ms()
+    return {
+        "queue": queue,
+        "event": event,
+        "messages": t.messages,
+        "deliveries": t.deliveries,
+        **{s: getattr(t, s) for s in STATUSES},
+        "fanout": t.deliveries / t.messages if t.messages else None,
+        "latency_p50_ms": latency["p50"],
+        "latency_p95_ms": latency["p95"],
+        "latency_p99_ms": latency["p99"],
+        "attempts_mean": t.attempts_sum / settled if settled else None,
+        "dead_letter_rate": t.dead_letter_rate(),
+        # Means over the minutes (hours) from the first message's to the last's, both included.
+        "messages_per_minute": _per(t, timedelta(minutes=1)),
+        "messages_per_hour": _per(t, timedelta(hours=1)),
+        "peak_per_minute": t.peak_per_minute,
+        "peak_per_hour": t.peak_per_hour,
+        "first_published_at": t.first_at,
+        "last_published_at": t.last_at,
+    }
+
+
+def _per(t, unit):
+    if not t.messages or t.first_at is None:
+        return None
+    first = _truncate(t.first_at, unit)
+    last = _truncate(t.last_at, unit)
+    return t.messages / ((last - first) // unit + 1)
+
+
+def subscriber_figures(table, *, now, since=None, until=None):
+    """(subscriber stats, subscriber trends) from subscriber hour rows (an Arrow table in
+    analytics.hours.SUBSCRIBER_HOUR_SCHEMA).
+
+    The backlog of a period is what the subscriber was owed at its end: the deliveries made
+    up to then, less those acked by then and those dead letters (counted from the hour their
+    message was published: a dead letter keeps no time of its death).
+    """
+    table = _in_window(table, since, until)
+    totals = _group(
+        table,
+        ["subscriber"],
+        [(c, "sum") for c in ("published", *STATUSES)] + [("oldest_pending_at", "min")],
+    )
+    stats = [
+        {
+            "subscriber": t["subscriber"],
+            "deliveries": t["published"],
+            **{s: t[s] for s in STATUSES},
+            "oldest_pending_age_s": (
+                (now - t["oldest_pending_at"]).total_seconds() if t["oldest_pending_at"] is not None else None
+            ),
+        }
+        for t in sorted(totals, key=lambda t: t["subscriber"])
+    ]
+
+    hours = sorted(
+        _group(table, ["subscriber", "hour"], [(c, "sum") for c in ("published", "acks", "dead")]),
+        key=lambda h: (h["subscriber"], h["hour"]),
+    )
+    trends = []
+    for period in PERIODS:
+        owed = defaultdict(int)
+        grouped = defaultdict(lambda: defaultdict(int))
+        for h in hours:
+            name = h["subscriber"]
+            start = h["hour"] if period == "hour" else _day_start(h["hour"])
+            owed[name] += h["published"] - h["acks"] - h["dead"]
+            g = grouped[(name, start)]
+            g["published"] += h["published"]
+            g["acked"] += h["acks"]
+            g["backlog"] = owed[name]  # the last hour's running total: the period's end
+        trends.extend(
+            {"subscriber": name, "period": period, "period_start": start, **g}
+            for (name, start), g in sorted(grouped.items())
+        )
+    return stats, trends
+
+
+def _in_window(table, since, until):
+    """The rows of days within since..until (both included; None: open)."""
+    if since is not None:
+        table = table.filter(pc.greater_equal(table["day"], since.isoformat()))
+    if until is not None:
+        table = table.filter(pc.less_equal(table["day"], until.isoformat()))
+    return table
+
+
+def _group(table, keys, aggregates):
+    """group_by(keys).aggregate(aggregates) as dicts, each aggregate under its column's name."""
+    out = table.group_by(keys, use_threads=False).aggregate(aggregates)
+    return out.rename_columns({f"{c}_{fn}": c for c, fn in aggregates}).to_pylist()
+
+
+def _least(a, b):
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _greatest(a, b):
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _day_start(moment):
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _truncate(moment, unit):
+    if unit == timedelta(minutes=1):
+        return moment.replace(second=0, microsecond=0)
+    return moment.replace(minute=0, second=0, microsecond=0)

@@ -1,0 +1,74 @@
+"""What GET /api/analytics answers: the last loaded run, its statistics as `analyze --json`
+prints them (analytics.load.results_json), and, when asked, its hourly or daily trends.
+
+All from the tables analytics.load fills, never from the run's Parquet: an answer costs a few
+indexed queries, however large the history.
+"""
+
+from .load import last_run, results_json, run_json
+from .models import EventTrend, SubscriberTrend
+
+# Rows of each trend list in one answer: a year of hours of one event is 8,760, so a narrower
+# query (queue, event, since) fits; past it the answer says so ("truncated") and holds the
+# first rows in (queue, event, time) order.
+TRENDS_LIMIT = 10_000
+
+
+def analytics_answer(trends=None, *, queue=None, event=None, subscriber=None, since=None, until=None):
+    """{"run": manifest | None, "events": [...], "subscribers": [...]}, and "trends" when
+    `trends` is "hour" or "day": its event and subscriber rows with period_start in
+    [since, until), queue and event narrowing the event trends, subscriber the subscriber ones."""
+    answer = {"run": run_json(last_run()), **results_json()}
+    if trends is not None:
+        answer["trends"] = trend_rows(
+            trends, queue=queue, event=event, subscriber=subscriber, since=since, until=until
+        )
+    return answer
+
+
+def trend_rows(period, *, queue=None, event=None, subscriber=None, since=None, until=None):
+    spans = {}
+    if since is not None:
+        spans["period_start__gte"] = since
+    if until is not None:
+        spans["period_start__lt"] = until
+    events = EventTrend.objects.filter(period=period, **spans)
+    if queue is not None:
+        events = events.filter(queue=queue)
+    if event is not None:
+        events = events.filter(event=event)
+    subscribers = SubscriberTrend.objects.filter(period=period, **spans)
+    if subscriber is not None:
+        subscribers = subscribers.filter(subscriber=subscriber)
+    event_rows = list(events.order_by("queue", "event", "period_start")[: TRENDS_LIMIT + 1])
+    subscriber_rows = list(subscribers.order_by("subscriber", "period_start")[: TRENDS_LIMIT + 1])
+    return {
+        "period": period,
+        "events": [_event_trend(t) for t in event_rows[:TRENDS_LIMIT]],
+        "subscribers": [_subscriber_trend(t) for t in subscriber_rows[:TRENDS_LIMIT]],
+        "truncated": len(event_rows) > TRENDS_LIMIT or len(subscriber_rows) > TRENDS_LIMIT,
+    }
+
+
+def _event_trend(t):
+    return {
+        "queue": t.queue,
+        "event": t.event,
+        "period_start": t.period_start.isoformat(),
+        "messages": t.messages,
+        "deliveries": t.deliveries,
+        "acked": t.acked,
+        "dead": t.dead,
+        "dead_letter_rate": t.dead_letter_rate,
+        "latency_ms": {"p50": t.latency_p50_ms, "p95": t.latency_p95_ms, "p99": t.latency_p99_ms},
+    }
+
+
+def _subscriber_trend(t):
+    return {
+        "subscriber": t.subscriber,
+        "period_start": t.period_start.isoformat(),
+        "published": t.published,
+        "acked": t.acked,
+        "backlog": t.backlog,
+    }

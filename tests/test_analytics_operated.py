@@ -1,0 +1,133 @@
+"""How the analytics are operated: the beat task, the Spark settings as the session's
+arguments, and the session itself on the masters operators give it."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from analytics import analysis, job, spark_settings, tasks
+from analytics.models import AnalyticsRun
+
+BASE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.django_db
+def test_the_beat_task_runs_the_analysis(monkeypatch):
+    runs = []
+    monkeypatch.setattr(analysis, "run_analysis", lambda: runs.append(1) or {"events": [], "subscribers": []})
+    assert tasks.analyze.apply().get() == "done" and runs == [1]
+
+
+@pytest.mark.django_db
+def test_the_beat_task_skips_while_another_run_holds_the_analysis(monkeypatch, caplog):
+    def busy():
+        raise analysis.AnalysisBusy("a run started at 12:00 is still going")
+
+    monkeypatch.setattr(analysis, "run_analysis", busy)
+    with caplog.at_level("INFO", logger="analytics.tasks"):
+        assert tasks.analyze.apply().get() == "busy"
+    assert "still going" in caplog.text and not AnalyticsRun.objects.exists()
+
+
+def test_the_task_may_run_longer_than_other_tasks(settings):
+    assert tasks.analyze.soft_time_limit > settings.CELERY_TASK_TIME_LIMIT
+    assert tasks.analyze.time_limit > tasks.analyze.soft_time_limit
+
+
+@pytest.mark.parametrize(
+    "master, cores",
+    [
+        ("local", 1),
+        ("local[3]", 3),
+        ("local[*]", os.cpu_count()),
+        ("local[2,4]", 2),  # 4 is the failures allowed per task
+        ("local[*,4]", os.cpu_count()),
+        ("local-cluster[2,3,1024]", 6),
+        ("spark://host:7077", None),
+        ("yarn", None),
+        (None, None),
+    ],
+)
+def test_it_sizes_the_shuffle_for_the_cores_of_a_master_on_this_machine(master, cores):
+    assert job._local_cores(master) == cores
+
+
+def test_spark_settings_become_the_sessions_arguments(settings):
+    settings.SPARK_REMOTE = ""
+    settings.SPARK_MASTER = "local[2]"
+    settings.MQ_SPARK_DRIVER_MEMORY = "1g"
+    settings.MQ_SPARK_EVENT_LOG_DIR = ""
+    assert spark_settings.session_options() == {
+        "master": "local[2]",
+        "remote": None,
+        "driver_memory": "1g",
+        "event_log_dir": None,
+    }
+    assert spark_settings.session_options("local[1]")["master"] == "local[1]"
+    # A Spark Connect server has its own master: SPARK_MASTER is not used then
+    settings.SPARK_REMOTE = "sc://spark:15002"
+    settings.MQ_SPARK_EVENT_LOG_DIR = "/var/log/spark"
+    options = spark_settings.session_options("local[1]")
+    assert (options["master"], options["remote"], options["event_log_dir"]) == (
+        None,
+        "sc://spark:15002",
+        "/var/log/spark",
+    )
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("SPARK_REMOTE", "http://spark:15002", "Spark Connect URL"),
+        ("MQ_SPARK_DRIVER_MEMORY", "2 GB", "JVM memory size"),
+        ("MQ_ANALYZE_EVERY_SECS", "0", "positive"),
+    ],
+)
+def test_a_malformed_spark_setting_stops_start_up(name, value, says):
+    env = {**os.environ, name: value}
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='mqsite.settings'; django.setup()",
+        ],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and name in done.stderr and says in done.stderr
+
+
+SESSION_SCRIPT = """
+import os, sys
+from analytics import job
+log_dir = sys.argv[1]
+with job.session("local[1]", driver_memory="700m", event_log_dir="file://" + log_dir,
+                 conf={"spark.ui.enabled": "false"}) as spark:
+    assert spark.conf.get("spark.driver.memory") == "700m"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert spark.range(10).count() == 10
+    app_id = spark.sparkContext.applicationId
+print(app_id)
+"""
+
+
+def test_a_local_session_gets_its_driver_memory_and_writes_its_event_log(tmp_path):
+    # A process of its own: the driver's memory is read when the JVM starts, and the tests'
+    # shared session has started one already.
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_SCRIPT, str(tmp_path)],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    app_id = done.stdout.strip().splitlines()[-1]
+    # Spark 4 writes a folder per application (rolling event logs): eventlog_v2_<app id>
+    assert any(app_id in name for name in os.listdir(tmp_path)), os.listdir(tmp_path)

@@ -157,7 +157,19 @@ def _merged(fs, folder, names, kind):
     tables = [pq.read_table(f"{folder}/{name}", filesystem=fs) for name in names]
     if any(t.schema != tables[0].schema for t in tables):
         return None
-    return pa.concat_tables(tables).sort_by(SORT_KEYS[kind]).combine_chunks()
+    return _once_per_id(pa.concat_tables(tables).sort_by(SORT_KEYS[kind]).combine_chunks())
+
+
+def _once_per_id(table):
+    """Each id once. An archive written before the journal can hold a batch twice (a rerun
+    after a crash cut its batches differently); the copies are the same acked rows, and the
+    analytics count every row they read, so the compacted file keeps one. Sorted by id, a
+    row's copies are neighbours."""
+    ids = table.column("id")
+    if len(ids) < 2:
+        return table
+    differs = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))
+    return table.filter(pa.concat_arrays([pa.array([True]), differs.combine_chunks()]))
 
 
 def _write_manifest(fs, staged, manifest):

@@ -127,6 +127,22 @@ def test_it_makes_each_closed_partition_one_file_and_changes_no_row(archive_dir,
     assert {f: os.stat(archive_dir / f).st_mtime_ns for f in files(archive_dir)} == mtimes
 
 
+def test_it_keeps_one_copy_of_a_batch_an_older_archive_holds_twice(archive_dir, subscribed, logger, peer):
+    """Before the journal, a rerun after a crash could write a batch again under other file
+    names; the analytics no longer dedupe, so compaction leaves one copy of each row."""
+    archive_in_small_batches(subscribed, logger, peer)
+    before = content(archive_dir)
+    parts = partition_files(archive_dir)
+    (kind, queue, day_), names = next((k, n) for k, n in parts.items() if k[2] == day(CLOSED_DAYS[0]))
+    folder = archive_dir / kind / f"queue={queue}" / f"day={day_}"
+    pq.write_table(pq.read_table(folder / names[0]), folder / "part-000000000000-999999999999.parquet")
+    assert len(content(archive_dir)[kind]) > len(before[kind])
+
+    compact()
+
+    assert content(archive_dir) == before
+
+
 def test_it_replays_the_archives_journal_first(archive_dir, subscribed, logger, peer, monkeypatch):
     # Given an archive run that died after writing a batch, before deleting it
     ids = archive_in_small_batches(subscribed, logger, peer)

@@ -373,6 +373,22 @@ def test_the_production_plan_hashes_every_aggregate(spark, generated):  # noqa: 
     )
 
 
+def test_big_hot_tables_go_to_spark_with_the_same_figures(generated, tmp_path, settings):
+    """Past MQ_ANALYTICS_HOT_SPARK_ROWS deliveries the snapshot is reduced by Spark, not Arrow:
+    the same figures."""
+    _, base, snapshot, run = generated
+    settings.MQ_ANALYTICS_HOT_SPARK_ROWS = 1
+    big = analysis.compute(str(base / "archive"), str(tmp_path / "out"), snapshot, now=history.NOW)
+    assert big.manifest["spark"]
+    assert (big.event_stats, big.subscriber_stats, big.event_trends, big.subscriber_trends) == (
+        run.event_stats,
+        run.subscriber_stats,
+        run.event_trends,
+        run.subscriber_trends,
+    )
+    assert not (tmp_path / "out" / "runs" / big.run_id / "hot").exists()  # the snapshot's files go
+
+
 # --- incremental, by day ---------------------------------------------------------------------------
 
 

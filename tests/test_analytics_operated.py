@@ -59,12 +59,16 @@ def test_spark_settings_become_the_sessions_arguments(settings):
     settings.SPARK_MASTER = "local[2]"
     settings.MQ_SPARK_DRIVER_MEMORY = "1g"
     settings.MQ_SPARK_EVENT_LOG_DIR = ""
+    settings.MQ_SPARK_CLASS_ARCHIVE = "/srv/mq/spark.jsa"
     assert spark_settings.session_options() == {
         "master": "local[2]",
         "remote": None,
         "driver_memory": "1g",
         "event_log_dir": None,
+        "class_archive": "/srv/mq/spark.jsa",
     }
+    settings.MQ_SPARK_CLASS_ARCHIVE = ""
+    assert spark_settings.session_options()["class_archive"] is None
     assert spark_settings.session_options("local[1]")["master"] == "local[1]"
     # A Spark Connect server has its own master: SPARK_MASTER is not used then
     settings.SPARK_REMOTE = "sc://spark:15002"
@@ -75,6 +79,16 @@ def test_spark_settings_become_the_sessions_arguments(settings):
         "sc://spark:15002",
         "/var/log/spark",
     )
+
+
+def test_a_local_driver_makes_its_class_archive_once_then_uses_it(tmp_path):
+    """The first JVM writes Spark's classes' archive as it exits; the next ones map it."""
+    path = tmp_path / "var" / "spark.jsa"
+    assert "-XX:ArchiveClassesAtExit=" + str(path) in job._class_sharing(str(path))
+    assert path.parent.is_dir()
+    path.write_bytes(b"made by the first run")
+    assert "-XX:SharedArchiveFile=" + str(path) in job._class_sharing(str(path))
+    assert job._class_sharing(None) == ""
 
 
 @pytest.mark.parametrize(

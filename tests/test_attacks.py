@@ -168,6 +168,12 @@ def peer_lists_connections(w):
     assert client_for(w.peer).get(url_of("connection-list")).status_code == 403
 
 
+def peer_reads_the_analytics(w):
+    # Operators' figures over every subscriber: a subscriber's token is refused.
+    assert client_for(w.peer).get(url_of("analytics")).status_code == 403
+    assert client_for(w.peer).get(url_of("analytics") + "?trends=hour").status_code == 403
+
+
 ROUTE_ATTACKS = {
     ("subscription-list", "get"): peer_lists_subscriptions,
     ("subscription-list", "post"): peer_subscribes,
@@ -181,6 +187,7 @@ ROUTE_ATTACKS = {
     ("messages", "post"): outsider_publishes,
     ("connection-list", "get"): peer_lists_connections,
     ("message-detail", "get"): peer_reads_the_loggers_receipt,
+    ("analytics", "get"): peer_reads_the_analytics,
 }
 
 

@@ -5,7 +5,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from analytics import load, runs
+from analytics import figures, load, runs
 from analytics.models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
 from tests.analytics.run_folders import write_run
 
@@ -23,6 +23,14 @@ EVENT = {
     "latency_p50_ms": 12.5,
     "dead_letter_rate": float("nan"),  # 0/0 in Spark: stored as null
 }
+
+
+def test_a_runs_results_have_the_stored_tables_columns():
+    """What the analysis writes (figures.RESULT_SCHEMAS) is what load stores, field for field."""
+    assert figures.RESULT_SCHEMAS["event_stats"].names == load.EVENT_FIELDS
+    assert figures.RESULT_SCHEMAS["subscriber_stats"].names == load.SUBSCRIBER_FIELDS
+    assert figures.RESULT_SCHEMAS["event_trends"].names == load.EVENT_TREND_FIELDS
+    assert figures.RESULT_SCHEMAS["subscriber_trends"].names == load.SUBSCRIBER_TREND_FIELDS
 
 
 def test_it_loads_a_run_in_place_of_the_last(tmp_path):

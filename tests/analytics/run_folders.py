@@ -13,63 +13,10 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analytics import layout, runs
-from analytics.models import EventStats, SubscriberStats
+from analytics import figures, layout, runs
 
-TIMESTAMP = pa.timestamp("us", tz="UTC")
-_ARROW = {
-    "CharField": pa.string(),
-    "BigIntegerField": pa.int64(),
-    "FloatField": pa.float64(),
-    "DateTimeField": TIMESTAMP,
-}
-
-
-def _model_schema(model):
-    # The results' columns are the model's fields (analytics.load stores them as they are).
-    return pa.schema(
-        [
-            (f.name, _ARROW[f.get_internal_type()])
-            for f in model._meta.concrete_fields
-            if f.name not in ("id", "computed_at")
-        ]
-    )
-
-
-EVENT_STATS_SCHEMA = _model_schema(EventStats)
-SUBSCRIBER_STATS_SCHEMA = _model_schema(SubscriberStats)
-EVENT_TRENDS_SCHEMA = pa.schema(
-    [
-        ("queue", pa.string()),
-        ("event", pa.string()),
-        ("period", pa.string()),
-        ("period_start", TIMESTAMP),
-        ("messages", pa.int64()),
-        ("deliveries", pa.int64()),
-        ("acked", pa.int64()),
-        ("dead", pa.int64()),
-        ("dead_letter_rate", pa.float64()),
-        ("latency_p50_ms", pa.float64()),
-        ("latency_p95_ms", pa.float64()),
-        ("latency_p99_ms", pa.float64()),
-    ]
-)
-SUBSCRIBER_TRENDS_SCHEMA = pa.schema(
-    [
-        ("subscriber", pa.string()),
-        ("period", pa.string()),
-        ("period_start", TIMESTAMP),
-        ("published", pa.int64()),
-        ("acked", pa.int64()),
-        ("backlog", pa.int64()),
-    ]
-)
-RESULTS = {
-    "event_stats": EVENT_STATS_SCHEMA,
-    "subscriber_stats": SUBSCRIBER_STATS_SCHEMA,
-    "event_trends": EVENT_TRENDS_SCHEMA,
-    "subscriber_trends": SUBSCRIBER_TRENDS_SCHEMA,
-}
+# The columns of a run's results are the ones the analysis writes (one place: figures).
+RESULTS = figures.RESULT_SCHEMAS
 
 
 _clock = itertools.count()

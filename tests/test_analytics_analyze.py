@@ -6,12 +6,10 @@ plain Python from the rows before any of it moved."""
 import io
 import json
 import os
-import threading
 from datetime import datetime, timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
@@ -23,6 +21,7 @@ from subscribers import subscribing
 from tests.analytics import history
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.analytics.history import within_rank
+from tests.analytics.locks import archive_held_elsewhere
 from tests.conftest_spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -273,25 +272,9 @@ def test_analyze_waits_for_the_archive_then_gives_up_clearly(archive_dir, settin
     the archive held past MQ_ANALYZE_LOCK_WAIT_SECS stops with a clear error, having done
     nothing."""
     settings.MQ_ANALYZE_LOCK_WAIT_SECS = 0.5
-    held, release = threading.Event(), threading.Event()
-
-    def hold():
-        try:
-            with archive.exclusive(str(archive_dir)):
-                held.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with archive_held_elsewhere(archive_dir):
         with pytest.raises(CommandError, match="try again"):
             call_command("analyze", stdout=io.StringIO())
-    finally:
-        release.set()
-        holder.join()
     assert load.last_run() is None and runs.current(str(archive_dir / "_analytics")) is None
 
 

@@ -13,7 +13,6 @@ import duckdb
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from analytics import archive, layout, tasks
 from analytics.models import ArchiveBatch
@@ -22,6 +21,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
 from tests.analytics.builders import days_ago, delivery_of, publish_at, settle
+from tests.analytics.locks import archive_held_elsewhere
 
 pytestmark = pytest.mark.django_db
 
@@ -200,28 +200,12 @@ def test_running_it_again_rewrites_nothing(archive_dir, subscribed, logger, peer
 
 def test_a_second_run_at_once_is_refused(archive_dir, monkeypatch):
     monkeypatch.setattr(tasks, "LOCK_WAIT_SECS", 0.3)
-    holding, release = threading.Event(), threading.Event()
-
-    def other_run():
-        try:
-            with archive.exclusive(settings.MQ_ARCHIVE_DIR):
-                holding.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=other_run)
-    thread.start()
-    try:
-        assert holding.wait(30)
+    with archive_held_elsewhere():
         with pytest.raises(archive.ArchiveBusy):
             archive.archive_history()
         with pytest.raises(CommandError, match="another archive run"):
             call_command("archive", stdout=io.StringIO())
         assert tasks.archive_history() is None  # the beat's run waits a little, then steps aside
-    finally:
-        release.set()
-        thread.join()
     assert archive.archive_history() == {"messages": 0, "deliveries": 0}
 
 
@@ -328,20 +312,7 @@ def test_a_replay_leaves_out_what_an_operator_deleted_meanwhile(
 
 
 def test_the_lock_can_be_waited_for(archive_dir):
-    holding, release = threading.Event(), threading.Event()
-
-    def other_run():
-        try:
-            with archive.exclusive(settings.MQ_ARCHIVE_DIR):
-                holding.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=other_run)
-    thread.start()
-    try:
-        assert holding.wait(30)
+    with archive_held_elsewhere() as release:
         # Given a holder: a short wait gives up after its time
         started = time.monotonic()
         with pytest.raises(archive.ArchiveBusy):
@@ -352,9 +323,6 @@ def test_the_lock_can_be_waited_for(archive_dir):
         threading.Timer(0.5, release.set).start()
         with archive.exclusive(settings.MQ_ARCHIVE_DIR, wait_secs=30):
             assert release.is_set()
-    finally:
-        release.set()
-        thread.join()
 
 
 def test_a_message_reopened_before_the_delete_leaves_the_batchs_files(

@@ -6,14 +6,11 @@ tests."""
 import io
 import json
 import os
-import threading
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from django.conf import settings
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from analytics import archive, compaction, layout, tasks
 from analytics.models import ArchiveBatch
@@ -21,6 +18,7 @@ from delivery.models import Status
 from queues.models import Message
 from subscribers import subscribing
 from tests.analytics.builders import days_ago, publish_at, settle
+from tests.analytics.locks import archive_held_elsewhere
 from tests.test_analytics_archive import crash_on_batch, files
 
 pytestmark = pytest.mark.django_db
@@ -317,25 +315,9 @@ def test_the_beat_archives_then_compacts(archive_dir, subscribed, logger, peer):
 
 
 def test_it_waits_for_no_one(archive_dir):
-    holding, release = threading.Event(), threading.Event()
-
-    def other_run():
-        try:
-            with archive.exclusive(settings.MQ_ARCHIVE_DIR):
-                holding.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=other_run)
-    thread.start()
-    try:
-        assert holding.wait(30)
+    with archive_held_elsewhere():
         with pytest.raises(CommandError, match="another archive run"):
             compact("--json")
-    finally:
-        release.set()
-        thread.join()
     assert json.loads(compact("--json")) == {"partitions": 0, "files_before": 0, "files_after": 0}
 
 

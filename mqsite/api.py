@@ -104,11 +104,15 @@ class NameField(StrictCharField):
 
 def schema_says_what_the_server_refuses(result, generator, request, public):
     """drf-spectacular postprocessing hook: the rules of the server that serializers cannot
-    show. Row ids in a path are bigint (past it nothing exists: 404). A publish body is one
+    show. Every authenticated call can be a 406 (an Accept header naming no JSON type). Row
+    ids in a path are bigint (past it nothing exists: 404). A publish body is one
     message or a batch, never both: "messages" makes it a batch, and a batch with a message's
     own fields beside it is refused (queues.api.serializers.PublishBatchSerializer)."""
     for ops in result.get("paths", {}).values():
         for op in ops.values():
+            if isinstance(op, dict) and "401" in op.get("responses", {}):
+                # Any call may send an Accept header naming no JSON type (DRF's negotiation).
+                op["responses"].setdefault("406", {**op["responses"]["401"], "description": ERRORS[406]})
             if isinstance(op, dict) and "requestBody" in op and "400" in op.get("responses", {}):
                 # Every body has a limit (mqsite/bodies.py): past it, 413 before it is read.
                 op["responses"].setdefault("413", {**op["responses"]["400"], "description": ERRORS[413]})
@@ -165,6 +169,7 @@ ERRORS = {
     401: "No token, or one that is not valid (or its subscriber is inactive).",
     403: "The caller may not do this.",
     404: "Not found, or not the caller's.",
+    406: "The Accept header names no type the API answers in (it answers JSON).",
     409: "The delivery is already acked or dead.",
     413: "The body or a payload is over its limit.",
     429: "Throttled: over MQ_THROTTLE_RATE requests; Retry-After says when to try again.",

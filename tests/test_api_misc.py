@@ -34,6 +34,15 @@ def test_the_schema_is_public_openapi_3_and_names_every_call(db):
         assert path in schema["paths"], path
 
 
+def test_an_accept_header_naming_no_json_is_a_406_the_schema_tells_of(logger):
+    """Found by Schemathesis: any call may ask for a type the API does not answer in."""
+    r = client_for(logger).get("/api/subscriptions", HTTP_ACCEPT='m0w#yS"')
+    assert r.status_code == 406 and "Accept" in r.json()["detail"]
+    schema = client_for().get("/api/schema/?format=json").json()
+    assert "406" in schema["paths"]["/api/subscriptions"]["get"]["responses"]
+    assert "406" in schema["paths"]["/api/deliveries/ack"]["post"]["responses"]
+
+
 def test_the_schema_is_json_unless_yaml_is_asked_for(db):
     r = client_for().get("/api/schema/")
     assert r.status_code == 200 and r.json()["openapi"].startswith("3.")

@@ -217,8 +217,17 @@ def delete_archived(message_ids, delivery_ids):
     (messages, deliveries) deleted. A message with a delivery that was not written (or is no
     longer acked) is kept, with its deliveries."""
     with transaction.atomic():
-        current = Delivery.objects.filter(message_id__in=message_ids).values_list(
-            "id", "message_id", "status"
+        # Row locks, messages then deliveries (PostgreSQL; SQLite's IMMEDIATE transactions are
+        # serial anyway): a seek (ledger.replay) that reopened or added a delivery and committed
+        # before is seen below, and one after waits for this commit and finds the rows gone.
+        # Without them a delivery reopened between this read and the delete went with its
+        # message, though the seek had reported it handed out again.
+        list(Message.objects.select_for_update().filter(id__in=message_ids).order_by("id").values_list("id"))
+        current = (
+            Delivery.objects.select_for_update()
+            .filter(message_id__in=message_ids)
+            .order_by("id")
+            .values_list("id", "message_id", "status")
         )
         keep = {mid for did, mid, status in current if did not in delivery_ids or status != Status.ACKED}
         gone = [mid for mid in message_ids if mid not in keep]

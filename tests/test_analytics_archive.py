@@ -13,6 +13,7 @@ import duckdb
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from analytics import archive, layout, tasks
 from analytics.models import ArchiveBatch
@@ -361,3 +362,62 @@ def test_a_message_reopened_before_the_delete_leaves_the_batchs_files(
     assert archive.archive_history() == {"messages": 1, "deliveries": 2}
     assert [m["id"] for m in parquet(archive_dir, "messages")] == ids
     assert_each_row_once_in_a_file(archive_dir)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_seek_racing_the_delete_is_either_seen_or_finds_the_message_archived(
+    archive_dir, subscribed, logger, peer, monkeypatch
+):
+    # Given an old settled message, and a seek of peer's delivery of it (the UPDATE that
+    # ledger.replay runs) sent from another connection just after the archive has read the
+    # deliveries it is about to delete
+    message_id = publish_at(subscribed, "create", days_ago(10))
+    settle(message_id, {logger: Status.ACKED, peer: Status.ACKED})
+    ids = set(Delivery.objects.filter(message_id=message_id).values_list("id", flat=True))
+    reopened, failures = [], []
+
+    def seek():
+        try:
+            reopened.append(
+                Delivery.objects.filter(message_id=message_id, subscriber=peer).update(status=Status.PENDING)
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            failures.append(e)
+        finally:
+            connection.close()
+
+    seeker = threading.Thread(target=seek)
+
+    def hook(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("SELECT") and 'FROM "delivery_delivery"' in sql and deleting and not seeker.ident:
+            seeker.start()
+            seeker.join(1)  # committed at once unless a lock makes it wait for the archive
+        return result
+
+    real_delete = archive.delete_archived
+    deleting = []
+
+    def delete_archived(*args):
+        deleting.append(True)
+        with connection.execute_wrapper(hook):
+            return real_delete(*args)
+
+    monkeypatch.setattr(archive, "delete_archived", delete_archived)
+
+    # When the archive runs
+    moved = archive.archive_history()
+    seeker.join(30)
+    assert not failures and seeker.ident
+
+    # Then either the seek came first (the message stays, pending for peer, and has no copy in
+    # the archive) or it found it gone: never a reopened delivery deleted
+    hot = dict(Delivery.objects.filter(message_id=message_id).values_list("id", "status"))
+    archived = {d["id"] for d in parquet(archive_dir, "deliveries")}
+    if reopened == [1]:
+        assert moved == {"messages": 0, "deliveries": 0}
+        assert set(hot) == ids and Status.PENDING in hot.values() and not archived
+    else:
+        assert reopened == [0]
+        assert moved == {"messages": 1, "deliveries": 2}
+        assert not hot and archived == ids

@@ -9,8 +9,7 @@ Spark makes the points of the archive's hours (analytics.job); points() makes th
 tables' hours, by the same rule, so that both engines give the same points for the same values.
 """
 
-import bisect
-import itertools
+import numpy as np
 
 from .job import SKETCH_POINTS
 
@@ -29,32 +28,35 @@ class Merged:
     """Sketches added together; quantiles() reads the union's."""
 
     def __init__(self):
-        self._sketches = []  # (points, weight of each point)
+        self._points = []  # each sketch's points
+        self._weights = []  # and the weight of each of its points: its count / its points
         self.count = 0
 
     def add(self, sketch_points, count):
         if not sketch_points or not count:
             return
-        self._sketches.append((sketch_points, count / len(sketch_points)))
+        self._points.append(sketch_points)
+        self._weights.append(count / len(sketch_points))
         self.count += count
 
     def quantiles(self, ps):
-        """The values at these ranks (each in [0, 1]), or Nones when nothing was added."""
+        """The values at these ranks (each in [0, 1]), or Nones when nothing was added.
+
+        With numpy: a year of hours is millions of points, which Python's sort of pairs took
+        about a second per 500,000 (measured on issue 19's 5 M archive, 0.94 s of a 4.4 s rerun).
+        """
         if not self.count:
             return [None for _ in ps]
-        if len(self._sketches) == 1:
-            # One sketch: its points are sorted already, of equal weights.
-            points, weight = self._sketches[0]
-            ordered = points
-            cumulative = [weight * (i + 1) for i in range(len(points))]
-        else:
-            pairs = sorted(
-                itertools.chain.from_iterable(zip(p, itertools.repeat(w)) for p, w in self._sketches)
-            )
-            ordered = [value for value, _ in pairs]
-            cumulative = list(itertools.accumulate(weight for _, weight in pairs))
+        values = np.concatenate([np.asarray(p, dtype=np.float64) for p in self._points])
+        weights = np.repeat(self._weights, [len(p) for p in self._points])
+        if len(self._points) > 1:
+            # One sketch's points are sorted already; several are put in order, stably.
+            order = np.argsort(values, kind="stable")
+            values, weights = values[order], weights[order]
+        cumulative = np.cumsum(weights)
         # The first point whose cumulative weight reaches p of the total, with a little slack
         # for the rounding of float sums.
         slack = 1e-9 * self.count
-        last = len(ordered) - 1
-        return [ordered[min(bisect.bisect_left(cumulative, p * self.count - slack), last)] for p in ps]
+        targets = np.asarray(ps, dtype=np.float64) * self.count - slack
+        at = np.minimum(np.searchsorted(cumulative, targets, side="left"), len(values) - 1)
+        return [float(values[i]) for i in at]

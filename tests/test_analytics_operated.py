@@ -1,11 +1,14 @@
 """How the analytics are operated: the beat task, the Spark settings as the session's
 arguments, and the session itself on the masters operators give it."""
 
+import io
 import os
 import subprocess
 import sys
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
 
 from analytics import analysis, job, spark_settings, tasks
 from analytics.models import AnalyticsRun
@@ -89,6 +92,41 @@ def test_a_local_driver_makes_its_class_archive_once_then_uses_it(tmp_path):
     path.write_bytes(b"made by the first run")
     assert "-XX:SharedArchiveFile=" + str(path) in job._class_sharing(str(path))
     assert job._class_sharing(None) == ""
+
+
+# The first four bytes of a dynamic class archive (HotSpot's CDS_DYNAMIC_ARCHIVE_MAGIC).
+DYNAMIC_ARCHIVE_MAGIC = (0xF00BABA8).to_bytes(4, "little")
+
+
+@pytest.mark.skipif(
+    connection.vendor != "sqlite",
+    reason="a JVM for half a minute, with no database in it: the SQLite pass of make test runs it",
+)
+def test_sparkclasses_makes_the_class_archive_before_the_first_run(tmp_path, settings):
+    # Given no class archive yet
+    settings.MQ_SPARK_CLASS_ARCHIVE = str(tmp_path / "var" / "spark.jsa")
+    out = io.StringIO()
+
+    # When `manage.py sparkclasses` runs (make install does)
+    call_command("sparkclasses", stdout=out)
+
+    # Then the JVM it ran has written a whole class archive there, which a session then maps
+    archive = tmp_path / "var" / "spark.jsa"
+    assert out.getvalue().startswith("made the class archive")
+    assert archive.read_bytes()[:4] == DYNAMIC_ARCHIVE_MAGIC and archive.stat().st_size > 10_000_000
+    assert "-XX:SharedArchiveFile=" + str(archive) in job._class_sharing(str(archive))
+
+    # ... and run again it keeps it
+    out = io.StringIO()
+    call_command("sparkclasses", stdout=out)
+    assert out.getvalue().startswith("kept the class archive")
+
+
+def test_sparkclasses_says_so_when_the_setting_is_empty(settings):
+    settings.MQ_SPARK_CLASS_ARCHIVE = ""
+    out = io.StringIO()
+    call_command("sparkclasses", stdout=out)
+    assert "MQ_SPARK_CLASS_ARCHIVE is empty" in out.getvalue()
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,14 @@ from subscribers import auth
 from subscribers.provisioning import create_subscriber
 
 
+@pytest.fixture(autouse=True)
+def archives_go_to_spark(settings):
+    """The suite's archives are tiny, and would all be reduced in the analysing process
+    (MQ_ANALYTICS_LOCAL_BYTES): Spark reduces them, as it does a big archive, so that its job
+    stays tested; the tests of the in-process path set the setting back."""
+    settings.MQ_ANALYTICS_LOCAL_BYTES = 0
+
+
 @pytest.fixture
 def make_queue(db):
     def make(name="db", **fields):

@@ -56,6 +56,7 @@ def snapshot():
     return events, subscribers
 
 
+@pytest.mark.parametrize("in_process", [False, True], ids=["spark", "in-process"])
 def test_analyze_counts_the_archive_and_the_hot_tables_once(
     spark,  # noqa: F811
     archive_dir,
@@ -64,7 +65,12 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     logger,
     peer,
     monkeypatch,
+    settings,
+    in_process,
 ):
+    # The archive reduced by Spark, or (a small archive, by default) in this process
+    if in_process:
+        settings.MQ_ANALYTICS_LOCAL_BYTES = 1 << 20
     # Given history in two queues: old settled messages, open and dead deliveries, fresh ones
     network, db = make_queue("network"), db_queue
     logger.subscribe_queues.add(network)  # a subscription is owed only what its right allows
@@ -149,7 +155,7 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     assert {s.computed_at for s in EventStats.objects.all()} == {SubscriberStats.objects.first().computed_at}
     out_dir = archive_dir / "_analytics"
     first = runs.current(str(out_dir))
-    assert first and load.last_run().run_id == first and load.last_run().spark
+    assert first and load.last_run().run_id == first and load.last_run().spark is not in_process
     assert {"manifest.json", "event_stats.parquet", "event_trends.parquet"} <= set(
         os.listdir(runs.run_path(str(out_dir), first))
     )

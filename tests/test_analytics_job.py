@@ -12,6 +12,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 from django.db import connection
+from django.test import override_settings
 from pyspark.sql import types as T
 
 from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
@@ -143,7 +144,9 @@ def generated(spark, tmp_path_factory):  # noqa: F811
     base = tmp_path_factory.mktemp("generated")
     h = history.generate()
     snapshot = history.write(h, base / "archive")
-    run = analysis.compute(str(base / "archive"), str(base / "out"), snapshot, now=history.NOW)
+    # Module-scoped, so before the suite's function-scoped settings: Spark is asked for here.
+    with override_settings(MQ_ANALYTICS_LOCAL_BYTES=0):
+        run = analysis.compute(str(base / "archive"), str(base / "out"), snapshot, now=history.NOW)
     return h, base, snapshot, run
 
 
@@ -411,7 +414,25 @@ def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures
     )
 
 
-def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_path):  # noqa: F811
+def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_path, settings):
+    """Up to MQ_ANALYTICS_LOCAL_BYTES to recompute, the archive's partitions are reduced with
+    Arrow in this process, rule for rule like Spark: no Spark job, and every figure the same."""
+    _, base, snapshot, run = generated
+    settings.MQ_ANALYTICS_LOCAL_BYTES = 1 << 30
+    local = analysis.compute(str(base / "archive"), str(tmp_path / "out"), snapshot, now=history.NOW)
+    assert not local.manifest["spark"] and run.manifest["spark"]
+    assert local.manifest["partitions"]["recomputed_in_process"] == local.manifest["partitions"]["total"] > 1
+    assert local.manifest["rows"] == run.manifest["rows"]
+    assert (local.event_stats, local.subscriber_stats, local.event_trends, local.subscriber_trends) == (
+        run.event_stats,
+        run.subscriber_stats,
+        run.event_trends,
+        run.subscriber_trends,
+    )
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["spark", "in-process"])
+def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_path, settings, in_process):  # noqa: F811
     # Given a run over the archive, current
     h = history.generate(seed=5, n_messages=300)
     snapshot = history.write(h, tmp_path / "archive")
@@ -428,9 +449,14 @@ def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_p
     layout.write_history(
         archive, "db", [h.message_tuple(late)], [h.delivery_tuple(d) for d in deliveries], durable=False
     )
+    # (by Spark, or in this process: a few kilobytes to read)
+    settings.MQ_ANALYTICS_LOCAL_BYTES = (1 << 20) if in_process else 0
     incremental = analysis.compute(archive, out, snapshot, now=history.NOW)
     # Then one partition is recomputed, and the figures are a full run's
     assert incremental.manifest["partitions"]["recomputed"] == 1
+    assert incremental.manifest["partitions"]["recomputed_in_process"] == int(in_process)
+    assert incremental.manifest["spark"] is not in_process
+    settings.MQ_ANALYTICS_LOCAL_BYTES = 0
     full = analysis.compute(archive, str(tmp_path / "fresh"), snapshot, now=history.NOW)
     assert full.manifest["partitions"]["recomputed"] == full.manifest["partitions"]["total"] > 1
     assert incremental.event_stats == full.event_stats

@@ -135,6 +135,7 @@ def test_sparkclasses_says_so_when_the_setting_is_empty(settings):
         ("SPARK_REMOTE", "http://spark:15002", "Spark Connect URL"),
         ("MQ_SPARK_DRIVER_MEMORY", "2 GB", "JVM memory size"),
         ("MQ_ANALYZE_EVERY_SECS", "0", "positive"),
+        ("MQ_ANALYTICS_LOCAL_BYTES", "-1", "0 or a positive"),
     ],
 )
 def test_a_malformed_spark_setting_stops_start_up(name, value, says):

@@ -109,7 +109,10 @@ def test_with_spark_remote_the_job_runs_on_a_spark_connect_server():
     try:
         assert _wait_listening(port, server, 90), "the Spark Connect server did not start"
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        env.update(SPARK_REMOTE=f"sc://127.0.0.1:{port}", SPARK_MASTER="local[1]")
+        # A tiny archive, which would be reduced in the client itself: Spark is asked for.
+        env.update(
+            SPARK_REMOTE=f"sc://127.0.0.1:{port}", SPARK_MASTER="local[1]", MQ_ANALYTICS_LOCAL_BYTES="0"
+        )
         client = subprocess.run(
             [sys.executable, "-c", CLIENT], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
         )

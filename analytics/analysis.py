@@ -1,12 +1,15 @@
 """The analytics run behind `manage.py analyze` and the beat's "analyze": incremental by day.
 
-    archive partitions --list--> changed ones --Spark (job)--> hour rows, kept in the run folder
+    archive partitions --list--> changed ones --Spark (job), or Arrow when a few MB--> hour rows,
+                                                                     kept in the run folder
     hot tables --COPY--> Arrow snapshot --less what is archived--> hour rows (Arrow, or Spark if big)
     hour rows --figures--> event and subscriber stats, trends --> run folder --switch--> loaded
 
 A run lists the archive's (queue, day) partitions and their fingerprints (analytics.partitions).
 The hour rows of every partition whose fingerprint the current run folder already holds are
-kept; only the others go to Spark. The hot tables are small: their hour rows are computed in
+kept; only the others go to Spark, or when they are a few megabytes (MQ_ANALYTICS_LOCAL_BYTES:
+the last hour's files) are read and reduced in this process, as the hot tables are, cheaper
+than a JVM's start. The hot tables are small: their hour rows are computed in
 this process unless they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run with no archived day changed
 starts no Spark job at all.
 
@@ -164,9 +167,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
                 partitions.read_rows(root, missing, layout.DELIVERIES),
             )
         )
-        by_key = {(p.queue, p.day): p.fingerprint for p in missing}
-        for name, table in derived.items():
-            new[name].append(_tagged(table, by_key))
+        _add_tagged(new, derived, missing)
     hot = None
     if to_spark or hot_in_spark:
         # A short run (little to read) gets a JVM that compiles sooner (job.build_session).
@@ -181,9 +182,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
                         job.extract_archive(spark, root, layout.DELIVERIES, files[layout.DELIVERIES]),
                     )
                 )
-                by_key = {(p.queue, p.day): p.fingerprint for p in chunk}
-                for name, table in derived.items():
-                    new[name].append(_tagged(table, by_key))
+                _add_tagged(new, derived, chunk)
             if hot_in_spark:
                 extract.write_snapshot(f"{folder}/hot", snapshot)
                 hot = _derived(
@@ -281,10 +280,14 @@ def _derived(parts):
     return {"events": hours.event_hours(parts), "subscribers": hours.subscriber_hours(parts)}
 
 
-def _tagged(table, fingerprints):
-    """Hour rows, each with its partition's fingerprint."""
-    keys = zip(table["queue"].to_pylist(), table["day"].to_pylist(), strict=True)
-    return table.append_column("fingerprint", pa.array([fingerprints[k] for k in keys], pa.string()))
+def _add_tagged(new, derived, recomputed):
+    """Add these recomputed partitions' hour rows to `new`, each with its partition's
+    fingerprint (what the next run keeps them by)."""
+    fingerprints = {(p.queue, p.day): p.fingerprint for p in recomputed}
+    for name, table in derived.items():
+        keys = zip(table["queue"].to_pylist(), table["day"].to_pylist(), strict=True)
+        tags = pa.array([fingerprints[k] for k in keys], pa.string())
+        new[name].append(table.append_column("fingerprint", tags))
 
 
 def _write_parquet(folder, name, table):

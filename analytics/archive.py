@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -191,11 +191,23 @@ def _run_batch(root, batch, *, rows=None, replay=False):
             return moved
         except _Reopened:
             log.info("archive: a message of %s was reopened meanwhile; writing the batch again", batch)
+        except RowsBusy:
+            log.info("archive: a seek holds rows of %s; writing the batch again", batch)
+            time.sleep(BUSY_BACKOFF_SECS * (attempt + 1))
     raise RuntimeError(f"archive: the batch {batch} kept changing; the next run replays it")
 
 
 class _Reopened(Exception):
     pass
+
+
+class RowsBusy(Exception):
+    """A seek under way holds rows of the batch (PostgreSQL's lock_not_available)."""
+
+
+LOCK_NOT_AVAILABLE = "55P03"
+# The pause before writing a batch again whose rows a seek held: the seek commits meanwhile.
+BUSY_BACKOFF_SECS = 0.2
 
 
 def _write_batch(root, batch, name, messages, deliveries, *, clean):
@@ -221,14 +233,27 @@ def delete_archived(message_ids, delivery_ids):
         # serial anyway): a seek (ledger.replay) that reopened or added a delivery and committed
         # before is seen below, and one after waits for this commit and finds the rows gone.
         # Without them a delivery reopened between this read and the delete went with its
-        # message, though the seek had reported it handed out again.
-        list(Message.objects.select_for_update().filter(id__in=message_ids).order_by("id").values_list("id"))
-        current = (
-            Delivery.objects.select_for_update()
-            .filter(message_id__in=message_ids)
-            .order_by("id")
-            .values_list("id", "message_id", "status")
-        )
+        # message, though the seek had reported it handed out again. NOWAIT: a seek under way
+        # holds its deliveries and, at its commit, wants its messages (the foreign keys are
+        # checked then), so waiting here while holding the messages would deadlock it; the
+        # archive, which can come back, gives way instead (RowsBusy, _run_batch tries again).
+        try:
+            list(
+                Message.objects.select_for_update(nowait=True)
+                .filter(id__in=message_ids)
+                .order_by("id")
+                .values_list("id")
+            )
+            current = list(
+                Delivery.objects.select_for_update(nowait=True)
+                .filter(message_id__in=message_ids)
+                .order_by("id")
+                .values_list("id", "message_id", "status")
+            )
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                raise RowsBusy from exc
+            raise
         keep = {mid for did, mid, status in current if did not in delivery_ids or status != Status.ACKED}
         gone = [mid for mid in message_ids if mid not in keep]
         # Deliveries first, then messages: the counts are what this transaction removed (a

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 
 from analytics import archive, layout, tasks
 from analytics.models import ArchiveBatch
@@ -421,3 +421,57 @@ def test_a_seek_racing_the_delete_is_either_seen_or_finds_the_message_archived(
         assert reopened == [0]
         assert moved == {"messages": 1, "deliveries": 2}
         assert not hot and archived == ids
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="row locks: SQLite's IMMEDIATE transactions run the seek and the archive one after the other",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_seek_under_way_makes_the_archive_give_way_not_deadlock(archive_dir, subscribed, logger, peer):
+    # Given two old settled messages, peer owed nothing of the second (its delivery gone), and
+    # a seek of peer's subscription under way: it has reopened the first's delivery and added
+    # one for the second, and commits only once the archive has tried
+    from subscribers.models import Subscription
+    from subscribers.replay import Point
+
+    ids = [publish_at(subscribed, "create", days_ago(10)) for _ in range(2)]
+    settle(ids[0], {logger: Status.ACKED, peer: Status.ACKED})
+    settle(ids[1], {logger: Status.ACKED})
+    Delivery.objects.filter(message_id=ids[1], subscriber=peer).delete()
+    subscription = Subscription.objects.get(subscriber=peer, queue=subscribed)
+    held, release, failures, replayed = threading.Event(), threading.Event(), [], []
+
+    def seek():
+        try:
+            with transaction.atomic():
+                replayed.append(subscribing.seek(subscription, Point("all")))
+                held.set()
+                release.wait(30)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            failures.append(e)
+        finally:
+            held.set()
+            connection.close()
+
+    seeker = threading.Thread(target=seek)
+    seeker.start()
+    assert held.wait(30)
+
+    # When the archive runs meanwhile, it gives way (tries again, then leaves the batch to the
+    # next run) instead of waiting on the seek's rows while holding their messages
+    with pytest.raises(RuntimeError, match="kept changing"):
+        archive.archive_history()
+    release.set()
+    seeker.join(30)
+
+    # Then the seek committed (no deadlock), nothing was deleted, and both messages are owed
+    # to peer again; the next run replays the journaled batch, finds them unsettled, and takes
+    # their copies out of the files the tries wrote
+    assert not failures and replayed
+    assert dict(
+        Delivery.objects.filter(subscriber=peer).order_by("message_id").values_list("message_id", "status")
+    ) == {ids[0]: Status.PENDING, ids[1]: Status.PENDING}
+    assert archive.archive_history() == {"messages": 0, "deliveries": 0}
+    assert Message.objects.filter(id__in=ids).count() == 2
+    assert not [f for f in files(archive_dir) if f.endswith(".parquet")] and not ArchiveBatch.objects.exists()

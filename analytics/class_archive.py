@@ -34,13 +34,16 @@ def make(path, master="local[2]", *, force=False):
         os.remove(path)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # This interpreter on this module, with arguments from the settings: nothing untrusted.
-    done = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "analytics.class_archive", os.path.abspath(path), master],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_SECS,
-    )
+    try:
+        done = subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "analytics.class_archive", os.path.abspath(path), master],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_SECS,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"no class archive was made at {path} in {CHILD_TIMEOUT_SECS} s") from exc
     if done.returncode or not os.path.exists(path):
         raise RuntimeError(f"no class archive was made at {path}: {done.stderr.strip()[-2000:]}")
     return True

@@ -167,10 +167,9 @@ def build_session(
 
 def _class_sharing(class_archive):
     """The JVM option for Spark's classes' shared archive (AppCDS) at `class_archive`: use it
-    when it exists, else make it when this JVM exits (the first run after an install). The
-    classes then load mapped, already checked: measured on this machine, the session's start
-    3.3 s -> 2.0 s and a first run over the 5 M archive 13.0 s -> 11.0 s. A JVM whose classes
-    no longer match (an upgrade) ignores the archive with a warning."""
+    when it exists, else make it when this JVM exits (when `make install` did not:
+    analytics.class_archive, which also says what it saves). The classes then load mapped,
+    already checked. A JVM whose classes no longer match (an upgrade) ignores the archive."""
     if not class_archive:
         return ""
     # Quiet: the JVM lists every class it leaves out (those of signed jars) as it exits.
@@ -208,8 +207,10 @@ def session(master=None, conf=None, **options):
     try:
         yield spark
     finally:
-        spark.stop()
-        end_driver_jvm()
+        try:
+            spark.stop()
+        finally:
+            end_driver_jvm()
 
 
 def end_driver_jvm(timeout=None):

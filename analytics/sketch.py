@@ -48,12 +48,14 @@ class Merged:
         if not self.count:
             return [None for _ in ps]
         values = np.concatenate([np.asarray(p, dtype=np.float64) for p in self._points])
-        weights = np.repeat(self._weights, [len(p) for p in self._points])
-        if len(self._points) > 1:
-            # One sketch's points are sorted already; several are put in order, stably.
-            order = np.argsort(values, kind="stable")
-            values, weights = values[order], weights[order]
-        cumulative = np.cumsum(weights)
+        if len(self._points) == 1:
+            # One sketch: its points are sorted already, of equal weights.
+            cumulative = self._weights[0] * np.arange(1, len(values) + 1, dtype=np.float64)
+        else:
+            # In order of value, then of weight, as (value, weight) pairs sort.
+            weights = np.repeat(self._weights, [len(p) for p in self._points])
+            order = np.lexsort((weights, values))
+            values, cumulative = values[order], np.cumsum(weights[order])
         # The first point whose cumulative weight reaches p of the total, with a little slack
         # for the rounding of float sums.
         slack = 1e-9 * self.count

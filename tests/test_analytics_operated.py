@@ -110,11 +110,10 @@ def test_sparkclasses_makes_the_class_archive_before_the_first_run(tmp_path, set
     # When `manage.py sparkclasses` runs (make install does)
     call_command("sparkclasses", stdout=out)
 
-    # Then the JVM it ran has written a whole class archive there, which a session then maps
+    # Then the JVM it ran has written a whole class archive there (a dynamic CDS archive)
     archive = tmp_path / "var" / "spark.jsa"
     assert out.getvalue().startswith("made the class archive")
     assert archive.read_bytes()[:4] == DYNAMIC_ARCHIVE_MAGIC and archive.stat().st_size > 10_000_000
-    assert "-XX:SharedArchiveFile=" + str(archive) in job._class_sharing(str(archive))
 
     # ... and run again it keeps it
     out = io.StringIO()
@@ -122,11 +121,19 @@ def test_sparkclasses_makes_the_class_archive_before_the_first_run(tmp_path, set
     assert out.getvalue().startswith("kept the class archive")
 
 
-def test_sparkclasses_says_so_when_the_setting_is_empty(settings):
-    settings.MQ_SPARK_CLASS_ARCHIVE = ""
+@pytest.mark.parametrize(
+    "setting, value, says",
+    [
+        ("MQ_SPARK_CLASS_ARCHIVE", "", "MQ_SPARK_CLASS_ARCHIVE is empty"),
+        ("SPARK_REMOTE", "sc://spark:15002", "has its own JVM"),
+    ],
+)
+def test_sparkclasses_makes_none_where_no_local_driver_would_use_it(settings, tmp_path, setting, value, says):
+    settings.MQ_SPARK_CLASS_ARCHIVE = str(tmp_path / "spark.jsa")
+    setattr(settings, setting, value)
     out = io.StringIO()
     call_command("sparkclasses", stdout=out)
-    assert "MQ_SPARK_CLASS_ARCHIVE is empty" in out.getvalue()
+    assert says in out.getvalue() and not (tmp_path / "spark.jsa").exists()
 
 
 @pytest.mark.parametrize(
@@ -166,11 +173,16 @@ with job.session("local[1]", driver_memory="700m", event_log_dir="file://" + log
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
     assert spark.range(10).count() == 10
     app_id = spark.sparkContext.applicationId
+    jvm = spark.sparkContext._gateway.proc
+# Its JVM ends with the session (job.end_driver_jvm), and a session after starts another
+jvm.wait(60)
+with job.session("local[1]", conf={"spark.ui.enabled": "false"}) as spark:
+    assert spark.range(3).count() == 3 and spark.sparkContext.applicationId != app_id
 print(app_id)
 """
 
 
-def test_a_local_session_gets_its_driver_memory_and_writes_its_event_log(tmp_path):
+def test_a_local_session_gets_its_driver_memory_writes_its_event_log_and_ends_its_jvm(tmp_path):
     # A process of its own: the driver's memory is read when the JVM starts, and the tests'
     # shared session has started one already.
     done = subprocess.run(

@@ -22,6 +22,11 @@ class Command(BaseCommand):
         if not path:
             self.stdout.write("MQ_SPARK_CLASS_ARCHIVE is empty: no class archive")
             return
+        if settings.SPARK_REMOTE:
+            self.stdout.write(
+                "SPARK_REMOTE is set: the Spark Connect server has its own JVM; no class archive"
+            )
+            return
         try:
             made = class_archive.make(path, force=options["force"])
         except RuntimeError as exc:

@@ -7,11 +7,11 @@
 
 A run lists the archive's (queue, day) partitions and their fingerprints (analytics.partitions).
 The hour rows of every partition whose fingerprint the current run folder already holds are
-kept; only the others go to Spark, or when they are a few megabytes (MQ_ANALYTICS_LOCAL_BYTES:
-the last hour's files) are read and reduced in this process, as the hot tables are, cheaper
-than a JVM's start. The hot tables are small: their hour rows are computed in
-this process unless they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run with no archived day changed
-starts no Spark job at all.
+kept; only the others go to Spark, or, after a folder's first run, when they are a few
+megabytes (MQ_ANALYTICS_LOCAL_BYTES: the last hour's files) are read and reduced in this
+process, as the hot tables are, cheaper than a JVM's start. The hot tables are small: their
+hour rows are computed in this process unless they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run
+with no archived day changed starts no Spark job at all.
 
 One run at a time per archive, and none while the archive or its compaction writes: the run
 holds the archive's lock (analytics.archive.exclusive) from the listing to the last file Spark
@@ -143,7 +143,8 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
     run folder for the next run."""
     listing = partitions.list_archive(root)
     chosen = {key: p for key, p in listing.items() if figures.in_window(p.day, since, until)}
-    kept = _kept_hours(out, {p.fingerprint for p in listing.values()})
+    current = runs.current(out)
+    kept = _kept_hours(out, current, {p.fingerprint for p in listing.values()})
     have = set(kept["events"]["fingerprint"].to_pylist()) | set(
         kept["subscribers"]["fingerprint"].to_pylist()
     )
@@ -153,10 +154,16 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
 
     snapshot, overlapping = overlap.drop_archived(snapshot, listing)
     hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
-    # A little to recompute (the last hour's files, a batch archived late into an old day) is
-    # reduced in this process with Arrow, as the hot snapshot is, rule for rule like Spark:
-    # a JVM's start and first query cost more than that.
-    in_process = 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
+    # Spark computes the history (a folder's first run always goes to it, as ../shared/API.md
+    # says analyze does); on top of it, a little to recompute (the last hour's files, a batch
+    # archived late into an old day) is reduced in this process with Arrow, as the hot snapshot
+    # is, rule for rule like Spark: a JVM's start and first query cost more than that. Not when
+    # Spark starts anyway for big hot tables.
+    in_process = (
+        current is not None
+        and not hot_in_spark
+        and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
+    )
     to_spark = [] if in_process else missing
 
     new = {"events": [], "subscribers": []}
@@ -249,12 +256,11 @@ def _chunks(missing, most_bytes):
         yield chunk
 
 
-def _kept_hours(out, live):
+def _kept_hours(out, current, live):
     """The archive's hour rows of the current run whose partition is unchanged (fingerprint
     still live); empty tables when there is no current run or its rows cannot be read."""
     schemas = {"events": hours.EVENT_HOUR_SCHEMA, "subscribers": hours.SUBSCRIBER_HOUR_SCHEMA}
     empty = {name: _with_fingerprint(schema).empty_table() for name, schema in schemas.items()}
-    current = runs.current(out)
     if current is None:
         return empty
     fs, base = layout.filesystem(runs.run_path(out, current))

@@ -68,7 +68,8 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     settings,
     in_process,
 ):
-    # The archive reduced by Spark, or (a small archive, by default) in this process
+    # The archive reduced by Spark, or (a small archive after the folder's first run, by
+    # default) in this process
     if in_process:
         settings.MQ_ANALYTICS_LOCAL_BYTES = 1 << 20
     # Given history in two queues: old settled messages, open and dead deliveries, fresh ones
@@ -91,6 +92,8 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     events, subscribers = snapshot()
     assert sum(e["messages"] for e in events.values()) == 30
 
+    if in_process:  # the beat's earlier run, before anything was archived (nothing to reduce)
+        call_command("analyze", stdout=io.StringIO())
     # ... of which the settled part older than 5 days is archived, and one batch of it is
     # written but, the archive dying before its delete, still in the hot tables too
     real_delete = archive.delete_archived

@@ -16,8 +16,28 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class EventColumns:
+    """The columns an event's stats and its trends show alike: latency and dead-letter rate."""
+
+    @admin.display(description="p50 ms", ordering="latency_p50_ms")
+    def latency_p50(self, obj):
+        return _num(obj.latency_p50_ms, 1)
+
+    @admin.display(description="p95 ms", ordering="latency_p95_ms")
+    def latency_p95(self, obj):
+        return _num(obj.latency_p95_ms, 1)
+
+    @admin.display(description="p99 ms", ordering="latency_p99_ms")
+    def latency_p99(self, obj):
+        return _num(obj.latency_p99_ms, 1)
+
+    @admin.display(description="dead-letter rate", ordering="dead_letter_rate")
+    def dead_rate(self, obj):
+        return "-" if obj.dead_letter_rate is None else f"{obj.dead_letter_rate:.2%}"
+
+
 @admin.register(EventStats)
-class EventStatsAdmin(ReadOnlyAdmin):
+class EventStatsAdmin(EventColumns, ReadOnlyAdmin):
     list_display = (
         "queue",
         "event",
@@ -44,25 +64,9 @@ class EventStatsAdmin(ReadOnlyAdmin):
     def fanout_(self, obj):
         return _num(obj.fanout, 2)
 
-    @admin.display(description="p50 ms", ordering="latency_p50_ms")
-    def latency_p50(self, obj):
-        return _num(obj.latency_p50_ms, 1)
-
-    @admin.display(description="p95 ms", ordering="latency_p95_ms")
-    def latency_p95(self, obj):
-        return _num(obj.latency_p95_ms, 1)
-
-    @admin.display(description="p99 ms", ordering="latency_p99_ms")
-    def latency_p99(self, obj):
-        return _num(obj.latency_p99_ms, 1)
-
     @admin.display(description="attempts (mean)", ordering="attempts_mean")
     def attempts(self, obj):
         return _num(obj.attempts_mean, 2)
-
-    @admin.display(description="dead-letter rate", ordering="dead_letter_rate")
-    def dead_rate(self, obj):
-        return "-" if obj.dead_letter_rate is None else f"{obj.dead_letter_rate:.2%}"
 
     @admin.display(description="msgs/min (mean, peak)", ordering="messages_per_minute")
     def per_minute(self, obj):
@@ -74,7 +78,7 @@ class EventStatsAdmin(ReadOnlyAdmin):
 
 
 @admin.register(EventTrend)
-class EventTrendAdmin(ReadOnlyAdmin):
+class EventTrendAdmin(EventColumns, ReadOnlyAdmin):
     list_display = (
         "queue",
         "event",
@@ -92,22 +96,6 @@ class EventTrendAdmin(ReadOnlyAdmin):
     list_filter = ("period", "queue")
     search_fields = ("queue", "event")
     date_hierarchy = "period_start"
-
-    @admin.display(description="dead-letter rate", ordering="dead_letter_rate")
-    def dead_rate(self, obj):
-        return "-" if obj.dead_letter_rate is None else f"{obj.dead_letter_rate:.2%}"
-
-    @admin.display(description="p50 ms", ordering="latency_p50_ms")
-    def latency_p50(self, obj):
-        return _num(obj.latency_p50_ms, 1)
-
-    @admin.display(description="p95 ms", ordering="latency_p95_ms")
-    def latency_p95(self, obj):
-        return _num(obj.latency_p95_ms, 1)
-
-    @admin.display(description="p99 ms", ordering="latency_p99_ms")
-    def latency_p99(self, obj):
-        return _num(obj.latency_p99_ms, 1)
 
 
 @admin.register(SubscriberTrend)

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,19 +87,7 @@ def fill(conn):
 
 def _insert(conn):
     for name, ordered, n, events in QUEUES:
-        queue_id = conn.execute(
-            "INSERT INTO queues_queue (name, ordered, max_attempts, ack_timeout, retention_days, paused,"
-            " last_seq, created_at) VALUES (%s, %s, 10, 30, 7, false, %s, now() - interval '3 days')"
-            " RETURNING id",
-            [name, ordered, n],
-        ).fetchone()[0]
-        event_ids = [
-            conn.execute(
-                "INSERT INTO queues_event (queue_id, name, created_at) VALUES (%s, %s, now()) RETURNING id",
-                [queue_id, event],
-            ).fetchone()[0]
-            for event in events
-        ]
+        queue_id, event_ids = harness.insert_queue(conn, name, events, ordered=ordered, last_seq=n)
         # Spread over the last two days, in seq order; events take turns.
         conn.execute(
             """

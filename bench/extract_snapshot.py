@@ -41,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,19 +82,7 @@ def ensure_history(db):
 def _insert(conn):
     per_queue = MESSAGES // len(QUEUES)
     for name, events in QUEUES:
-        queue_id = conn.execute(
-            "INSERT INTO queues_queue (name, ordered, max_attempts, ack_timeout, retention_days, paused,"
-            " last_seq, created_at) VALUES (%s, false, 10, 30, 7, false, %s, now() - interval '3 days')"
-            " RETURNING id",
-            [name, per_queue],
-        ).fetchone()[0]
-        event_ids = [
-            conn.execute(
-                "INSERT INTO queues_event (queue_id, name, created_at) VALUES (%s, %s, now()) RETURNING id",
-                [queue_id, event],
-            ).fetchone()[0]
-            for event in events
-        ]
+        queue_id, event_ids = harness.insert_queue(conn, name, events, last_seq=per_queue)
         # Over the last two days, microseconds and all; the payload about PAYLOAD_BYTES of JSON.
         conn.execute(
             """

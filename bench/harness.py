@@ -238,6 +238,26 @@ def fresh_database(backend, workdir, pg_db):
         return f"{PG_SERVER}/{pg_db}", conn.execute("SHOW server_version").fetchone()[0]
 
 
+def insert_queue(conn, name, events, *, ordered=False, last_seq=0):
+    """A queue and its events, inserted with SQL into a migrated PostgreSQL database (for the
+    benchmarks that fill millions of rows with generate_series, too many for the ORM); returns
+    (queue id, [event ids])."""
+    queue_id = conn.execute(
+        "INSERT INTO queues_queue (name, ordered, max_attempts, ack_timeout, retention_days, paused,"
+        " last_seq, created_at) VALUES (%s, %s, 10, 30, 7, false, %s, now() - interval '3 days')"
+        " RETURNING id",
+        [name, ordered, last_seq],
+    ).fetchone()[0]
+    event_ids = [
+        conn.execute(
+            "INSERT INTO queues_event (queue_id, name, created_at) VALUES (%s, %s, now()) RETURNING id",
+            [queue_id, event],
+        ).fetchone()[0]
+        for event in events
+    ]
+    return queue_id, event_ids
+
+
 README = ROOT / "bench" / "README.md"
 
 

@@ -364,7 +364,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         raw = text_data if text_data is not None else bytes_data
         if self.revoked:
             return  # closed by the server: nothing more from it counts
-        if len(raw) > settings.MQ_MAX_BODY_BYTES:
+        if len(raw) > settings.MQ_MAX_BODY_BYTES or (
+            self.subscriber is None and frames.too_big_before_auth(raw)
+        ):
             await self.close(code=CLOSE_TOO_BIG)
             return
         if self.frame_rate.take() is not None:
@@ -372,7 +374,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return
         ref = None
         try:
-            frame = frames.parse(raw)
+            frame = await frames.aparse(raw)
             ref = frame.get("ref")
             handler = self.handlers.get(frame.get("type"))
             if self.subscriber is None and frame.get("type") != "auth":
@@ -399,10 +401,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         know it is not in); a socket that stays over the rate is closed."""
         if self.frame_rate.closed:
             return
-        try:
-            ref = frames.parse(raw).get("ref")
-        except FrameError:
-            ref = None
+        ref = frames.ref_of(raw)
         wait = self.frame_rate.wait
         detail = (
             f"Over {self.frame_rate.rate:g} frames a second (MQ_WS_FRAME_RATE, bursts of "

@@ -311,6 +311,9 @@ MQ_REVOCATION_CHECK_SECS = _positive_float("MQ_REVOCATION_CHECK_SECS", 0.5)
 MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 5000)
 MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 10000)
 MQ_WS_ABUSE_SECS = _positive_float("MQ_WS_ABUSE_SECS", 5.0)
+# The largest frame a socket may send before it is authenticated (an `auth` frame: a token and
+# a prefetch); a bigger one closes it (4413) undecoded, so that no token buys no decoding.
+MQ_WS_AUTH_FRAME_BYTES = _positive_int("MQ_WS_AUTH_FRAME_BYTES", 4096)
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
 MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)
 MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER", 100)

@@ -3,7 +3,9 @@ Daphne: big frames before `auth`, big or over-nested frames after it, sockets le
 unauthenticated by the hundred, and HTTP headers dripped a byte at a time. While each goes on,
 the server keeps answering everyone else."""
 
+import contextlib
 import json
+import socket
 import statistics
 import threading
 import time
@@ -151,5 +153,90 @@ def test_an_authenticated_socket_gets_an_error_for_a_frame_of_too_many_arrays(lo
         )
         assert statistics.median(busy) < 0.5
         assert {a["code"] for a in flood.answers} <= {"too_large", "rate_limited"} and flood.answers
+    finally:
+        web.stop()
+
+
+# --- S7: what a client without a token may hold ----------------------------------------------------
+
+
+def test_unauthenticated_sockets_of_one_address_are_capped_while_a_token_still_connects(logger, peer):
+    web = start_daphne({"MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS": "5"})
+    stack = contextlib.ExitStack()
+    try:
+        waiting = [stack.enter_context(connect(web.ws)) for _ in range(5)]
+        with connect(web.ws) as sixth:
+            error = json.loads(sixth.recv(timeout=5))
+            assert error["type"] == "error" and error["code"] == "too_many_unauthenticated"
+            assert "MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS" in error["detail"]
+            with pytest.raises(ConnectionClosed) as closed:
+                sixth.recv(timeout=5)
+            assert closed.value.rcvd.code == 4429
+        # a token in the URL or a header is never counted
+        with connect(f"{web.ws}?token={peer.token}") as with_token:
+            with_token.send(json.dumps({"type": "ping"}))
+            assert json.loads(with_token.recv(timeout=5))["type"] == "pong"
+        with connect(web.ws, additional_headers={"Authorization": f"Bearer {peer.token}"}) as with_header:
+            with_header.send(json.dumps({"type": "ping"}))
+            assert json.loads(with_header.recv(timeout=5))["type"] == "pong"
+        # one that authenticates frees its place, and so does one that closes
+        waiting[0].send(json.dumps({"type": "auth", "token": logger.token}))
+        assert json.loads(waiting[0].recv(timeout=5))["type"] == "authenticated"
+        waiting[1].close()
+        time.sleep(0.5)
+        for _ in range(2):
+            late = stack.enter_context(connect(web.ws))
+            late.send(json.dumps({"type": "auth", "token": peer.token}))
+            assert json.loads(late.recv(timeout=5))["type"] == "authenticated"
+    finally:
+        stack.close()
+        web.stop()
+
+
+def read_until_closed(sock, timeout):
+    """What the server sends until it closes the connection (or `timeout` passes), and when."""
+    sock.settimeout(timeout)
+    data, deadline = b"", time.monotonic() + timeout
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data, time.monotonic()
+            data += chunk
+    return data, None
+
+
+def test_an_http_client_dripping_its_headers_is_cut_off_at_the_deadline(logger, capsys):
+    web = start_daphne({"MQ_HTTP_HEADER_TIMEOUT_SECS": "2"})
+    try:
+        with socket.create_connection(("127.0.0.1", web.port)) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            cut = None
+            with contextlib.suppress(OSError):  # the server closes: the next byte cannot go
+                for _ in range(100):  # a byte every 0.1 s, 10 s in all: each would reset an idle timer
+                    sock.sendall(b"x")
+                    time.sleep(0.1)
+            answer, closed_at = read_until_closed(sock, 5)
+            cut = (closed_at or time.monotonic()) - started
+        report(capsys, f"a client dripping header bytes every 0.1 s was cut off after {cut:.1f} s")
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+        assert b"MQ_HTTP_HEADER_TIMEOUT_SECS" in answer
+        assert closed_at is not None and cut < 5
+        # a kept-alive connection serves request after request, each within the deadline, and
+        # is closed (with no answer) once idle past it
+        with socket.create_connection(("127.0.0.1", web.port)) as sock:
+            for _ in range(3):
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                sock.settimeout(5)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+                time.sleep(1.2)  # 3.6 s on one connection in all
+            answer, closed_at = read_until_closed(sock, 5)
+            assert answer == b"" and closed_at is not None
+        # a websocket, past its handshake, is not held to the deadline
+        with connect(f"{web.ws}?token={logger.token}") as ws:
+            time.sleep(3)
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "pong"
     finally:
         web.stop()

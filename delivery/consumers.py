@@ -86,6 +86,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     # closes it (its shutdown, an operator); a client that goes away spends them.
     give_back = False
     authenticating = False  # an `auth` frame is being checked
+    waiting_for_auth = False  # counted in limits.unauthenticated until its `auth` frame
     auth_timer = None
     revoked = None  # why the server closed it (its held deliveries' last error)
     rights = None  # as check_tokens last saw them: a change makes the socket look again
@@ -116,9 +117,27 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             # Authentication after open (API.md, Extensions): a browser need not put its token
             # in a URL that logs keep. Until the `auth` frame, the socket holds nothing and
             # answers nothing else; one that never sends it is closed after AUTH_WAIT_SECS.
+            # Such sockets are counted by address: one client cannot hold thousands of them.
+            try:
+                limits.unauthenticated.admit(self.address)
+            except limits.LimitExceeded as exc:
+                await self.send_json(FrameError.of_limit(exc).frame())
+                await self.close(code=limits.CLOSE_TOO_MANY)
+                return
+            self.waiting_for_auth = True
             self.auth_timer = asyncio.get_running_loop().call_later(AUTH_WAIT_SECS, self.auth_too_late)
             return
         await self.authenticate(token)
+
+    @cached_property
+    def address(self):
+        return (self.scope.get("client") or ("", 0))[0] or ""
+
+    def stop_waiting_for_auth(self):
+        """The socket no longer counts as unauthenticated: its `auth` frame came, or it closed."""
+        if self.waiting_for_auth:
+            self.waiting_for_auth = False
+            limits.unauthenticated.release(self.address)
 
     def auth_too_late(self):
         if self.subscriber is None and not self.authenticating:
@@ -133,12 +152,13 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         prefetch = frames.prefetch_of(frame)  # the window from the resume's first lease on
         self.authenticating = True
         self.auth_timer.cancel()
+        self.stop_waiting_for_auth()
         await self.authenticate(token, prefetch)
 
     async def authenticate(self, token, prefetch=None):
         """Look the token up and start the connection (presence, the pump, the resume); or
         close the socket: 4401, or 4429 past the address's failed attempts. Whether it started."""
-        address = (self.scope.get("client") or ("", 0))[0] or ""
+        address = self.address
         subscriber = await db(subscriber_for_token)(token)
         if subscriber is None:
             throttled = await db(auth_failed)(address)  # a bad token counts against the address
@@ -179,6 +199,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if self.auth_timer is not None:
             self.auth_timer.cancel()
+        self.stop_waiting_for_auth()
         if self.subscriber is None:
             return
         if self.release_task is None:
@@ -364,7 +385,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         raw = text_data if text_data is not None else bytes_data
         if self.revoked:
             return  # closed by the server: nothing more from it counts
-        if len(raw) > settings.MQ_MAX_BODY_BYTES:
+        if len(raw) > settings.MQ_MAX_BODY_BYTES or (
+            self.subscriber is None and frames.too_big_before_auth(raw)
+        ):
             await self.close(code=CLOSE_TOO_BIG)
             return
         if self.frame_rate.take() is not None:
@@ -372,7 +395,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return
         ref = None
         try:
-            frame = frames.parse(raw)
+            frame = await frames.aparse(raw)
             ref = frame.get("ref")
             handler = self.handlers.get(frame.get("type"))
             if self.subscriber is None and frame.get("type") != "auth":
@@ -399,10 +422,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         know it is not in); a socket that stays over the rate is closed."""
         if self.frame_rate.closed:
             return
-        try:
-            ref = frames.parse(raw).get("ref")
-        except FrameError:
-            ref = None
+        ref = frames.ref_of(raw)
         wait = self.frame_rate.wait
         detail = (
             f"Over {self.frame_rate.rate:g} frames a second (MQ_WS_FRAME_RATE, bursts of "

@@ -2,14 +2,25 @@
 what the server sends back. The consumer (delivery.consumers) only decides when; this module
 says what a frame must hold and how an answer looks, in one place for every handler."""
 
+import asyncio
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
 from mqsite.api import storable_text
-from mqsite.parsers import BadJSON, decode_json
+from mqsite.parsers import (
+    MAX_PUBLISH_FRAME_CONTAINERS,
+    MAX_SMALL_BODY_CONTAINERS,
+    BadJSON,
+    TooManyContainers,
+    check_containers,
+    count_containers,
+    decode_json,
+)
 from queues import publishing
 from queues.names import BadName, clean_name
 from subscribers import replay
@@ -56,6 +67,48 @@ def encode(frame):
     return json.dumps(frame, cls=JSONEncoder)
 
 
+# Frames past either bound (only a publish may be) are decoded in this one thread, one at a time:
+# its walk of their nesting lets the event loop run meanwhile, and several sockets' big frames
+# queue here rather than contend for the loop.
+BIG_FRAME_BYTES = 64 * 1024
+_big_frames = ThreadPoolExecutor(max_workers=1, thread_name_prefix="big-frames")
+
+
+def too_big_before_auth(raw):
+    """Before `auth`, a frame is an auth frame (a token): anything bigger closes the socket
+    undecoded, so that a client with no token costs no decoding."""
+    return len(raw) > settings.MQ_WS_AUTH_FRAME_BYTES
+
+
+async def aparse(raw):
+    """The frame of a socket's message, bounded before it is decoded by the rules of REST
+    bodies (mqsite/parsers.py): at most MAX_SMALL_BODY_CONTAINERS arrays and objects, except a
+    publish (at most MAX_PUBLISH_FRAME_CONTAINERS), nested at most MQ_MAX_JSON_DEPTH."""
+    if len(raw) <= BIG_FRAME_BYTES and count_containers(raw) <= MAX_SMALL_BODY_CONTAINERS:
+        return parse(raw)
+    # Only a publish may be bigger: a frame that does not even name one is refused undecoded.
+    publish = '"publish"' in raw if isinstance(raw, str) else b'"publish"' in raw
+    if not publish and len(raw) > settings.MQ_MAX_SMALL_BODY_BYTES:  # as a REST body of its kind
+        raise FrameError(
+            "too_large",
+            f"The frame is over the limit of {settings.MQ_MAX_SMALL_BODY_BYTES} bytes "
+            "(MQ_MAX_SMALL_BODY_BYTES) for a frame other than publish.",
+        )
+    _check_containers(raw, MAX_PUBLISH_FRAME_CONTAINERS if publish else MAX_SMALL_BODY_CONTAINERS)
+    frame = await asyncio.get_running_loop().run_in_executor(_big_frames, parse, raw)
+    if frame.get("type") != "publish":
+        _check_containers(raw, MAX_SMALL_BODY_CONTAINERS)
+    return frame
+
+
+def _check_containers(raw, limit):
+    taker = "a publish frame" if limit == MAX_PUBLISH_FRAME_CONTAINERS else "a frame other than publish"
+    try:
+        check_containers(raw, limit, what="frame", taker=taker)
+    except TooManyContainers as exc:
+        raise FrameError("too_large", str(exc)) from None
+
+
 def parse(raw):
     try:
         frame = decode_json(raw)
@@ -64,6 +117,17 @@ def parse(raw):
     if not isinstance(frame, dict):
         raise FrameError("bad_frame", "A frame is a JSON object with a 'type'.")
     return frame
+
+
+def ref_of(raw):
+    """The `ref` of a frame not processed (over the rate), if it is cheap to find: a frame
+    within the small bounds is decoded for it, a bigger one is answered without."""
+    if len(raw) > BIG_FRAME_BYTES or count_containers(raw) > MAX_SMALL_BODY_CONTAINERS:
+        return None
+    try:
+        return parse(raw).get("ref")
+    except FrameError:
+        return None
 
 
 def with_ref(frame, ref):

@@ -52,11 +52,12 @@ if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
     from delivery import liveness, wakeups
-    from mqsite import autobahn_quiet, daphne_bodies
+    from mqsite import autobahn_quiet, daphne_bodies, daphne_headers
 
     shutdown.install(reactor)
     autobahn_quiet.install()
     daphne_bodies.install()  # a body over its route's limit: 413 before it is read
+    daphne_headers.install()  # a request's headers within MQ_HTTP_HEADER_TIMEOUT_SECS, in all
     # What this process holds is handed back within seconds if it is killed (delivery.liveness).
     # Once the reactor runs: a test process that merely imported Daphne never beats.
     reactor.callWhenRunning(liveness.start, "web")

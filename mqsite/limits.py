@@ -13,8 +13,12 @@ here. Operators (the admin, manage.py) are never limited: the callers pass no su
   an error frame `too_many_subscriptions`.
 - event names a subscriber makes (publishing or subscribing): MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER
   an hour (100); beyond, 429 with Retry-After or an error frame `too_many_new_events`.
+- sockets one client address holds open without a token yet (waiting to send `auth`), in each
+  server process: MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS (64); beyond, an error frame
+  `too_many_unauthenticated` and the close 4429. A socket with a token is never counted.
 """
 
+import collections
 import logging
 import math
 import time
@@ -109,6 +113,37 @@ def charge_new_events(counts):
         status.HTTP_429_TOO_MANY_REQUESTS,
         retry_after=retry_after,
     )
+
+
+# --- sockets not authenticated yet --------------------------------------------------------------
+
+
+class Unauthenticated:
+    """The sockets of this process waiting for their `auth` frame, counted by client address:
+    each costs a connection and its AUTH_WAIT_SECS, and no token is at stake for it."""
+
+    def __init__(self):
+        self.by_address = collections.Counter()
+
+    def admit(self, address):
+        cap = settings.MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS
+        if self.by_address[address] >= cap:
+            raise LimitExceeded(
+                "too_many_unauthenticated",
+                f"This address has {cap} sockets open that have not sent their auth frame, the most "
+                "MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS allows: authenticate those, or put the token "
+                "in the URL or an Authorization header.",
+                status.HTTP_429_TOO_MANY_REQUESTS,
+            )
+        self.by_address[address] += 1
+
+    def release(self, address):
+        self.by_address[address] -= 1
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+
+
+unauthenticated = Unauthenticated()
 
 
 # --- frames a socket sends ----------------------------------------------------------------------

@@ -311,6 +311,17 @@ MQ_REVOCATION_CHECK_SECS = _positive_float("MQ_REVOCATION_CHECK_SECS", 0.5)
 MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 5000)
 MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 10000)
 MQ_WS_ABUSE_SECS = _positive_float("MQ_WS_ABUSE_SECS", 5.0)
+# The largest frame a socket may send before it is authenticated (an `auth` frame: a token and
+# a prefetch); a bigger one closes it (4413) undecoded, so that no token buys no decoding.
+MQ_WS_AUTH_FRAME_BYTES = _positive_int("MQ_WS_AUTH_FRAME_BYTES", 4096)
+# Sockets one client address may hold open, in each server process, before sending their `auth`
+# frame (each is held up to 10 s for nothing at stake); one past it is closed with 4429.
+MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS = _positive_int("MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS", 64)
+# The whole time an HTTP client has to send a request's headers (from the connection, or the end
+# of its last answer, to the blank line): a client dripping a byte at a time is cut off after it
+# (Twisted's idle timeout of 60 s started again at every byte). Also how long a kept-alive
+# connection may stay idle (mqsite/daphne_headers.py).
+MQ_HTTP_HEADER_TIMEOUT_SECS = _positive_float("MQ_HTTP_HEADER_TIMEOUT_SECS", 10.0)
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
 MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)
 MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER", 100)

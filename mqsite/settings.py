@@ -239,8 +239,12 @@ if MQ_HTTPS:
 
 # --- The queue's own settings ---------------------------------------------------------------
 MQ_MAX_PAYLOAD_BYTES = _positive_int("MQ_MAX_PAYLOAD_BYTES", 262144)
-# A batch of 1000 messages may be large, but a body is read into memory: cap it.
-MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(32 * 1024 * 1024, 2 * MQ_MAX_PAYLOAD_BYTES))
+# A publish body (a batch) is read into memory and parsed whole, and parsed JSON takes up to 30
+# times its text (a 14 MiB body took 364 MB and 8.7 s to refuse at the old 32 MiB): 8 MiB holds
+# a full batch of 1000 messages of 8 KiB, or 30 at the payload limit. A single message is held
+# to its payload's limit and envelope (mqsite/bodies.py), however large this is. Also the
+# largest socket frame.
+MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(8 * 1024 * 1024, 5 * MQ_MAX_PAYLOAD_BYTES))
 # Every other route (acks, nacks, subscriptions, the admin) takes small bodies: an ack of 10,000
 # ids is about 200 KB. What a JSON body becomes in memory grows with its size (1 MiB of `[]`
 # is 30 MB of lists), so these get a smaller cap, checked before the body is read.

@@ -29,6 +29,7 @@ from django.conf import settings
 
 from mqsite import limits
 from mqsite.api import is_db_id
+from mqsite.client_address import scope_client_address
 from queues import group_commit, publishing
 from subscribers import presence, replay, subscribing
 from subscribers.auth import auth_failed, subscriber_for_token
@@ -138,7 +139,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     async def authenticate(self, token, prefetch=None):
         """Look the token up and start the connection (presence, the pump, the resume); or
         close the socket: 4401, or 4429 past the address's failed attempts. Whether it started."""
-        address = (self.scope.get("client") or ("", 0))[0] or ""
+        address = scope_client_address(self.scope)
         subscriber = await db(subscriber_for_token)(token)
         if subscriber is None:
             throttled = await db(auth_failed)(address)  # a bad token counts against the address

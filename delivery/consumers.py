@@ -29,6 +29,7 @@ from django.conf import settings
 
 from mqsite import limits
 from mqsite.api import is_db_id
+from mqsite.client_address import scope_client_address
 from queues import group_commit, publishing
 from subscribers import presence, replay, subscribing
 from subscribers.auth import auth_failed, subscriber_for_token
@@ -131,7 +132,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     @cached_property
     def address(self):
-        return (self.scope.get("client") or ("", 0))[0] or ""
+        return scope_client_address(self.scope)
 
     def stop_waiting_for_auth(self):
         """The socket no longer counts as unauthenticated: its `auth` frame came, or it closed."""

@@ -7,14 +7,39 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 
-# Routes that take batches of payloads: the publish endpoint (up to 1000 payloads) and the
-# admin's test publish (one payload, form-encoded: up to three times its size). A search, not a
-# match, so that a root path (a proxy's prefix) in front changes nothing.
-_PUBLISH = re.compile(r"/api/queues/[^/]+/messages/?$|/admin/tools/publish/?$")
+# Routes that take payloads: the publish endpoint (one message, or a batch of up to 1000) and
+# the admin's test publish (one payload, form-encoded). A search, not a match, so that a root
+# path (a proxy's prefix) in front changes nothing.
+_PUBLISH = re.compile(r"/api/queues/[^/]+/messages/?$")
+_ADMIN_PUBLISH = re.compile(r"/admin/tools/publish/?$")
+
+# What a single message's body may hold beside its payload: an event name, a key (255
+# characters), headers (8 KiB as stored), and their escapes and spaces.
+ENVELOPE_BYTES = 64 * 1024
+# A payload's text as sent may be longer than as stored (compact, UTF-8): \u escapes take up to
+# three times the bytes of the UTF-8 they stand for, and a client may indent.
+PAYLOAD_SPELLING_FACTOR = 4
 
 
 def is_publish(method, path):
     return method.upper() == "POST" and _PUBLISH.search(path) is not None
+
+
+def single_publish_limit():
+    """The most bytes the body of one message (not a batch) may have: one payload at the
+    MQ_MAX_PAYLOAD_BYTES limit, however it is spelt, and its envelope. Anything longer cannot
+    be a publishable message, so it is refused without being parsed."""
+    return min(
+        PAYLOAD_SPELLING_FACTOR * settings.MQ_MAX_PAYLOAD_BYTES + ENVELOPE_BYTES, settings.MQ_MAX_BODY_BYTES
+    )
+
+
+def looks_like_batch(raw):
+    """Whether a publish body may be a batch ({"messages": [...]}), by its bytes, before it is
+    parsed. A body without the key's text is not one (a key spelt with escapes, which no client
+    does, makes a batch look single: refused as too long, never let through); a single message
+    whose payload holds the word is treated as a batch, whose limit is the larger."""
+    return b'"messages"' in raw
 
 
 def body_limit(method, path):
@@ -22,6 +47,8 @@ def body_limit(method, path):
     large = settings.MQ_MAX_BODY_BYTES
     if is_publish(method, path):
         return large
+    if method.upper() == "POST" and _ADMIN_PUBLISH.search(path) is not None:
+        return single_publish_limit()
     return min(settings.MQ_MAX_SMALL_BODY_BYTES, large)
 
 

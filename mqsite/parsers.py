@@ -6,7 +6,7 @@ from django.conf import settings
 from rest_framework import exceptions, status
 from rest_framework.parsers import BaseParser
 
-from .bodies import body_limit, is_publish, too_large_detail
+from .bodies import body_limit, is_publish, looks_like_batch, single_publish_limit, too_large_detail
 
 # Arrays and objects a JSON body of a route other than publish may hold. Theirs hold a few (an
 # ack: one list of numbers; a nack's error text at most 1000 characters, brackets included), but
@@ -18,6 +18,10 @@ MAX_SMALL_BODY_CONTAINERS = 4096
 # more), but a frame is decoded on the event loop every socket and request shares: past this
 # many, up to 40 ms of it (1 MiB of `[]`, Daphne's largest frame, is 350,000 and 0.2 s).
 MAX_PUBLISH_FRAME_CONTAINERS = 65536
+# The same for a REST publish body: 200 a message of a full batch (its envelope takes 1 to 2), about
+# 40 MB decoded at most. Beyond the body's size, this is what bounds the memory a publish body
+# costs before it is refused (8 MiB of `[]` was 2.8 million lists, 230 MB and 6 s).
+MAX_PUBLISH_BODY_CONTAINERS = 200_000
 
 
 class RequestTooLarge(exceptions.APIException):
@@ -91,6 +95,24 @@ def decode_json(raw):
     return data
 
 
+def check_shape(request, raw):
+    """Refuse, before it is parsed, a body whose bytes already say it cannot be taken: decoding
+    costs up to 30 times a body's size in memory, and seconds, for a body refused anyway."""
+    if is_publish(request.method, request.path_info):
+        single = single_publish_limit()
+        if len(raw) > single and not looks_like_batch(raw):
+            raise RequestTooLarge(
+                f"The body is {len(raw)} bytes, over the {single} bytes one message may take "
+                f"(a payload of MQ_MAX_PAYLOAD_BYTES, {settings.MQ_MAX_PAYLOAD_BYTES}, and its "
+                'event, key and headers); a batch ({"messages": [...]}) may take MQ_MAX_BODY_BYTES.'
+            )
+        if count_containers(raw) > MAX_PUBLISH_BODY_CONTAINERS:
+            raise RequestTooLarge(
+                f"The body holds more than {MAX_PUBLISH_BODY_CONTAINERS} arrays and objects "
+                "('[' and '{' counted): send the messages in smaller batches."
+            )
+
+
 class _BoundedJSONBody(BaseParser):
     """Not a JSONParser subclass on purpose: DRF reads the whole body into memory before it
     calls one of those (and Django refuses a body over 2.5 MiB with an error that was a 500);
@@ -110,6 +132,8 @@ class _BoundedJSONBody(BaseParser):
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise RequestTooLarge(too_large_detail(limit))
+        if request is not None:
+            check_shape(request, raw)
         try:
             if request is not None and not is_publish(request.method, request.path_info):
                 check_containers(raw)

@@ -4,9 +4,11 @@ The defaults are the embedded mode: a SQLite file under var/, no outside service
 A malformed value stops start-up with a message naming the variable.
 """
 
+import ipaddress
 import os
 import re
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -67,6 +69,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "axes",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -92,6 +95,8 @@ MIDDLEWARE = [
     "mqsite.middleware.AuthenticationMiddleware",
     "mqsite.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Turns a locked-out login into its answer (429); one attribute read on other requests.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "mqsite.urls"
@@ -217,6 +222,32 @@ STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/admin/login/"
+
+# --- Login lockout (django-axes) ------------------------------------------------------------
+# Each admin login attempt runs the password hasher (0.57 s of CPU here), so a flood of them
+# slowed every publish of the server five times. After MQ_LOGIN_FAILURE_LIMIT failures from one
+# client address, or for one username from anywhere, further attempts are refused (429) before
+# the hasher runs, until MQ_LOGIN_COOLOFF_SECS pass without a failure. `manage.py axes_reset`
+# lifts every lockout at once.
+MQ_LOGIN_FAILURE_LIMIT = _positive_int("MQ_LOGIN_FAILURE_LIMIT", 5)
+MQ_LOGIN_COOLOFF_SECS = _positive_int("MQ_LOGIN_COOLOFF_SECS", 900)
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: it refuses a locked-out attempt
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = MQ_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=MQ_LOGIN_COOLOFF_SECS)
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # each on its own, not the pair
+AXES_CLIENT_IP_CALLABLE = "mqsite.client_address.request_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner at every process's start; failures are still logged
+# The cool-off runs from the lockout: failures during it do not extend it (an attacker could
+# otherwise keep an operator out for as long as they like).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_COOLOFF_MESSAGE = (
+    f"Too many failed logins from this address or for this user: try again in "
+    f"{max(MQ_LOGIN_COOLOFF_SECS // 60, 1)} minutes, or ask an operator to run manage.py axes_reset."
+)
 # A new token is shown once through a message: keep it in the session, not in a cookie.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
@@ -239,8 +270,12 @@ if MQ_HTTPS:
 
 # --- The queue's own settings ---------------------------------------------------------------
 MQ_MAX_PAYLOAD_BYTES = _positive_int("MQ_MAX_PAYLOAD_BYTES", 262144)
-# A batch of 1000 messages may be large, but a body is read into memory: cap it.
-MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(32 * 1024 * 1024, 2 * MQ_MAX_PAYLOAD_BYTES))
+# A publish body (a batch) is read into memory and parsed whole, and parsed JSON takes up to 30
+# times its text (a 14 MiB body took 364 MB and 8.7 s to refuse at the old 32 MiB): 8 MiB holds
+# a full batch of 1000 messages of 8 KiB, or 30 at the payload limit. A single message is held
+# to its payload's limit and envelope (mqsite/bodies.py), however large this is. Also the
+# largest socket frame.
+MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(8 * 1024 * 1024, 5 * MQ_MAX_PAYLOAD_BYTES))
 # Every other route (acks, nacks, subscriptions, the admin) takes small bodies: an ack of 10,000
 # ids is about 200 KB. What a JSON body becomes in memory grows with its size (1 MiB of `[]`
 # is 30 MB of lists), so these get a smaller cap, checked before the body is read.
@@ -297,6 +332,18 @@ MQ_SPARK_EVENT_LOG_DIR = env.str("MQ_SPARK_EVENT_LOG_DIR", default="")
 MQ_ANALYZE_EVERY_SECS = _positive_float("MQ_ANALYZE_EVERY_SECS", 3600.0)
 # Requests a subscriber may make, per second or minute (DRF rate syntax).
 MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="2000/s")
+# Proxies (addresses or networks, comma-separated: 10.0.0.1,192.168.0.0/16) whose
+# X-Forwarded-For is believed (mqsite/client_address.py): the client's address, which every
+# throttle and the login lockout count by, is then the one the outermost of them saw. Empty by
+# default: the connection's peer, since a client can send the header with any address it likes.
+MQ_TRUSTED_PROXIES = env.list("MQ_TRUSTED_PROXIES", default=[])
+for _proxy in MQ_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"MQ_TRUSTED_PROXIES holds {_proxy!r}, which is not an address or a network"
+        ) from None
 # Failed token attempts (REST and websocket) per client address per minute; beyond it a bad
 # token is answered 429 (a socket: 4429), so a scanner costs little and is told to back off.
 MQ_AUTH_FAILURES_PER_MINUTE = _positive_int("MQ_AUTH_FAILURES_PER_MINUTE", 30)

@@ -6,7 +6,7 @@ from drf_spectacular.renderers import (
     OpenApiYamlRenderer,
     OpenApiYamlRenderer2,
 )
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
 from analytics.api.views import AnalyticsView
 from dashboard.metrics import metrics
@@ -21,9 +21,10 @@ from subscribers.api.views import (
 )
 
 from .health import healthz
+from .schema import SchemaView
 
 # JSON unless YAML is asked for (Accept or ?format=yaml): what most clients parse first.
-schema_view = SpectacularAPIView.as_view(
+schema_view = SchemaView.as_view(
     renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2]
 )
 

@@ -1,10 +1,11 @@
 """Who is calling: a subscriber by bearer token, or an operator (a staff user) by session.
 
-Failed token attempts are counted per client address (the socket's peer, never a forwarded
-header a client could forge) in fixed one-minute windows; past MQ_AUTH_FAILURES_PER_MINUTE a
-bad token is answered 429 (a socket: closed 4429) until the window ends. A good token is
-never refused by this, so clients sharing an address (a NAT) with a scanner keep working; the
-tokens are 256-bit random, so the limit is about load and noise, not guessing.
+Failed token attempts are counted per client address (the connection's peer, or what a
+trusted proxy forwarded: mqsite/client_address.py; never a header a client could forge) in
+fixed one-minute windows; past MQ_AUTH_FAILURES_PER_MINUTE a bad token is answered 429 (a
+socket: closed 4429) until the window ends. A good token is never refused by this, so clients
+sharing an address (a NAT) with a scanner keep working; the tokens are 256-bit random, so the
+limit is about load and noise, not guessing.
 """
 
 import logging
@@ -17,6 +18,7 @@ from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
 from mqsite import rows
+from mqsite.client_address import request_client_address
 
 from .models import Subscriber
 from .throttling import count_request, counters
@@ -96,7 +98,7 @@ class BearerTokenAuthentication(BaseAuthentication):
             token = None
         subscriber = subscriber_for_token(token) if token else None
         if subscriber is None:
-            wait = auth_failed(request.META.get("REMOTE_ADDR") or "")
+            wait = auth_failed(request_client_address(request))
             if wait:
                 raise exceptions.Throttled(wait, "Too many failed token attempts from this address.")
             raise exceptions.AuthenticationFailed("The token is not valid or its subscriber is inactive.")

@@ -6,6 +6,8 @@ from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import SimpleRateThrottle
 
+from mqsite.client_address import request_client_address
+
 log = logging.getLogger(__name__)
 
 
@@ -56,6 +58,10 @@ class ClientRateThrottle(SimpleRateThrottle):
         user = request.user
         ident = user.pk if user is not None and user.is_authenticated else self.get_ident(request)
         return f"throttle:{self.scope}:{ident}"
+
+    def get_ident(self, request):
+        # Not DRF's: without NUM_PROXIES it reads the client's own X-Forwarded-For.
+        return request_client_address(request)
 
     def allow_request(self, request, view):
         self.rate = self.get_rate()

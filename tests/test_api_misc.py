@@ -2,19 +2,46 @@
 
 import re
 import sqlite3
+import statistics
+import time
+from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from django.core.cache import cache
 from django.test import override_settings
 
 from tests.conftest import client_for
+from tests.servers import start_daphne
 
 
 def test_healthz_is_public_and_says_ok(db):
     r = client_for().get("/healthz")
     assert r.status_code == 200
     assert r.json()["status"] == "ok" and r.json()["database"] == "ok"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_schema_is_built_once_per_process(capsys):
+    """S5: it was built again at every call (every view and serializer inspected), a cost
+    anyone could make the server pay in a loop without a token."""
+    web = start_daphne()
+    try:
+        took, bodies = [], []
+        for query in ["", "", "?format=yaml", "?version=9&lang=fr", "", ""]:
+            started = time.monotonic()
+            r = httpx.get(f"{web.http}/api/schema/{query}", timeout=30)
+            took.append(time.monotonic() - started)
+            assert r.status_code == 200
+            bodies.append(r.content)
+        assert bodies[0] == bodies[1] == bodies[3] and b"openapi: 3" in bodies[2]
+        assert Path(web.log.name).read_text().count("built the API schema") == 1
+        with capsys.disabled():
+            then = statistics.median(took[1:])
+            print(f"\n/api/schema/: first {took[0] * 1000:.0f} ms, then {then * 1000:.0f} ms")
+    finally:
+        web.stop()
 
 
 def test_the_schema_is_public_openapi_3_and_names_every_call(db):

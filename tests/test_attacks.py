@@ -1043,7 +1043,7 @@ def test_api10_a_webhook_answer_is_read_capped_and_time_limited(settings, monkey
 
 
 def test_api4_a_body_under_the_limit_but_over_djangos_default_is_taken(world):
-    """API4:2023 Unrestricted Resource Consumption: the limit is MQ_MAX_BODY_BYTES (32 MiB), not
+    """API4:2023 Unrestricted Resource Consumption: the limit is MQ_MAX_BODY_BYTES (8 MiB), not
     Django's 2.5 MiB: a 3 MB batch is published (it was a 500)."""
     batch = {"messages": [{"event": "create", "payload": "x" * 3000} for _ in range(1000)]}
     r = client_for(world.logger).post(url_of("messages", queue="db"), batch, format="json")

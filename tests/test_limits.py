@@ -6,6 +6,7 @@ real Daphne processes."""
 import contextlib
 import io
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -437,5 +438,81 @@ def test_a_nack_frame_of_ten_thousand_ids_is_answered_promptly(logger, nack_worl
         with capsys.disabled():
             print(f"\n[{connection.vendor}] a nack frame of 10,000 ids answered in {took:.3f} s")
         assert took < 5
+    finally:
+        web.stop()
+
+
+# --- a publish body is refused before it costs --------------------------------------------------
+
+
+def post_raw(server, token, body, path="/api/queues/db/messages"):
+    """POST `body` with its Content-Length on a socket of its own: (status, JSON answer,
+    seconds). A server that answers before the body is sent (413 as the headers end) may close
+    while the client still sends: that is read, not failed on."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        started = time.monotonic()
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        with contextlib.suppress(OSError):
+            sock.sendall(body)
+        sock.settimeout(60)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+        took = time.monotonic() - started
+    head, _, text = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(text), took
+
+
+def lists_payload(size):
+    """One message whose payload is `size` bytes of `[]`: the cheapest text that decodes into
+    the most objects (a 56-byte list for every three bytes)."""
+    return b'{"event":"create","payload":[' + b"[]," * (size // 3) + b"[]]}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_body_bomb_is_refused_before_it_is_parsed(logger, db_queue, capsys):
+    """S4: a 14 MiB body of `[]` was parsed whole before its payload was found too large: 8.7 s
+    and 364 MB of the server's memory for one request. Now the body is refused by its length
+    (past MQ_MAX_BODY_BYTES: 413 as the headers end), one message by the length one message may
+    have, and a batch under the limit by its count of arrays and objects, all before parsing;
+    the server's memory barely moves, and a full batch of ordinary messages is still taken."""
+    web = start_daphne()
+    try:
+        assert post(web, logger.token, "/api/queues/db/messages", {"event": "create", "payload": 1})[0] == 201
+        before = web.rss_bytes()
+        text = json.dumps({"event": "create", "payload": "x" * (2 << 20)}).encode()
+        bombs = {
+            "14 MiB of [] as one message": lists_payload(14 << 20),
+            "2 MiB of text as one message": text,
+            "7 MiB of [] in a batch": b'{"messages":[' + lists_payload(7 << 20) + b"]}",
+        }
+        answers = {name: post_raw(web, logger.token, body) for name, body in bombs.items()}
+        time.sleep(0.5)  # the server has let go of whatever it took
+        grown = web.rss_bytes() - before
+        with capsys.disabled():
+            print(f"\n[{connection.vendor}] RSS {before / 2**20:.0f} MiB, +{grown / 2**20:.1f} MiB after:")
+            for name, (status, answer, took) in answers.items():
+                print(f"  {name}: {status} in {took:.3f} s: {answer['detail'][:90]}")
+        for name, (status, answer, took) in answers.items():
+            assert status == 413, (name, answer)
+            assert took < 5, (name, took)  # generous: it took 8.7 s (the 14 MiB), now milliseconds
+        assert "over the limit of 8388608 bytes" in answers["14 MiB of [] as one message"][1]["detail"]
+        assert "one message may take" in answers["2 MiB of text as one message"][1]["detail"]
+        assert "smaller batches" in answers["7 MiB of [] in a batch"][1]["detail"]
+        assert grown < 64 << 20  # it was 364 MB
+        assert Message.objects.count() == 1  # nothing of them was published
+
+        # an ordinary full batch is taken: 1000 messages of 3 KB, one at the payload limit
+        batch = [{"event": "create", "payload": "x" * 3000} for _ in range(999)]
+        batch.append({"event": "create", "payload": "y" * (262144 - 2)})
+        status, answer = post(web, logger.token, "/api/queues/db/messages", {"messages": batch})
+        assert status == 201 and len(answer["messages"]) == 1000
+        single = {"event": "create", "payload": "é" * 131071}  # at the limit, sent as \u00e9: 786 KB
+        assert post(web, logger.token, "/api/queues/db/messages", single)[0] == 201
     finally:
         web.stop()

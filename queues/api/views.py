@@ -53,7 +53,8 @@ class MessagesView(ApiView):
                 429,
                 e403="The subscriber may not publish to this queue.",
                 e404="No such queue.",
-                e413="A payload over MQ_MAX_PAYLOAD_BYTES, or a body over MQ_MAX_BODY_BYTES.",
+                e413="A payload over MQ_MAX_PAYLOAD_BYTES, a body over MQ_MAX_BODY_BYTES, one message's "
+                "body longer than its payload's limit allows, or a body of over 200,000 arrays and objects.",
                 e429="Throttled (MQ_THROTTLE_RATE), or new event names past "
                 "MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER this hour (nothing published); Retry-After says when.",
             ),

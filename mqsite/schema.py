@@ -1,0 +1,39 @@
+"""The API's OpenAPI schema, built once per process.
+
+drf-spectacular's view builds it again at every call (every view and serializer inspected:
+~0.12 s of CPU), so anyone could make the server spend that in a loop, without a token. The
+schema depends on the code only (not on the caller, nor on settings), so the first call's is
+kept. The API has one version and one language: ?version= and ?lang=, which would build (and
+keep) another schema for any value sent, are ignored.
+"""
+
+import logging
+import threading
+
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.response import Response
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_built = None
+
+
+def api_schema(request):
+    """The schema, built by the first call of this process."""
+    global _built
+    if _built is None:
+        with _lock:  # two first calls at once build it once
+            if _built is None:
+                generator = SpectacularAPIView.generator_class(urlconf=None, api_version=None)
+                _built = generator.get_schema(request=request, public=True)
+                log.info("built the API schema (served from memory from now on)")
+    return _built
+
+
+class SchemaView(SpectacularAPIView):
+    def get(self, request, *args, **kwargs):
+        return Response(
+            data=api_schema(request),
+            headers={"Content-Disposition": f'inline; filename="{self._get_filename(request, None)}"'},
+        )

@@ -76,6 +76,34 @@ def subscriber_for_token(token):
     return subscriber
 
 
+def subscribers_forgotten():
+    """A count that moves whenever the kept subscribers are forgotten (any change announced):
+    a request that leased after a wait compares it to learn whether its token may have been
+    revoked meanwhile (delivery.long_polls)."""
+    return _by_token_hash.forgotten()
+
+
+def token_still_holds(request):
+    """Whether the request's bearer token still names the subscriber it authenticated as, active:
+    asked again by a request that waits (a long poll), since a rotation, deactivation or deletion
+    during the wait must end it. From the kept rows: free unless something changed, and never
+    older than MQ_REVOCATION_CHECK_SECS."""
+    subscriber = subscriber_of(request)
+    found = subscriber_for_token(bearer_token(request))
+    return subscriber is not None and found is not None and found.pk == subscriber.pk
+
+
+def bearer_token(request):
+    """The token of an 'Authorization: Bearer <token>' header, or None."""
+    parts = get_authorization_header(request).split()
+    if len(parts) != 2 or parts[0].lower() != BearerTokenAuthentication.keyword:
+        return None
+    try:
+        return parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
 def forget_subscribers():
     """A subscriber changed (here or in another process): look tokens up again."""
     _by_token_hash.forget()

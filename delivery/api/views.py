@@ -1,11 +1,9 @@
-import time
-
 from django.db import connection
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from delivery import ledger, liveness, long_polls, receipts, wakeups
+from delivery import ledger, liveness, long_polls, receipts
 from mqsite.api import ApiView, errors, is_db_id
 from queues.models import Event
 from subscribers.api.views import SUBSCRIBERS_ONLY
@@ -22,10 +20,6 @@ from .serializers import (
     NackSerializer,
     ReceiptSerializer,
 )
-
-# While long-polling, look at the ledger at least this often even without a wake-up: a wake-up
-# from another process, or one that was lost, costs at most this much latency.
-LONG_POLL_RECHECK_SECS = 0.5
 
 
 def release_connection():
@@ -74,29 +68,18 @@ class DeliveryListView(ApiView):
             events = Event.objects.filter(name=name)
             event_ids = list((events.filter(queue=queue) if queue else events).values_list("pk", flat=True))
 
-        def lease():
+        def lease(holder):
             # Held in this process's name: if it dies before the client acks (a pull answered
             # into a dead connection), another process hands these back in seconds.
             return ledger.lease_deliveries(
-                subscriber,
-                limit=params["limit"],
-                queue=queue,
-                event_ids=event_ids,
-                holder=liveness.holder("pull"),
+                subscriber, limit=params["limit"], queue=queue, event_ids=event_ids, holder=holder
             )
 
         if wait <= 0:  # a plain pull is never refused by the long polls' cap
-            return Response({"deliveries": lease()})
-        deadline = time.monotonic() + wait
-        with long_polls.slot(subscriber.pk, wait):
-            while True:
-                seen = wakeups.generation(subscriber.pk)
-                leased = lease()
-                left = deadline - time.monotonic()
-                if leased or left <= 0 or wakeups.stopping():
-                    return Response({"deliveries": leased})
-                release_connection()
-                wakeups.wait(subscriber.pk, seen, min(left, LONG_POLL_RECHECK_SECS))
+            return Response({"deliveries": lease(liveness.holder("pull"))})
+        return Response(
+            {"deliveries": long_polls.wait_for_deliveries(request, lease, wait, release_connection)}
+        )
 
 
 class AckView(ApiView):

@@ -7,7 +7,7 @@ from delivery import ledger, liveness, long_polls, receipts
 from mqsite.api import ApiView, errors, is_db_id
 from queues.models import Event
 from subscribers.api.views import SUBSCRIBERS_ONLY
-from subscribers.auth import IsSubscriber, is_operator
+from subscribers.auth import IsSubscriber, is_operator, operator_with
 
 from .serializers import (
     AckResultSerializer,
@@ -154,11 +154,14 @@ class NackView(ApiView):
 
 
 class MessageView(ApiView):
+    permission_classes = [operator_with("queues.view_message", subscribers_too=True)]
+
     @extend_schema(
         summary="A receipt: how far the deliveries of a message the caller published got",
         description="The publisher of the message (or an operator) sees the count of its deliveries in "
-        "each state; operators also see its subscriptions (the first 1000). A message another "
-        "subscriber or an operator published is a 404 to a subscriber, as one that does not exist.",
+        "each state; operators with delivery.view_delivery also see its subscriptions (the first "
+        "1000). A message another subscriber or an operator published is a 404 to a subscriber, "
+        "as one that does not exist.",
         responses={
             200: ReceiptSerializer,
             **errors(
@@ -166,14 +169,17 @@ class MessageView(ApiView):
                 403,
                 404,
                 429,
-                e403="A logged-in user who is not an operator (staff).",
+                e403="A logged-in user who is not an operator (staff), or lacks queues.view_message.",
                 e404="No such message, or the caller did not publish it.",
             ),
         },
     )
     def get(self, request, id):  # noqa: A002 (the path's name, as the contract writes it)
         answer = receipts.receipt_of(
-            self.id_or_404(id, "message"), publisher=self.subscriber, operator=is_operator(request)
+            self.id_or_404(id, "message"),
+            publisher=self.subscriber,
+            operator=is_operator(request),
+            subscriptions=is_operator(request, "delivery.view_delivery"),
         )
         if answer is None:
             raise exceptions.NotFound("You published no message with that id.")

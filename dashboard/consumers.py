@@ -1,4 +1,6 @@
-"""The dashboard's websocket at /ws/dashboard/: a snapshot every second, for staff only.
+"""The dashboard's websocket at /ws/dashboard/: a snapshot every second, for staff only; its
+feed of messages (their payloads and headers) only for those who may view messages
+(queues.view_message, as the admin asks), the others get it empty.
 
 The user comes from the admin login's session (channels.auth.AuthMiddlewareStack); the
 handshake of anyone else is refused (403). Each tick is the deployment's shared overview
@@ -20,13 +22,15 @@ from django.conf import settings
 from django.contrib import auth
 from rest_framework.utils.encoders import JSONEncoder
 
+from subscribers.auth import operator_may
+
 from . import shared, snapshot
 
 log = logging.getLogger(__name__)
 
 TICK_SECS = 1.0
 # A dashboard left open re-checks its session this often: a logout or a lost staff flag
-# closes it within this time.
+# closes it within this time, a lost permission to view messages empties its feed.
 RECHECK_USER_SECS = 30
 CLOSE_NOT_STAFF = 4403
 
@@ -36,8 +40,7 @@ def db(fn):
     return DatabaseSyncToAsync(fn, thread_sensitive=False)
 
 
-def may_watch(user):
-    return user is not None and user.is_authenticated and user.is_active and user.is_staff
+MAY_SEE_MESSAGES = "queues.view_message"
 
 
 async def shared_overview(fresh=False):
@@ -50,9 +53,11 @@ class DashboardConsumer(AsyncWebsocketConsumer):
     task = None
 
     async def connect(self):
-        if not may_watch(self.scope.get("user")):
+        user = self.scope.get("user")
+        if not operator_may(user):
             await self.close()  # before accept: the handshake is refused with 403
             return
+        self.may_see_messages = await db(operator_may)(user, MAY_SEE_MESSAGES)
         self.last_message_id = None
         self.shown = deque(maxlen=snapshot.FEED_LIMIT)  # the feed's message ids on the page
         self.user_checked = time.monotonic()
@@ -93,12 +98,15 @@ class DashboardConsumer(AsyncWebsocketConsumer):
 
     def still_staff(self):
         """Whether the page's session still belongs to a staff user: read again from the
-        session store (the scope's copy was loaded at connect and would not see a logout)."""
+        session store (the scope's copy was loaded at connect and would not see a logout), and
+        whether it may still see the messages."""
         key = self.scope["session"].session_key
         if not key:
             return False
         request = SimpleNamespace(session=import_module(settings.SESSION_ENGINE).SessionStore(key))
-        return may_watch(auth.get_user(request))
+        user = auth.get_user(request)
+        self.may_see_messages = operator_may(user, MAY_SEE_MESSAGES)
+        return operator_may(user)
 
     async def send_snapshot(self, fresh=False):
         data = dict(await shared_overview(fresh))
@@ -107,6 +115,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "snapshot", **data}, cls=JSONEncoder))
 
     def own_part(self):
+        if not self.may_see_messages:
+            return {"feed": [], "feed_status": {}}
         feed = snapshot.newest_messages(self.last_message_id)
         status = snapshot.delivery_status_of([m["id"] for m in feed] + list(self.shown))
         for m in reversed(feed):  # oldest first, so the deque keeps the newest

@@ -25,6 +25,8 @@ from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from subscribers.auth import operator_may
+
 from . import shared
 
 
@@ -192,7 +194,7 @@ def refusal(request):
         return None
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        if user.is_active and user.is_staff:
+        if operator_may(user):
             return None
         return JsonResponse(
             {"detail": "The metrics are for staff users and the scraper with MQ_METRICS_TOKEN."}, status=403

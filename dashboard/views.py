@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 
 from delivery import ledger
 from delivery.models import Delivery, Status
+from subscribers.auth import operator_may
 
 from . import snapshot
 
@@ -36,7 +37,7 @@ def redeliver_dead(request, pk):
     """Put one dead delivery back to pending, ready now, through the ledger (a POST from the
     page, with its CSRF token). Answers JSON: the page calls it with fetch()."""
     user = request.user
-    if not (user.is_authenticated and user.is_active and user.is_staff):
+    if not operator_may(user):
         return JsonResponse({"detail": "Log in as an operator (staff) first."}, status=403)
     if not user.has_perm("delivery.change_delivery"):
         return JsonResponse({"detail": "You may not change deliveries."}, status=403)

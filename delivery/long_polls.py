@@ -7,6 +7,11 @@ each waiting poll a member whose score is the moment it will have ended for sure
 plus a margin), so a poll of a process killed mid-wait stops counting by itself then; the
 check-and-take is one Lua script, atomic however many processes ask at once. Without Redis
 (the embedded mode: one server process) a counter in the process does the same.
+
+A poll whose token is revoked while it waits (rotated, its subscriber deactivated or deleted)
+ends with 401 and keeps nothing leased after the revocation: the announcement wakes it
+(delivery.revocation), it asks its token again before each lease, and a lease that raced an
+announcement is given back before it answers (wait_for_deliveries).
 """
 
 import contextlib
@@ -18,11 +23,12 @@ import uuid
 from collections import Counter
 
 from django.conf import settings
-from rest_framework import status
+from rest_framework import exceptions, status
 
 from mqsite import limits
+from subscribers import auth
 
-from . import wakeups
+from . import frames, ledger, liveness, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,48 @@ class TooManyLongPolls(limits.LimitExceeded):
             status.HTTP_429_TOO_MANY_REQUESTS,
             retry_after=RETRY_AFTER_SECS,
         )
+
+
+# While waiting, look at the ledger at least this often even without a wake-up: a wake-up
+# from another process, or one that was lost, costs at most this much latency.
+RECHECK_SECS = 0.5
+
+
+class Revoked(exceptions.AuthenticationFailed):
+    default_detail = (
+        "The token was revoked while the poll waited (rotated, or its subscriber deactivated or deleted)."
+    )
+
+
+def wait_for_deliveries(request, lease, wait_secs, between_leases):
+    """Lease with `lease(holder)` until it gives something, `wait_secs` pass or the server
+    stops, waiting for a wake-up between tries (`between_leases()` first, which may give back
+    the database connection). Revoked (401) once the request's token no longer holds.
+
+    The race it closes: a poll that asked its token just before a revocation was announced,
+    then leased a delivery published just after it. Every process forgets its kept
+    subscribers before the announcement returns, so a publish that follows it moves
+    auth.subscribers_forgotten() before the lease that sees its deliveries: a lease made while
+    that count moved asks the token again, and gives back what it leased if it is revoked
+    (the attempt not counted: it never reached the client)."""
+    subscriber_id = auth.subscriber_of(request).pk
+    holder = liveness.holder(f"poll.{uuid.uuid4().hex[:12]}")  # its own: to give back only its lease
+    deadline = time.monotonic() + wait_secs
+    with slot(subscriber_id, wait_secs):
+        while True:
+            seen = wakeups.generation(subscriber_id)
+            forgotten = auth.subscribers_forgotten()
+            if not auth.token_still_holds(request):
+                raise Revoked()
+            leased = lease(holder)
+            if leased and auth.subscribers_forgotten() != forgotten and not auth.token_still_holds(request):
+                ledger.release_held([holder], reason=frames.REVOKED)
+                raise Revoked()
+            left = deadline - time.monotonic()
+            if leased or left <= 0 or wakeups.stopping():
+                return leased
+            between_leases()
+            wakeups.wait(subscriber_id, seen, min(left, RECHECK_SECS))
 
 
 @functools.cache

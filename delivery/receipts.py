@@ -296,10 +296,11 @@ async def recheck():
 # --- GET /api/messages/{id} ----------------------------------------------------------------------
 
 
-def receipt_of(message_id, publisher=None, operator=False):
+def receipt_of(message_id, publisher=None, operator=False, subscriptions=False):
     """The message as its publisher (a Subscriber) or an operator sees it, with the count of its
     deliveries in each state (one aggregate query over the delivery table's message index), and
-    for operators the first MAX_SUBSCRIPTIONS_SHOWN of its subscriptions (one more). None when
+    with `subscriptions` (an operator who may view deliveries) the first MAX_SUBSCRIPTIONS_SHOWN
+    of its subscriptions (one more). None when
     it does not exist or the caller did not publish it (an operator's message is nobody's)."""
     messages = Message.objects.filter(pk=message_id)
     if not operator:
@@ -322,7 +323,7 @@ def receipt_of(message_id, publisher=None, operator=False):
         "created_at": found["created_at"],
         "deliveries": {s.value: found[s.value] for s in Status},
     }
-    if operator:
+    if operator and subscriptions:
         rows = (
             Delivery.objects.filter(message_id=message_id)
             .order_by("id")

@@ -23,11 +23,13 @@ from subscribers.models import Subscriber
 from . import wakeups
 
 
-def forget_kept_rows(*_announced):
+def forget_kept_rows(subscriber_ids=(), *_announced):
     """A wakeups.on_change handler: whatever changed, the rows kept for requests go (changes
-    are rare, lookups are not)."""
+    are rare, lookups are not), and the long polls of the subscribers named wake up to ask
+    their token again (delivery.long_polls): forgotten first, so that they look it up anew."""
     auth.forget_subscribers()
     publishing.forget_queues()
+    wakeups.wake_long_polls(subscriber_ids)
 
 
 def _announce(subscriber_ids=(), queue_ids=()):

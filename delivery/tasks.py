@@ -215,7 +215,9 @@ def _post_ready(subscriber_id, holder):
                 # Ready at once but no wake-up: the next sweep takes them, within a second,
                 # rather than a job now that would only find the endpoint still failing.
                 ledger.release_held([holder], reason=NOT_POSTED, wake=False)
-                log.info("webhook of %s failed (%s); the rest waits", subscriber, probe.error)
+                log.info(
+                    "webhook of %s failed (%s); the rest waits", subscriber, webhooks.loggable(probe.error)
+                )
                 break
             # The rest at once; safe for ordered queues too, since the ledger leases at most one
             # delivery of an ordered subscription at a time.
@@ -230,7 +232,12 @@ def _post_ready(subscriber_id, holder):
                 ledger.fail_delivery(d["id"], holder, o.error)
             if failed:
                 # The endpoint is failing: leave the rest to their own schedule (the sweeper).
-                log.info("webhook of %s failed %d times (%s)", subscriber, len(failed), failed[0][1].error)
+                log.info(
+                    "webhook of %s failed %d times (%s)",
+                    subscriber,
+                    len(failed),
+                    webhooks.loggable(failed[0][1].error),
+                )
                 break
     return posted
 

@@ -145,10 +145,7 @@ def on_wake(listener):
 def _wake_here(ids, sockets=None):
     """Wake this process's long polls of these subscribers, and one socket of each (of those
     in `sockets`, if given)."""
-    with _lock:
-        for sid in ids:
-            _generation[sid] += 1
-        _lock.notify_all()
+    wake_long_polls(ids)
     wake_sockets(ids if sockets is None else sockets)
 
 
@@ -491,6 +488,15 @@ def wait(subscriber_id, since, timeout):
         return _lock.wait_for(
             lambda: _generation[subscriber_id] != since or _stopping.is_set(), timeout=timeout
         )
+
+
+def wake_long_polls(subscriber_ids):
+    """Wake this process's long polls of these subscribers only (not their sockets): an
+    announcement that they changed, so that a poll of a revoked token ends now."""
+    with _lock:
+        for sid in subscriber_ids:
+            _generation[sid] += 1
+        _lock.notify_all()
 
 
 def stop_waiting():

@@ -202,6 +202,18 @@ def body_of(frame):
     return json.dumps(frame, cls=JSONEncoder, separators=(",", ":"))
 
 
+# The most of an endpoint's words a log line shows (its error is kept whole in the ledger).
+LOGGED_ERROR_CHARS = 200
+
+
+def loggable(error, limit=LOGGED_ERROR_CHARS):
+    """An attempt's error as a log line may carry it: escaped as a Python literal, since the
+    endpoint wrote part of it (a CR or LF in its answer would forge log lines, an escape code
+    would drive the terminal that reads them), and cut at `limit` characters."""
+    cut = error[:limit]
+    return repr(cut) + (f" (+{len(error) - len(cut)} chars)" if len(error) > limit else "")
+
+
 def sign(secret, msg_id, timestamp, body):
     """`webhook-signature` per Standard Webhooks: v1,base64(HMAC-SHA256("id.ts.body"))."""
     return Webhook(secret).sign(msg_id, datetime.fromtimestamp(timestamp, UTC), body)

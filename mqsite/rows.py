@@ -102,6 +102,12 @@ class Cached:
                     self._rows.clear()
                 self._rows[key] = (values, time.monotonic() + settings.MQ_REVOCATION_CHECK_SECS)
 
+    def forgotten(self):
+        """How many times forget() ran: a caller that read a row before a wait and must know
+        whether it changed meanwhile compares this before and after."""
+        with self._lock:
+            return self._forgotten
+
     def forget(self):
         """Every row: changes are rare (an operator's, a rotation), lookups are not."""
         with self._lock:

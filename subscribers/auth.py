@@ -78,6 +78,34 @@ def subscriber_for_token(token):
     return subscriber
 
 
+def subscribers_forgotten():
+    """A count that moves whenever the kept subscribers are forgotten (any change announced):
+    a request that leased after a wait compares it to learn whether its token may have been
+    revoked meanwhile (delivery.long_polls)."""
+    return _by_token_hash.forgotten()
+
+
+def token_still_holds(request):
+    """Whether the request's bearer token still names the subscriber it authenticated as, active:
+    asked again by a request that waits (a long poll), since a rotation, deactivation or deletion
+    during the wait must end it. From the kept rows: free unless something changed, and never
+    older than MQ_REVOCATION_CHECK_SECS."""
+    subscriber = subscriber_of(request)
+    found = subscriber_for_token(bearer_token(request))
+    return subscriber is not None and found is not None and found.pk == subscriber.pk
+
+
+def bearer_token(request):
+    """The token of an 'Authorization: Bearer <token>' header, or None."""
+    parts = get_authorization_header(request).split()
+    if len(parts) != 2 or parts[0].lower() != BearerTokenAuthentication.keyword:
+        return None
+    try:
+        return parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
 def forget_subscribers():
     """A subscriber changed (here or in another process): look tokens up again."""
     _by_token_hash.forget()
@@ -114,15 +142,23 @@ def subscriber_of(request):
     return request.auth if isinstance(request.auth, Subscriber) else None
 
 
-def is_operator(request):
-    return bool(request.user and getattr(request.user, "is_staff", False) and subscriber_of(request) is None)
+def operator_may(user, *perms):
+    """Whether `user` is an operator: an active staff user (the admin's login) holding every one
+    of `perms`, Django model permissions ("queues.add_message") as the admin asks them; a
+    superuser holds them all. The one rule for every operator route (REST, the dashboard's
+    socket): staff alone opens the admin's door, not every room behind it."""
+    return bool(
+        user is not None
+        and getattr(user, "is_authenticated", False)
+        and user.is_active
+        and user.is_staff
+        and (not perms or user.has_perms(perms))
+    )
 
 
-class IsSubscriberOrOperator(permissions.BasePermission):
-    message = "This needs a subscriber token or an operator (staff) login."
-
-    def has_permission(self, request, view):
-        return subscriber_of(request) is not None or is_operator(request)
+def is_operator(request, *perms):
+    """The request is an operator's session (not a subscriber's token) holding `perms`."""
+    return subscriber_of(request) is None and operator_may(request.user, *perms)
 
 
 class IsSubscriber(permissions.BasePermission):
@@ -133,10 +169,40 @@ class IsSubscriber(permissions.BasePermission):
 
 
 class IsOperator(permissions.BasePermission):
-    message = "Operators only: log in as a staff user."
+    """An operator holding `perms` (none: any staff user; a route names what it shows or
+    changes with operator_with)."""
+
+    perms = ()
+
+    @property
+    def message(self):
+        if not self.perms:
+            return "Operators only: log in as a staff user."
+        return f"Operators only: log in as a staff user with the permission {' and '.join(self.perms)}."
 
     def has_permission(self, request, view):
-        return is_operator(request)
+        return is_operator(request, *self.perms)
+
+
+class IsSubscriberOrOperator(IsOperator):
+    """A subscriber's token (the view checks its rights), or an operator holding `perms`."""
+
+    @property
+    def message(self):
+        return f"This needs a subscriber token or an operator (staff) login{self._with()}."
+
+    def _with(self):
+        return f" with the permission {' and '.join(self.perms)}" if self.perms else ""
+
+    def has_permission(self, request, view):
+        return subscriber_of(request) is not None or is_operator(request, *self.perms)
+
+
+def operator_with(*perms, subscribers_too=False):
+    """A DRF permission class for a route operators reach only with these model permissions
+    (`subscribers_too`: subscribers by token reach it as well, their rights checked by the view)."""
+    base = IsSubscriberOrOperator if subscribers_too else IsOperator
+    return type(f"{base.__name__}With", (base,), {"perms": tuple(perms)})
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

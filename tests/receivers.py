@@ -8,8 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    def __init__(self, script=None, default=(200, 0)):
+    def __init__(self, script=None, default=(200, 0), body=b"ok"):
         self.script = list(script or [])
+        self.answer = body  # the body of every answer
         self.default = default
         self.requests = []  # (monotonic time, path, headers dict, body bytes)
         self.lock = threading.Lock()
@@ -26,9 +27,9 @@ class Receiver:
                 self.send_response(status)
                 if 300 <= status < 400:
                     self.send_header("Location", receiver.redirect_to)
-                self.send_header("Content-Length", "2")
+                self.send_header("Content-Length", str(len(receiver.answer)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(receiver.answer)
 
             def log_message(self, *args):
                 pass

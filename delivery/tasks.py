@@ -284,10 +284,12 @@ def record_attempts(deliveries, outcomes):
 @shared_task
 def sweep():
     """On beat, every second: expire overdue leases (back to pending with backoff, or dead
-    after the last attempt), remove connections whose server died, fold the kept counts, and
+    after the last attempt), remove connections whose server died, finish the replays and
+    unsubscribes it left halfway, fold the kept counts, and
     enqueue webhook jobs for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
     stale = presence.sweep_stale_connections()
+    stalled = ledger.finish_stalled()  # replays and unsubscribes whose server died halfway
     tallies.fold()  # the kept counts' changes of the last second (delivery.tallies)
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
@@ -301,5 +303,6 @@ def sweep():
     return {
         "expired": expired,
         "stale_connections": stale,
+        "stalled_replays": stalled,
         "webhook_jobs": enqueue_webhooks(due),
     }

@@ -11,6 +11,8 @@ here. Operators (the admin, manage.py) are never limited: the callers pass no su
   frame `too_many_connections` and the close 4429.
 - subscriptions a subscriber holds: MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER (256); beyond, 409 or
   an error frame `too_many_subscriptions`.
+- replays under way at once (subscribe with `from`, seek): MQ_MAX_REPLAYS_PER_SUBSCRIBER (1);
+  beyond, 429 with Retry-After or an error frame `too_many_replays`.
 - event names a subscriber makes (publishing or subscribing): MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER
   an hour (100); beyond, 429 with Retry-After or an error frame `too_many_new_events`.
 - sockets one client address holds open without a token yet (waiting to send `auth`), in each
@@ -69,6 +71,35 @@ def check_subscriptions(held_now):
             f"This subscriber holds {held_now} subscriptions, the most "
             f"MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER ({cap}) allows; delete one first.",
             status.HTTP_409_CONFLICT,
+        )
+
+
+# A replay of tens of thousands of rows takes about a second or two (its chunks, with others'
+# writes between them): try again after that.
+REPLAY_RETRY_AFTER_SECS = 2
+
+
+def check_replays(under_way_now):
+    """Before a replay starts: `under_way_now` of the subscriber's replays are under way."""
+    cap = settings.MQ_MAX_REPLAYS_PER_SUBSCRIBER
+    if under_way_now >= cap:
+        raise LimitExceeded(
+            "too_many_replays",
+            f"This subscriber has {under_way_now} replays under way, the most "
+            f"MQ_MAX_REPLAYS_PER_SUBSCRIBER ({cap}) allows; try again when they are done.",
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            retry_after=REPLAY_RETRY_AFTER_SECS,
+        )
+
+
+def check_not_busy(busy_since):
+    """Before a replay of a subscription starts: none of it (nor an unsubscribe) is under way."""
+    if busy_since is not None:
+        raise LimitExceeded(
+            "replay_under_way",
+            "A replay (or an unsubscribe) of this subscription is under way; try again when it is done.",
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            retry_after=REPLAY_RETRY_AFTER_SECS,
         )
 
 

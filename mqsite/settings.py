@@ -372,6 +372,13 @@ MQ_HTTP_HEADER_TIMEOUT_SECS = _positive_float("MQ_HTTP_HEADER_TIMEOUT_SECS", 10.
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
 MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)
 MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER", 100)
+# Replays (subscribe with "from", seek) and unsubscribes touch a row per message of the hot
+# tables: they go in chunks of MQ_REPLAY_CHUNK rows (1000), each its own short transaction, so
+# other writers (SQLite has one at a time) get through between chunks; and a subscriber may
+# have MQ_MAX_REPLAYS_PER_SUBSCRIBER (1) replays under way at once, beyond which it is answered
+# 429 with Retry-After (a loop of replays queues no unbounded work).
+MQ_REPLAY_CHUNK = _positive_int("MQ_REPLAY_CHUNK", 1000)
+MQ_MAX_REPLAYS_PER_SUBSCRIBER = _positive_int("MQ_MAX_REPLAYS_PER_SUBSCRIBER", 1)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)

@@ -31,6 +31,7 @@ from delivery.reports import (
     status_count,
     subscriber_backlog,
 )
+from mqsite import limits
 from queues.models import Event
 
 from . import presence, replay, subscribing
@@ -537,7 +538,11 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         point = form.cleaned_data["start"]
         done = []
         for subscription in queryset.select_related("subscriber", "queue", "event").order_by("id"):
-            replayed = subscribing.seek(subscription, point)
+            try:
+                replayed = subscribing.seek(subscription, point)
+            except limits.LimitExceeded as exc:  # a replay of it under way: say so, go on
+                self.message_user(request, f"{subscription}: {exc.detail}", messages.WARNING)
+                continue
             words = f"replayed from seq {replayed.from_seq}: {replayed.deliveries} deliveries owed again"
             self.log_change(request, subscription, words)
             done.append((subscription, words, replayed.deliveries))

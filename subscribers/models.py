@@ -109,6 +109,23 @@ class Subscription(models.Model):
         help_text="Empty: every event of the queue.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # A replay (or an unsubscribe) is done in chunks, each its own short transaction, so that
+    # it never holds the writer for long (delivery.ledger). While one is under way the
+    # subscription is leased nothing (its history is not all owed yet: handing out what is
+    # would break seq order), `busy_since` says since when its last chunk ran, and the sweep
+    # finishes one that stopped moving (its server died). The replay still owes the seqs
+    # replay_next..replay_until of its queue, reopening acked and dead ones (`replay_reopen`,
+    # a seek), of these events only (`replay_events`, listen --from; null: all).
+    busy_since = models.DateTimeField(null=True, blank=True, editable=False)
+    replay_next = models.BigIntegerField(null=True, blank=True, editable=False)
+    replay_until = models.BigIntegerField(null=True, blank=True, editable=False)
+    replay_reopen = models.BooleanField(default=False, editable=False)
+    replay_events = models.JSONField(null=True, blank=True, editable=False)
+    # A new subscription's replay reads its queue's last seq again once at its end (under the
+    # queue's lock): a publish waiting on that lock when the subscription was made had read the
+    # subscriptions before it, so fanned out without it, and took the seqs just after the range.
+    replay_extend = models.BooleanField(default=False, editable=False)
+    leaving = models.BooleanField(default=False, editable=False, help_text="Being unsubscribed.")
 
     class Meta:
         ordering = ["subscriber__name", "queue__name"]

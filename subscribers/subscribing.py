@@ -39,26 +39,41 @@ def subscribe(subscriber, queue, event_name=None, limited=False):
 
 def subscribe_from(subscriber, queue, event_name, point, limited=False):
     """subscribe(), and a new subscription also owes what its queue still holds from `point`
-    (a subscribers.replay.Point), made in the same transaction: it is never seen without its
-    replay (in an ordered queue a lease between the two would hand out a live message before
-    the history). The same subscription again is answered as it is, nothing replayed: a client
-    sends its subscribe again at each reconnect, and must not be handed its history again each
-    time (seek() is the way to replay an existing one). Returns (subscription, created,
-    ledger.Replayed or None)."""
+    (a subscribers.replay.Point). The replay is marked in the same transaction as the
+    subscription (ledger.begin_replay): it is never seen without it, and is leased nothing
+    until the replay's chunks are all done (in an ordered queue a lease between the two would
+    hand out a live message before the history). The same subscription again is answered as
+    it is, nothing replayed: a client sends its subscribe again at each reconnect, and must not
+    be handed its history again each time (seek() is the way to replay an existing one).
+    `limited`: past MQ_MAX_REPLAYS_PER_SUBSCRIBER replays under way, nothing is made
+    (LimitExceeded, 429). Returns (subscription, created, ledger.Replayed or None)."""
     with transaction.atomic():
         subscription, created = subscribe(subscriber, queue, event_name, limited=limited)
-        replayed = ledger.replay(subscription, point) if created else None
-    return subscription, created, replayed
+        if not created:
+            return subscription, False, None
+        if limited:  # subscribe() holds the subscriber's row: the count is this caller's
+            limits.check_replays(_replays_under_way(subscriber))
+        from_seq = ledger.begin_replay(subscription, point)
+    return subscription, True, ledger.Replayed(from_seq, ledger.finish_replay(subscription.pk))
 
 
-def seek(subscription, point, event_ids=None):
+def seek(subscription, point, event_ids=None, limited=False):
     """The subscription owes again every message of its queue (and event) from `point` that is
-    still in the hot tables: ledger.replay(), acked and dead ones handed out again."""
-    return ledger.replay(subscription, point, reopen=True, event_ids=event_ids)
+    still in the hot tables: ledger.replay(), acked and dead ones handed out again. `limited`:
+    as subscribe_from()."""
+    with transaction.atomic():
+        if limited:
+            lock_subscriber(subscription.subscriber)
+            limits.check_replays(_replays_under_way(subscription.subscriber))
+        from_seq = ledger.begin_replay(subscription, point, reopen=True, event_ids=event_ids)
+    return ledger.Replayed(from_seq, ledger.finish_replay(subscription.pk))
+
+
+def _replays_under_way(subscriber):
+    return subscriber.subscriptions.filter(replay_next__isnull=False).count()
 
 
 def unsubscribe(subscription):
-    """Delete the subscription; what it was still owed is dropped."""
-    with transaction.atomic():
-        ledger.drop_undelivered(subscription)
-        subscription.delete()
+    """Delete the subscription; what it was still owed is dropped (ledger.unsubscribe, in
+    chunks when it is much)."""
+    ledger.unsubscribe(subscription.pk)

@@ -132,7 +132,7 @@ class SubscriptionSeekView(ApiView):
             raise exceptions.PermissionDenied(
                 f"{self.subscriber.name} may no longer subscribe to {subscription.queue.name}."
             )
-        replayed = subscribing.seek(subscription, point)
+        replayed = subscribing.seek(subscription, point, limited=True)
         return Response({**subscription_answer(subscription), "replay": replay.answer_of(replayed)})
 
 

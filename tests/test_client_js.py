@@ -582,3 +582,50 @@ def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
             assert errors.empty()
         finally:
             browser.close()
+
+
+def test_a_browser_page_never_sends_its_token_to_another_origin_a_redirect_points_at(
+    server, owner, elsewhere, monkeypatch
+):
+    """Chromium, like Node, fails a handshake answered with a redirect: the page keeps trying
+    the server it named and the other origin gets nothing. The same page connecting to an http
+    url of a remote host is warned, on its console, that the token would go in clear."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import ARGS
+
+    subscriber, token = owner
+    redirector = Redirector(elsewhere, 307)
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
+    page_html = f"""<script type="module">
+      import {{ connect }} from "{server.http}/static/mq/mqclient.js";
+      window.mq = connect({{ url: "{redirector.url}", token: "{token}" }});
+      window.mq.on("state", (state) => (document.title = state));
+    </script>"""
+    warned = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_page()
+                page.on("console", lambda m: m.type == "warning" and warned.append(m.text))
+                page.set_default_timeout(20_000)
+                page.set_content(page_html)
+                page.wait_for_function("document.title === 'connecting'")
+                assert eventually(lambda: redirector.asked, timeout=10)
+                time.sleep(2)
+                assert elsewhere.handshakes == [] and not elsewhere.saw(token)
+                assert page.title() == "connecting"
+                assert warned == []  # localhost: nothing to say
+                page.evaluate("window.mq.close()")
+                page.evaluate(
+                    """async (src) => { const { connect } = await import(src);
+                    await connect({ url: "http://mq.example.invalid:8000", token: "t" }).close(); }""",
+                    f"{server.http}/static/mq/mqclient.js",
+                )
+                assert eventually(lambda: warned, timeout=5)
+                assert len(warned) == 1 and "http://mq.example.invalid:8000 is not https" in warned[0]
+            finally:
+                browser.close()
+    finally:
+        redirector.close()

@@ -57,7 +57,8 @@ class Server:
                 self.proc.wait()
 
 
-def start_daphne(extra_env=None, port=None):
+def start_daphne(extra_env=None, port=None, daphne_args=()):
+    """A Daphne on loopback; `daphne_args` are more of its command line options."""
     port = port or free_port()
     env = {
         **os.environ,
@@ -68,7 +69,8 @@ def start_daphne(extra_env=None, port=None):
     env.pop("PYTEST_CURRENT_TEST", None)
     log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mqsite.asgi:application"],
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *daphne_args]
+        + ["mqsite.asgi:application"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -26,6 +27,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber, provision_subscriber
+from tests.redirects import Elsewhere, Redirector
 from tests.servers import ROOT, eventually, start_daphne
 
 # A client's behaviour does not depend on the server's database, and these tests are minutes of
@@ -413,6 +415,60 @@ def test_node_over_the_socket_limit_waits_then_gets_in_when_a_socket_frees(owner
         server.stop()
 
 
+@pytest.fixture
+def elsewhere():
+    other = Elsewhere()
+    yield other
+    other.close()
+
+
+@needs_node
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_node_never_sends_its_token_to_another_origin_a_redirect_points_at(
+    owner, elsewhere, node_client, status
+):
+    """The handshake answered with a redirect to another host: the runtime's WebSocket (as
+    the WHATWG spec says, and browsers do) fails it rather than following, so the auth frame,
+    sent only on an open socket, never goes there; the client keeps trying the server it was
+    given. Checked against a recorder that does catch the token when a client is pointed at it."""
+    subscriber, token = owner
+    redirector = Redirector(elsewhere, status)
+    try:
+        client = node_client(SimpleNamespace(http=redirector.url), token)
+        assert eventually(lambda: redirector.asked, timeout=10)
+        time.sleep(2)
+        assert redirector.asked[0] == ("GET", "/ws/")
+        assert elsewhere.handshakes == [] and not elsewhere.saw(token)
+        assert "open" not in client.states()
+
+        # the recorder is not blind: a client pointed straight at it gives its token away
+        direct = node_client(SimpleNamespace(http=elsewhere.ws.replace("ws:", "http:")), token)
+        direct.wait_for(lambda events: "open" in direct.states())
+        assert elsewhere.saw(token)
+    finally:
+        redirector.close()
+
+
+def node_warnings(node_client, url, token):
+    """What the client printed on stderr (console.warn) from connect() to close()."""
+    client = node_client(SimpleNamespace(http=url), token)
+    client.send(cmd="close")
+    client.wait_for(lambda events: any(e["kind"] == "closed" for e in events))
+    client.proc.stdin.close()
+    assert client.proc.wait(timeout=10) == 0
+    return client.proc.stderr.read()
+
+
+@needs_node
+def test_node_warns_once_when_its_token_would_cross_the_network_in_clear(server, owner, node_client):
+    subscriber, token = owner
+    remote = node_warnings(node_client, "http://mq.example.invalid:8000", token)
+    assert remote.count("mqclient: http://mq.example.invalid:8000 is not https") == 1, remote
+    assert token not in remote
+    assert "is not https" not in node_warnings(node_client, server.http, token)  # loopback: quiet
+    assert "is not https" not in node_warnings(node_client, "https://mq.example.invalid", token)
+
+
 # --- in a real browser -------------------------------------------------------------------------
 
 
@@ -526,3 +582,50 @@ def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
             assert errors.empty()
         finally:
             browser.close()
+
+
+def test_a_browser_page_never_sends_its_token_to_another_origin_a_redirect_points_at(
+    server, owner, elsewhere, monkeypatch
+):
+    """Chromium, like Node, fails a handshake answered with a redirect: the page keeps trying
+    the server it named and the other origin gets nothing. The same page connecting to an http
+    url of a remote host is warned, on its console, that the token would go in clear."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import ARGS
+
+    subscriber, token = owner
+    redirector = Redirector(elsewhere, 307)
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
+    page_html = f"""<script type="module">
+      import {{ connect }} from "{server.http}/static/mq/mqclient.js";
+      window.mq = connect({{ url: "{redirector.url}", token: "{token}" }});
+      window.mq.on("state", (state) => (document.title = state));
+    </script>"""
+    warned = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_page()
+                page.on("console", lambda m: m.type == "warning" and warned.append(m.text))
+                page.set_default_timeout(20_000)
+                page.set_content(page_html)
+                page.wait_for_function("document.title === 'connecting'")
+                assert eventually(lambda: redirector.asked, timeout=10)
+                time.sleep(2)
+                assert elsewhere.handshakes == [] and not elsewhere.saw(token)
+                assert page.title() == "connecting"
+                assert warned == []  # localhost: nothing to say
+                page.evaluate("window.mq.close()")
+                page.evaluate(
+                    """async (src) => { const { connect } = await import(src);
+                    await connect({ url: "http://mq.example.invalid:8000", token: "t" }).close(); }""",
+                    f"{server.http}/static/mq/mqclient.js",
+                )
+                assert eventually(lambda: warned, timeout=5)
+                assert len(warned) == 1 and "http://mq.example.invalid:8000 is not https" in warned[0]
+            finally:
+                browser.close()
+    finally:
+        redirector.close()

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from datetime import datetime
 
 import mqclient
@@ -27,6 +28,7 @@ from mqclient import (
     MQError,
     MQForbidden,
     MQNotFound,
+    MQRedirectError,
     MQThrottled,
 )
 from websockets.sync.client import connect
@@ -35,6 +37,7 @@ from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Queue
 from subscribers.models import Subscription
+from tests.redirects import Elsewhere, Redirector
 from tests.servers import ROOT, eventually, start_daphne
 
 # A client's behaviour does not depend on the server's database, and these tests are minutes of
@@ -623,6 +626,148 @@ def test_urls_and_error_bodies_are_read_as_the_contract_gives_them():
     )
     assert isinstance(frame, MQThrottled) and frame.retry_after == 0.5
     assert _protocol.clean_error("a\x00b" + "c" * 2000) == "ab" + "c" * 998
+    # A socket's redirect is followed on its own origin only (scheme, host and port).
+    here = "ws://mq.example:8000/ws/"
+    assert _protocol.redirect_error(here, 302, "/v2/ws/", same_origin_ok=True) is None
+    assert _protocol.redirect_error(here, 302, "http://mq.example:8000/x", same_origin_ok=True) is None
+    for there in ("ws://mq.example:8001/ws/", "wss://mq.example:8000/ws/", "ws://other.example:8000/ws/"):
+        assert _protocol.redirect_error(here, 302, there, same_origin_ok=True).code == "cross_origin_redirect"
+
+
+# --- redirects, clean closes, clear text -----------------------------------------------------------
+
+
+@pytest.fixture
+def elsewhere():
+    other = Elsewhere()
+    yield other
+    other.close()
+
+
+def refused_listen(listening, elsewhere, token):
+    """The error listen() ended with, once it ended; fails at once if the token got out."""
+    assert eventually(lambda: not listening.thread.is_alive() or elsewhere.saw(token), timeout=10)
+    assert not elsewhere.saw(token), f"the other origin got the token: {elsewhere.frames[:2]}"
+    assert eventually(lambda: not listening.thread.is_alive(), timeout=5), "listen() goes on"
+    time.sleep(0.3)  # anything late would show now
+    assert elsewhere.handshakes == [] and not elsewhere.saw(token)
+    return listening.error
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_listen_refuses_a_socket_redirect_to_another_origin_and_never_sends_it_the_token(
+    world, elsewhere, status
+):
+    """A server (or whoever holds its name) answering the handshake with a redirect to another
+    host does not get the token: websockets follows it and the client would send its auth frame
+    there. listen() ends with MQRedirectError instead, which says where it pointed."""
+    redirector = Redirector(elsewhere, status)
+    mq = Client(redirector.url, world.token, timeout=5)
+    try:
+        refused = refused_listen(Listening(mq, lambda d: None), elsewhere, world.token)
+        assert isinstance(refused, MQRedirectError), repr(refused)
+        assert (refused.status, refused.code) == (status, "cross_origin_redirect")
+        assert elsewhere.ws in refused.detail and "not followed" in refused.detail
+        assert redirector.asked == [("GET", "/ws/")]  # asked once: waiting will not mend it
+    finally:
+        mq.close()
+        redirector.close()
+
+
+def test_the_asyncio_listen_refuses_it_too(world, elsewhere):
+    redirector = Redirector(elsewhere, 302)
+    try:
+        listening = AsyncListening(redirector.url, world.token, lambda d: None)
+        try:
+            refused = refused_listen(listening, elsewhere, world.token)
+        finally:
+            listening.client.stop()
+        assert isinstance(refused, MQRedirectError) and refused.code == "cross_origin_redirect"
+    finally:
+        redirector.close()
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_rest_calls_follow_no_redirect_and_say_so(world, elsewhere, status):
+    """httpx would follow a 307 with the body (it drops only the Authorization header on another
+    origin): the client follows none, and tells why rather than a bare `HTTP 307`."""
+    redirector = Redirector(elsewhere, status)
+    try:
+        with Client(redirector.url, world.token, timeout=5) as mq:
+            for call in (
+                lambda: mq.publish("db", "create", {"secret": 1}),
+                lambda: mq.pull(),
+                lambda: mq.ack([1]),
+            ):
+                with pytest.raises(MQRedirectError) as refused:
+                    call()
+                assert (refused.value.status, refused.value.code) == (status, "cross_origin_redirect")
+                assert elsewhere.http in refused.value.detail
+
+        async def scenario():
+            async with AsyncClient(redirector.url, world.token, timeout=5) as mq:
+                await mq.publish("db", "create", {"secret": 1})
+
+        with pytest.raises(MQRedirectError, match="cross_origin_redirect"):
+            asyncio.run(scenario())
+        assert [method for method, _ in redirector.asked] == ["POST", "GET", "POST", "POST"]
+        assert elsewhere.requests == [] and not elsewhere.saw(world.token)
+    finally:
+        redirector.close()
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_listen_connects_again_when_the_server_closes_the_socket_cleanly(world, caplog, kind):
+    """Daphne closes every socket in good order (1000) once it is --websocket_timeout old (a day
+    by default), as a proxy's idle timeout or a server going away does: listen() opens another
+    and goes on handling, rather than dying with an AttributeError."""
+    caplog.set_level(logging.INFO, logger="mqclient")
+    web = start_daphne(daphne_args=["--websocket_timeout", "2"])
+    handled = []
+    try:
+        if kind == "blocking":
+            listening = Listening(Client(web.http, world.token), lambda d: handled.append(d.payload))
+        else:
+            listening = AsyncListening(web.http, world.token, lambda d: handled.append(d.payload))
+        with Client(web.http, world.token) as publisher:
+            assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+            publisher.publish("db", "create", "before")
+            assert eventually(lambda: handled == ["before"])
+
+            def closed_cleanly():
+                return [r for r in caplog.records if "the server closed the socket" in r.getMessage()]
+
+            # two sockets closed in good order, and listen() still there
+            assert eventually(
+                lambda: len(closed_cleanly()) >= 2 or not listening.thread.is_alive(), timeout=20
+            )
+            assert listening.thread.is_alive(), f"listen() ended: {listening.error!r}"
+            publisher.publish("db", "create", "after")
+            assert eventually(lambda: handled == ["before", "after"], timeout=15)
+            assert eventually(lambda: set(statuses().values()) == {Status.ACKED})
+        listening.stop()  # raises what listen() raised, if anything
+    finally:
+        web.stop()
+
+
+def test_an_http_url_of_a_remote_host_warns_once_per_client_that_the_token_goes_in_clear():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for url in (
+            "http://127.0.0.1:8000",
+            "http://localhost:8000",
+            "http://[::1]:8000",
+            "https://mq.example",
+        ):
+            Client(url, "mq_t").close()
+        assert caught == []  # loopback, or TLS: nothing to say
+        for cls in (Client, AsyncClient):
+            mq = cls("http://mq.example:8000", "mq_t")
+            assert mq._http is not None
+        assert len(caught) == 2
+    assert all(issubclass(w.category, mqclient.InsecureURLWarning) for w in caught)
+    assert "http://mq.example:8000 is not https" in str(caught[0].message)
+    assert caught[0].filename == __file__  # pointed at the line that made the client
 
 
 def readme_clients(server):

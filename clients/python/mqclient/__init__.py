@@ -3,12 +3,14 @@
 from .client import AsyncClient, Client
 from .delivery import AsyncDelivery, Delivery
 from .errors import (
+    InsecureURLWarning,
     MQAuthError,
     MQBadRequest,
     MQConnectionError,
     MQError,
     MQForbidden,
     MQNotFound,
+    MQRedirectError,
     MQThrottled,
 )
 
@@ -17,12 +19,14 @@ __all__ = [
     "AsyncDelivery",
     "Client",
     "Delivery",
+    "InsecureURLWarning",
     "MQAuthError",
     "MQBadRequest",
     "MQConnectionError",
     "MQError",
     "MQForbidden",
     "MQNotFound",
+    "MQRedirectError",
     "MQThrottled",
 ]
 __version__ = "0.1.0"

@@ -48,6 +48,7 @@ from .errors import (
     MQError,
     MQForbidden,
     MQNotFound,
+    MQRedirectError,
     MQThrottled,
     error_for_close,
     error_for_frame,
@@ -75,7 +76,7 @@ STABLE_AFTER_SECS = 5.0
 LIMIT_WAIT_SECS = 5.0
 ADDRESS_WAIT_SECS = 60.0
 # Websocket close codes and handshake statuses that waiting cannot mend.
-FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest)
+FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest, MQRedirectError)
 # How a socket proves who it is: the `auth` frame (the protocol's extensions; no token in the
 # handshake at all, so no proxy's log keeps it), or the Authorization header for a server
 # older than that extension.
@@ -104,6 +105,23 @@ def subscriptions_of(subscriptions: Iterable[Any] | None) -> list[tuple[str, str
         else:
             raise ValueError(f"a subscription is (queue, event) or (queue,), not {s!r}")
     return out
+
+
+class _connect(connect):
+    """websockets' connect, which follows a redirect to another host and sends it the auth
+    frame (it strips only headers): here a redirect to another origin is refused, so the token
+    goes to the server the client was given and nowhere else. Same-origin ones are followed."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        target = super().process_redirect(exc)
+        if isinstance(target, str) and isinstance(exc, InvalidStatus):
+            response = exc.response
+            refused = _protocol.redirect_error(
+                self.uri, response.status_code, response.headers.get("Location"), same_origin_ok=True
+            )
+            if refused is not None:
+                return refused
+        return target
 
 
 class Backoff:
@@ -254,7 +272,7 @@ class Listener:
 
         async def opening() -> ClientConnection:
             try:
-                return await connect(
+                return await _connect(
                     self.socket_url,
                     additional_headers=headers,
                     open_timeout=self.timeout,
@@ -392,8 +410,9 @@ class Listener:
                     frame.get("event") or "*",
                     frame.get("reason"),
                 )
-        # Closed in good order (1000, 1001): _session maps the close code of any other.
-        raise ConnectionClosed(ws.close_rcvd, ws.close_sent)
+        # Closed in good order (1000, 1001: Daphne's websocket_timeout, a proxy's idle timeout, a
+        # server going away): the end of this session, and listen() connects again. Any other
+        # close code raised out of the loop above, for _session to map.
 
     def _take(self, frame: dict[str, Any]) -> None:
         if not self.accepting:

@@ -6,13 +6,14 @@ what each call sends and how its answer is read is written once, here.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
-from .errors import MQBadRequest, error_for_answer
+from .errors import MQBadRequest, MQRedirectError, error_for_answer
 
 # A long poll may wait this long on the server (the contract's cap); the request's own timeout
 # is that plus the client's timeout.
@@ -41,6 +42,61 @@ def base_urls(url: str) -> tuple[str, str]:
     rest = urlunsplit((parts.scheme, parts.netloc, f"{prefix}/api/", "", ""))
     socket = urlunsplit(("wss" if parts.scheme == "https" else "ws", parts.netloc, f"{prefix}/ws/", "", ""))
     return rest, socket
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, ws and http alike (a socket's origin is its server's)."""
+    parts = urlsplit(url)
+    secure = parts.scheme in ("https", "wss")
+    return (
+        "https" if secure else "http",
+        (parts.hostname or "").lower(),
+        parts.port or (443 if secure else 80),
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, *.localhost, 127.0.0.0/8 or ::1: a host whose traffic never leaves the machine
+    (names are not resolved: a name that merely points at 127.0.0.1 counts as remote)."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def sends_token_in_clear(url: str) -> bool:
+    """True when the token would cross a network unencrypted: http/ws to a host not loopback."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "ws") and not is_loopback(parts.hostname or "")
+
+
+def redirect_error(
+    url: str, status: int, location: str | None, *, same_origin_ok: bool
+) -> MQRedirectError | None:
+    """The refusal of a redirect from `url`, or None when it may be followed (same origin, and
+    `same_origin_ok`). The token goes only to the origin the client was given: a redirect
+    elsewhere (a hijacked DNS name, a misconfigured proxy) would hand it to another host."""
+    if not location:
+        return MQRedirectError(status, "redirect", f"The server at {url} answered {status} with no Location.")
+    target = urljoin(url, location)
+    if origin(target) != origin(url):
+        return MQRedirectError(
+            status,
+            "cross_origin_redirect",
+            f"The server at {url} redirected ({status}) to another origin, {target}: not followed, "
+            "so that the token is not sent there. Give the client the server's own URL.",
+        )
+    if same_origin_ok:
+        return None
+    return MQRedirectError(
+        status,
+        "redirect",
+        f"The server at {url} redirected ({status}) to {target}: REST calls follow no redirect "
+        "(a POST would not survive one). Give the client the server's own URL.",
+    )
 
 
 def headers(token: str) -> dict[str, str]:

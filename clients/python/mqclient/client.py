@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import httpx
 from . import _protocol
 from ._listener import Listener
 from .delivery import AsyncDelivery, Delivery
-from .errors import MQConnectionError
+from .errors import InsecureURLWarning, MQConnectionError
 
 Handler = Callable[[Any], Any]
 
@@ -25,6 +26,22 @@ class _Base:
         self._rest_url, self._socket_url = _protocol.base_urls(url)
         self._listeners: set[Listener] = set()
         self._acked_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
+        if _protocol.sends_token_in_clear(self._rest_url):
+            warnings.warn(
+                f"mqclient: {url} is not https and not loopback: the token and every payload cross "
+                "the network in clear text; use https://",
+                InsecureURLWarning,
+                stacklevel=3,  # the line that made the client
+            )
+
+    def _answer(self, call: _protocol.Call, r: httpx.Response) -> Any:
+        if r.is_redirect:  # not followed (follow_redirects=False): say why, and where it pointed
+            error = _protocol.redirect_error(
+                str(r.request.url), r.status_code, r.headers.get("location"), same_origin_ok=False
+            )
+            assert error is not None
+            raise error
+        return call.read(_protocol.read_answer(r.status_code, r.content, r.headers.get("retry-after")))
 
     def _request_args(self, call: _protocol.Call) -> dict[str, Any]:
         args: dict[str, Any] = {"timeout": self.timeout + call.extra_timeout}
@@ -62,14 +79,16 @@ class Client(_Base):
 
     def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
         super().__init__(url, token, timeout=timeout)
-        self._http = httpx.Client(base_url=self._rest_url, headers=_protocol.headers(token))
+        self._http = httpx.Client(
+            base_url=self._rest_url, headers=_protocol.headers(token), follow_redirects=False
+        )
 
     def _do(self, call: _protocol.Call) -> Any:
         try:
             r = self._http.request(call.method, call.path, **self._request_args(call))
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
-        return call.read(_protocol.read_answer(r.status_code, r.content, r.headers.get("retry-after")))
+        return self._answer(call, r)
 
     def publish(
         self,
@@ -169,14 +188,16 @@ class AsyncClient(_Base):
 
     def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
         super().__init__(url, token, timeout=timeout)
-        self._http = httpx.AsyncClient(base_url=self._rest_url, headers=_protocol.headers(token))
+        self._http = httpx.AsyncClient(
+            base_url=self._rest_url, headers=_protocol.headers(token), follow_redirects=False
+        )
 
     async def _do(self, call: _protocol.Call) -> Any:
         try:
             r = await self._http.request(call.method, call.path, **self._request_args(call))
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
-        return call.read(_protocol.read_answer(r.status_code, r.content, r.headers.get("retry-after")))
+        return self._answer(call, r)
 
     async def publish(
         self,

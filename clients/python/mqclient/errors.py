@@ -45,6 +45,17 @@ class MQThrottled(MQError):
         self.retry_after = retry_after
 
 
+class MQRedirectError(MQError):
+    """A 3xx the client did not follow: to another origin (scheme, host, port), where its token
+    must not go, or any redirect of a REST call. `status` is the 3xx; `code` is
+    `cross_origin_redirect` or `redirect`."""
+
+
+class InsecureURLWarning(UserWarning):
+    """The client was given an http:// URL of a host other than loopback: its token (and every
+    payload) crosses the network in clear text. Use https://."""
+
+
 class MQConnectionError(MQError):
     """The server could not be reached, or went away during the call (no status)."""
 

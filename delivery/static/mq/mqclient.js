@@ -31,6 +31,10 @@
  *   4401) ends it: state "closed" with the error, no retries.
  * - Publishes go over the socket (the `publish` frame with a `ref`), since it is open anyway;
  *   the promise resolves to the `published` answer or rejects with an MQError.
+ * - The token goes to `url`'s server only: the auth frame is sent on an open socket, and the
+ *   WebSocket of browsers and Node fails a handshake answered with a redirect rather than
+ *   following it. An http:// url of a host that is not loopback is warned about (console.warn,
+ *   once per client): the token would cross the network in clear text.
  */
 
 const CLOSE_BAD_TOKEN = 4401;
@@ -88,6 +92,15 @@ function socketUrl(url) {
   return new URL("/ws/", base).href;
 }
 
+/** localhost, *.localhost, 127.0.0.0/8, ::1: traffic that never leaves the machine (names are
+ * not resolved: one that merely points at 127.0.0.1 counts as remote). */
+function isLoopback(hostname) {
+  const host = hostname.replace(/^\[|\]$/g, "").toLowerCase().replace(/\.$/, "");
+  return (
+    host === "localhost" || host.endsWith(".localhost") || /^127(\.\d{1,3}){3}$/.test(host) || host === "::1"
+  );
+}
+
 const keyOf = (queue, event) => `${queue}\u0000${event ?? ""}`;
 
 function errorText(error) {
@@ -105,6 +118,13 @@ class Client {
     this.options = { ...DEFAULTS, ...rest };
     this.url = socketUrl(url);
     this.token = token;
+    const where = new URL(this.url);
+    if (where.protocol === "ws:" && !isLoopback(where.hostname)) {
+      console.warn(
+        `mqclient: ${where.origin.replace(/^ws:/, "http:")} is not https and not loopback: the token ` +
+          "and every payload cross the network in clear text; use https://",
+      );
+    }
     this.Socket = Socket ?? globalThis.WebSocket;
     if (typeof this.Socket !== "function") {
       throw new TypeError(

@@ -12,6 +12,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from mqsite.private_files import read_or_create_private
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 VAR_DIR.mkdir(exist_ok=True)
@@ -44,11 +46,7 @@ def _secret_key():
     """SECRET_KEY from the environment, else one made once and kept in var/ (embedded mode)."""
     if env.str("SECRET_KEY", default=""):
         return env.str("SECRET_KEY")
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return read_or_create_private(VAR_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()

@@ -255,6 +255,10 @@ MQ_WEBHOOK_ALLOW_PRIVATE = env.bool("MQ_WEBHOOK_ALLOW_PRIVATE", default=False)
 MQ_WEBHOOK_TIMEOUT_SECS = _positive_float("MQ_WEBHOOK_TIMEOUT_SECS", 10.0)
 if MQ_WEBHOOK_TIMEOUT_SECS > 10:
     raise ImproperlyConfigured("MQ_WEBHOOK_TIMEOUT_SECS is at most 10 (the contract's deadline)")
+# After a webhook secret is rotated, posts are signed with the old one too (Standard Webhooks
+# allows several signatures) for this long, so a receiver can switch to the new secret without
+# refusing a delivery. 24 h by default; 0: the old secret stops at once.
+MQ_WEBHOOK_SECRET_GRACE_SECS = _whole_number("MQ_WEBHOOK_SECRET_GRACE_SECS", 24 * 3600)
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
 # How long `analyze` waits for the archive's lock (held by the archive, its compaction or

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from django.conf import settings
@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIRequestFactory
 
 from delivery import ledger, wakeups
@@ -177,10 +178,42 @@ def test_run_again_it_sets_the_subscriber_as_asked_with_a_new_token(logger, db_q
     assert "updated subscriber logger" in out
     assert set(s.subscribe_queues.values_list("name", flat=True)) == {"db", "net"}
     assert not s.publish_queues.exists()  # as the command says, not added to what it had
-    assert s.webhook_url == "https://example.com/h" and s.webhook_secret == secret
+    assert s.webhook_url == "https://example.com/h"
+    # Its first webhook: a secret never shown before (not the one made with the row), shown now.
+    assert s.webhook_secret != secret and f"webhook secret: {s.webhook_secret}" in out.splitlines()
     assert Subscription.objects.filter(subscriber=s).count() == 1  # its subscriptions stay
     assert subscriber_for_token(out.splitlines()[-1]) == s
     assert subscriber_for_token(old_token) is None
+
+
+def test_run_again_it_keeps_the_webhook_secret_and_does_not_print_it(db_queue):
+    run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    secret = Subscriber.objects.get(name="hooked").webhook_secret
+
+    out = run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook2")
+
+    assert Subscriber.objects.get(name="hooked").webhook_secret == secret
+    assert secret not in out and "webhook secret: unchanged" in out
+
+
+def test_rotatewebhooksecret_prints_a_new_secret_once_and_keeps_the_old_for_the_grace(db_queue, settings):
+    settings.MQ_WEBHOOK_SECRET_GRACE_SECS = 3600
+    run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    old = Subscriber.objects.get(name="hooked").webhook_secret
+
+    out = run("rotatewebhooksecret", "hooked").splitlines()
+
+    s = Subscriber.objects.get(name="hooked")
+    assert out[-1] == s.webhook_secret != old and s.webhook_secret.startswith("whsec_")
+    assert "also signs posts until" in out[0] and "(3600 s)" in out[0]
+    assert s.webhook_secrets(timezone.now()) == [s.webhook_secret, old]
+    assert s.webhook_secrets(timezone.now() + timedelta(seconds=3601)) == [s.webhook_secret]
+
+    run("rotatewebhooksecret", "hooked", "--grace-secs", "0")
+    s.refresh_from_db()
+    assert s.webhook_secrets(timezone.now()) == [s.webhook_secret] and s.previous_webhook_secret == ""
+    with pytest.raises(CommandError, match="no subscriber named 'nobody'"):
+        run("rotatewebhooksecret", "nobody")
 
 
 def test_it_refuses_a_malformed_webhook_url(db):

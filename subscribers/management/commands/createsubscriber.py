@@ -3,7 +3,8 @@
 The token is printed alone on the last line of stdout, so scripts can take it with `tail -n1`.
 Like createqueue it may be run again: an existing subscriber is set as the command says (its
 subscriptions and webhook secret kept) and gets a new token, since only a hash of the old is
-kept; the old token stops working.
+kept; the old token stops working. The webhook secret is printed once, when it is made (the first
+run with --webhook); `rotatewebhooksecret NAME` makes a new one.
 """
 
 from django.core.exceptions import ValidationError
@@ -40,7 +41,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            subscriber, token, created = provision_subscriber(
+            subscriber, token, created, webhook_secret = provision_subscriber(
                 options["name"],
                 publish=options["publish"],
                 subscribe=options["subscribe"],
@@ -61,8 +62,12 @@ class Command(BaseCommand):
             f"{'created' if created else 'updated'} subscriber {subscriber.name} "
             f"(publish: {_scope(options['publish'])}; subscribe: {_scope(options['subscribe'])})"
         )
-        if subscriber.webhook_url:
-            self.stdout.write(f"webhook secret: {subscriber.webhook_secret}")
+        if webhook_secret:
+            self.stdout.write(f"webhook secret: {webhook_secret}")
+        elif subscriber.webhook_url:
+            self.stdout.write(
+                "webhook secret: unchanged (shown when it was made; `rotatewebhooksecret` for a new one)"
+            )
         self.stdout.write(token)
 
 

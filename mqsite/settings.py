@@ -13,6 +13,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from mqsite.private_files import read_or_create_private
+from mqsite.rates import parse_rate
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -297,8 +298,18 @@ MQ_SPARK_EVENT_LOG_DIR = env.str("MQ_SPARK_EVENT_LOG_DIR", default="")
 # The analytics run on beat this often (CELERY_BEAT_SCHEDULE["analyze"]: operators change it in
 # the admin afterwards, and their change is kept).
 MQ_ANALYZE_EVERY_SECS = _positive_float("MQ_ANALYZE_EVERY_SECS", 3600.0)
-# Requests a subscriber may make, per second or minute (DRF rate syntax).
-MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="2000/s")
+# REST requests one subscriber (or operator, or anonymous address) may make: N per window
+# ("30/s", "1800/min", "300/10s"), counted in fixed windows; beyond, 429 with Retry-After.
+# 300 in 10 s: 30 a second sustained, in bursts of up to 300. The whole server answers a
+# hundred or two single-message REST calls a second on two cores (bench/results), so a runaway
+# loop may take a fraction of it and no more; a real service batches (100 messages a publish),
+# pulls with long polls and acks in sets, or uses the websocket (which has limits of its own).
+# `make run`'s demo stays near 10 a second. A deployment whose clients need more raises it.
+MQ_THROTTLE_RATE = env.str("MQ_THROTTLE_RATE", default="300/10s")
+try:
+    parse_rate(MQ_THROTTLE_RATE)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"MQ_THROTTLE_RATE: {exc}") from None
 # Failed token attempts (REST and websocket) per client address per minute; beyond it a bad
 # token is answered 429 (a socket: 4429), so a scanner costs little and is told to back off.
 MQ_AUTH_FAILURES_PER_MINUTE = _positive_int("MQ_AUTH_FAILURES_PER_MINUTE", 30)

@@ -6,6 +6,8 @@ from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import SimpleRateThrottle
 
+from mqsite.rates import parse_rate
+
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +53,10 @@ class ClientRateThrottle(SimpleRateThrottle):
 
     def get_rate(self):
         return settings.MQ_THROTTLE_RATE  # read per request, so a test can override it
+
+    def parse_rate(self, rate):
+        # Also "N/Ks" (a rate with a burst), which DRF's own parse cannot read.
+        return (None, None) if rate is None else parse_rate(rate)
 
     def get_cache_key(self, request, view):
         user = request.user

@@ -473,6 +473,27 @@ def test_staff_who_may_only_view_subscribers_never_see_the_webhook_secret(staff,
     assert Subscriber.objects.get(pk=logger.pk).webhook_secret == logger.webhook_secret
 
 
+def test_a_subscribers_first_webhook_comes_with_a_secret_shown_once(staff, db_queue, settings):
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = False
+    form = {"name": "hooked", "is_active": "on", "webhook_url": "", **inline_management("subscriptions")}
+    r = staff.post(reverse("admin:subscribers_subscriber_add"), form, follow=True)
+    assert r.status_code == 200 and not SECRET_SHOWN.findall(r.content.decode())  # no webhook yet
+    hooked = Subscriber.objects.get(name="hooked")
+    unseen = hooked.webhook_secret
+
+    form = {**form, "webhook_url": "https://example.com/hook", **inline_management("connections")}
+    r = staff.post(change(hooked), form, follow=True)
+
+    [shown] = SECRET_SHOWN.findall(r.content.decode())
+    hooked.refresh_from_db()
+    assert hooked.webhook_url == "https://example.com/hook"
+    assert shown == hooked.webhook_secret != unseen  # a secret nobody saw before, shown now
+    r = staff.post(change(hooked), {**form, "webhook_url": "https://example.com/other"}, follow=True)
+    assert not SECRET_SHOWN.findall(r.content.decode())  # changing the URL keeps it, unshown
+    hooked.refresh_from_db()
+    assert hooked.webhook_secret == shown
+
+
 def test_an_operator_rotates_the_webhook_secret_and_is_shown_it_once(staff, logger, settings):
     settings.MQ_WEBHOOK_SECRET_GRACE_SECS = 600
     old = logger.webhook_secret

@@ -65,9 +65,8 @@ class Command(BaseCommand):
         if webhook_secret:
             self.stdout.write(f"webhook secret: {webhook_secret}")
         elif subscriber.webhook_url:
-            self.stdout.write(
-                "webhook secret: unchanged (shown when it was made; `rotatewebhooksecret` for a new one)"
-            )
+            # Not on stdout: a script that reads "webhook secret: ..." must not take this for one.
+            self.stderr.write("its webhook secret is kept (shown when made; rotatewebhooksecret: another)")
         self.stdout.write(token)
 
 

@@ -17,7 +17,6 @@ refuses) is served in this process, through the ledger, as the API would.
 """
 
 import contextlib
-import os
 import random
 import secrets
 import threading
@@ -33,6 +32,7 @@ from django.utils import timezone
 
 from delivery import ledger
 from delivery.models import Delivery
+from mqsite.private_files import write_private
 from queues import publishing
 from queues.models import Queue
 from subscribers import subscribing
@@ -78,16 +78,8 @@ def seed_if_fresh():
             for queue, event in wants:
                 subscribing.subscribe(subscriber, queues[queue], event)
     if tokens:
-        _write_private(tokens_file(), "".join(f"{name} {token}\n" for name, token in tokens.items()))
+        write_private(tokens_file(), "".join(f"{name} {token}\n" for name, token in tokens.items()))
     return tokens
-
-
-def _write_private(path, text):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 # --- traffic -------------------------------------------------------------------------------------

@@ -260,7 +260,10 @@ def next_due_at(subscriber_id, now=None):
 
 def post_one(subscriber, delivery, client):
     return webhooks.post(
-        subscriber.webhook_url, subscriber.webhook_secret, frames.message_frame(delivery), client
+        subscriber.webhook_url,
+        subscriber.webhook_secrets(timezone.now()),
+        frames.message_frame(delivery),
+        client,
     )
 
 

@@ -214,24 +214,29 @@ def loggable(error, limit=LOGGED_ERROR_CHARS):
     return repr(cut) + (f" (+{len(error) - len(cut)} chars)" if len(error) > limit else "")
 
 
-def sign(secret, msg_id, timestamp, body):
-    """`webhook-signature` per Standard Webhooks: v1,base64(HMAC-SHA256("id.ts.body"))."""
-    return Webhook(secret).sign(msg_id, datetime.fromtimestamp(timestamp, UTC), body)
+def sign(secrets, msg_id, timestamp, body):
+    """`webhook-signature` per Standard Webhooks: v1,base64(HMAC-SHA256("id.ts.body")), one for
+    each secret (a string, or several: the new and the previous one while a rotation's grace
+    lasts), space-separated; a receiver accepts the post when any of them is its secret's."""
+    at = datetime.fromtimestamp(timestamp, UTC)
+    if isinstance(secrets, str):
+        secrets = [secrets]
+    return " ".join(Webhook(secret).sign(msg_id, at, body) for secret in secrets)
 
 
-def post(url, secret, frame, client=None):
-    """POST the message frame; a 2xx answer within the deadline (connect, headers and body) is
-    success, anything else a failed attempt."""
+def post(url, secrets, frame, client=None):
+    """POST the message frame, signed with `secrets` (sign()); a 2xx answer within the deadline
+    (connect, headers and body) is success, anything else a failed attempt."""
     started = time.monotonic()
     limit = timeout_secs()
     token = _deadline.set(started + limit)
     try:
-        return _post(url, secret, frame, client, started, limit)
+        return _post(url, secrets, frame, client, started, limit)
     finally:
         _deadline.reset(token)
 
 
-def _post(url, secret, frame, client, started, limit):
+def _post(url, secrets, frame, client, started, limit):
     msg_id = str(frame["id"])
     timestamp = int(time.time())
     body = body_of(frame)
@@ -248,7 +253,7 @@ def _post(url, secret, frame, client, started, limit):
         "User-Agent": USER_AGENT,
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret, msg_id, timestamp, body),
+        "webhook-signature": sign(secrets, msg_id, timestamp, body),
     }
     own_client = client is None
     client = client or make_client()

@@ -1,4 +1,5 @@
-"""Django's session, authentication and messages middleware, skipped by bearer-token API calls.
+"""Django's session, authentication and messages middleware and django-csp's, skipped by
+bearer-token API calls.
 
 A call to /api/ with `Authorization: Bearer ...` is a subscriber's (or a script's): DRF
 authenticates it by its token, and it has no session to load and no messages to show (issue
@@ -8,10 +9,14 @@ API with a session, whose unsafe calls DRF still checks for a CSRF token
 add an Authorization header to a cross-site request without a CORS preflight, which this server
 never grants, so the header cannot be used to step around a session's checks.
 
+A Content-Security-Policy only guards a page a browser renders; a bearer-token call's JSON is
+read by a program, so it goes without (and without building the header on the hot path).
+
 Django's CsrfViewMiddleware stays as it is (settings.MIDDLEWARE says why): on an API call it
 only reads the cookie header, since DRF's views are csrf_exempt.
 """
 
+from csp import middleware as csp
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
@@ -42,4 +47,8 @@ class AuthenticationMiddleware(_SkippedByBearerApiCalls, auth.AuthenticationMidd
 
 
 class MessageMiddleware(_SkippedByBearerApiCalls, messages.MessageMiddleware):
+    pass
+
+
+class CSPMiddleware(_SkippedByBearerApiCalls, csp.CSPMiddleware):
     pass

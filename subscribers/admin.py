@@ -1,7 +1,10 @@
 """Subscribers, subscriptions and who is connected now, in the admin.
 
 A subscriber's token is issued when it is created (or rotated by the action) and shown to the
-operator once, in a message; only its hash is kept. A subscription removed here goes through
+operator once, in a message; only its hash is kept. Its webhook secret is kept (each post's HMAC
+needs it) but likewise shown only when made (with its first webhook URL) or rotated by the
+action, to an operator who may change subscribers: never on its page, which staff who may only
+view subscribers read too. A subscription removed here goes through
 subscribing.unsubscribe, so what it was still owed is dropped as the API would drop it.
 Connections belong to presence: they are only looked at here, or closed (by a superuser)
 through presence.close_connection, so that what they held goes back to pending, and the
@@ -34,7 +37,7 @@ from delivery.reports import (
 from mqsite import limits
 from queues.models import Event
 
-from . import presence, replay, subscribing
+from . import presence, provisioning, replay, subscribing
 from .models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
 
 
@@ -251,9 +254,9 @@ class SubscriberAdmin(
     list_filter = ["is_active", "publish_all", "subscribe_all"]
     search_fields = ["name"]
     filter_horizontal = ["publish_queues", "subscribe_queues"]
-    readonly_fields = ["token_hint", "webhook_secret", "created_at", "owed"]
+    readonly_fields = ["token_hint", "webhook_secret_state", "created_at", "owed"]
     inlines = [SubscriberSubscriptionInline]
-    actions = ["issue_new_token"]
+    actions = ["issue_new_token", "rotate_webhook_secret"]
 
     def get_fieldsets(self, request, obj=None):
         permissions = (
@@ -269,7 +272,7 @@ class SubscriberAdmin(
             ]
         return [
             (None, {"fields": ["name", "is_active", "token_hint", "created_at"]}),
-            ("Webhook", {"fields": ["webhook_url", "webhook_secret"]}),
+            ("Webhook", {"fields": ["webhook_url", "webhook_secret_state"]}),
             permissions,
             ("What it is owed", {"fields": ["owed"]}),
         ]
@@ -299,9 +302,24 @@ class SubscriberAdmin(
 
     def save_model(self, request, obj, form, change):
         token = None if change else obj.issue_token()
+        old_url = form.initial.get("webhook_url", "") if change else ""
+        secret = obj.secret_for_first_webhook(old_url, timezone.now())
         super().save_model(request, obj, form, change)
         if token is not None:
             self._show_token(request, obj, token)
+        if secret is not None:
+            self._show_webhook_secret(request, obj, secret)
+
+    def _show_webhook_secret(self, request, subscriber, secret):
+        messages.success(
+            request,
+            format_html(
+                "The webhook secret of {}: <code class='mq-webhook-secret'>{}</code> Copy it now: "
+                "it will not be shown again.",
+                subscriber.name,
+                secret,
+            ),
+        )
 
     def _show_token(self, request, subscriber, token):
         messages.success(
@@ -324,6 +342,37 @@ class SubscriberAdmin(
                 issued.append((subscriber, token))
         for subscriber, token in issued:
             self._show_token(request, subscriber, token)
+
+    @admin.action(
+        description="Rotate the webhook secret (the old one still signs for a grace period)",
+        permissions=["change"],
+    )
+    def rotate_webhook_secret(self, request, queryset):
+        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+            subscriber, secret = provisioning.rotate_webhook_secret(pk)
+            if subscriber is None:
+                continue  # deleted meanwhile
+            self.log_change(request, subscriber, "rotated the webhook secret")
+            self._show_webhook_secret(request, subscriber, secret)
+            until = subscriber.previous_webhook_secret_until
+            if until is not None:
+                self.message_user(
+                    request,
+                    f"{subscriber.name}: posts are signed with the old secret too until "
+                    f"{display_for_value(until, '-')}, so its receiver can switch meanwhile.",
+                )
+
+    @admin.display(description="webhook secret")
+    def webhook_secret_state(self, obj):
+        # Never the secret itself: this page is read by staff who may only view subscribers.
+        made = display_for_value(obj.webhook_secret_set_at or obj.created_at, "-")
+        words = (
+            f"made {made}; shown only then. The action \u201cRotate the webhook secret\u201d makes a new one."
+        )
+        until = obj.previous_webhook_secret_until
+        if obj.previous_webhook_secret and until is not None and until > timezone.now():
+            words += f" The previous one still signs posts until {display_for_value(until, '-')}."
+        return words
 
     @admin.display(description="webhook", boolean=True)
     def has_webhook(self, obj):

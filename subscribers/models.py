@@ -37,7 +37,14 @@ class Subscriber(models.Model):
         validators=[validate_webhook_url],
         help_text="Deliveries are POSTed here while the subscriber has no websocket open.",
     )
-    webhook_secret = models.CharField(max_length=100, blank=True, default=new_webhook_secret)
+    # Kept as it is (the HMAC of every post needs it), but shown only when made or rotated, to
+    # an operator who may change the subscriber; never on its page afterwards.
+    webhook_secret = models.CharField(max_length=100, blank=True, default=new_webhook_secret, editable=False)
+    # The secret before the last rotation: posts are signed with it too until the time given,
+    # so that receivers can switch to the new one without missing a delivery.
+    previous_webhook_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
+    previous_webhook_secret_until = models.DateTimeField(null=True, blank=True, editable=False)
+    webhook_secret_set_at = models.DateTimeField(null=True, blank=True, editable=False)
     publish_all = models.BooleanField("may publish to every queue", default=False)
     subscribe_all = models.BooleanField("may subscribe to every queue", default=False)
     publish_queues = models.ManyToManyField(
@@ -61,6 +68,34 @@ class Subscriber(models.Model):
         self.token_hash = hash_token(token)
         self.token_hint = token[:10]
         return token
+
+    def rotate_webhook_secret(self, now, grace_secs):
+        """Set a fresh webhook secret and return it; the caller saves the row and shows it once.
+        The one it replaces still signs posts for `grace_secs` (0: not at all)."""
+        secret = new_webhook_secret()
+        if grace_secs > 0 and self.webhook_secret:
+            self.previous_webhook_secret = self.webhook_secret
+            self.previous_webhook_secret_until = now + timedelta(seconds=grace_secs)
+        else:
+            self.previous_webhook_secret, self.previous_webhook_secret_until = "", None
+        self.webhook_secret = secret
+        self.webhook_secret_set_at = now
+        return secret
+
+    def secret_for_first_webhook(self, old_url, now):
+        """A subscriber given its first webhook URL (it had `old_url`, empty) gets a fresh secret:
+        the one it had was never shown. Returns it, for the caller to show once; else None."""
+        if self.webhook_url and not old_url:
+            return self.rotate_webhook_secret(now, grace_secs=0)
+        return None
+
+    def webhook_secrets(self, now):
+        """The secrets a post made at `now` is signed with: the current one, and the previous
+        one while its grace lasts."""
+        until = self.previous_webhook_secret_until
+        if self.previous_webhook_secret and until is not None and now < until:
+            return [self.webhook_secret, self.previous_webhook_secret]
+        return [self.webhook_secret]
 
     def may_publish(self, queue):
         return self.publish_all or self._granted(self.publish_queues.through, queue)

@@ -7,6 +7,7 @@ from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import SimpleRateThrottle
 
 from mqsite.client_address import request_client_address
+from mqsite.rates import parse_rate
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ class ClientRateThrottle(SimpleRateThrottle):
 
     def get_rate(self):
         return settings.MQ_THROTTLE_RATE  # read per request, so a test can override it
+
+    def parse_rate(self, rate):
+        # Also "N/Ks" (a rate with a burst), which DRF's own parse cannot read.
+        return (None, None) if rate is None else parse_rate(rate)
 
     def get_cache_key(self, request, view):
         user = request.user

@@ -67,6 +67,7 @@ def start_daphne(extra_env=None, port=None, daphne_args=()):
         **(extra_env or {}),
     }
     env.pop("PYTEST_CURRENT_TEST", None)
+    env = {k: v for k, v in env.items() if v is not None}  # None: the server's default
     log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *daphne_args]

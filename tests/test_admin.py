@@ -190,7 +190,7 @@ def test_it_creates_a_subscriber_and_shows_its_token_once(staff, db_queue):
     assert token not in page
     assert subscriber.token_hint in page
     assert subscriber.token_hash not in page
-    assert subscriber.webhook_secret in page
+    assert subscriber.webhook_secret not in page
 
 
 def test_it_rotates_a_token_with_the_action(staff, logger):
@@ -446,6 +446,67 @@ def test_it_never_makes_or_edits_a_message_in_a_form(staff, world, django_user_m
     assert Message.objects.filter(pk=message.pk).exists()
     assert staff.post(url, {"post": "yes"}).status_code == 302
     assert not Message.objects.filter(pk=message.pk).exists()
+
+
+SECRET_SHOWN = re.compile(r"<code class='mq-webhook-secret'>([^<]+)</code>")
+
+
+def test_staff_who_may_only_view_subscribers_never_see_the_webhook_secret(staff, logger, django_user_model):
+    logger.webhook_url = "https://example.com/hook"
+    logger.save()
+    viewer = django_user_model.objects.create_user("viewer", password="x-password-1", is_staff=True)
+    viewer.user_permissions.add(*_perms("subscribers", "subscriber", "view"))
+    client = Client()
+    client.force_login(viewer)
+
+    for url in (
+        changelist(Subscriber),
+        change(logger),
+        reverse("admin:subscribers_subscriber_history", args=[logger.pk]),
+    ):
+        page = client.get(url)
+        assert page.status_code == 200
+        assert logger.webhook_secret not in page.content.decode()
+    # Nor can they rotate it to be shown a new one.
+    r = act(client, Subscriber, "rotate_webhook_secret", [logger])
+    assert not SECRET_SHOWN.findall(r.content.decode())
+    assert Subscriber.objects.get(pk=logger.pk).webhook_secret == logger.webhook_secret
+
+
+def test_a_subscribers_first_webhook_comes_with_a_secret_shown_once(staff, db_queue, settings):
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = False
+    form = {"name": "hooked", "is_active": "on", "webhook_url": "", **inline_management("subscriptions")}
+    r = staff.post(reverse("admin:subscribers_subscriber_add"), form, follow=True)
+    assert r.status_code == 200 and not SECRET_SHOWN.findall(r.content.decode())  # no webhook yet
+    hooked = Subscriber.objects.get(name="hooked")
+    unseen = hooked.webhook_secret
+
+    form = {**form, "webhook_url": "https://example.com/hook", **inline_management("connections")}
+    r = staff.post(change(hooked), form, follow=True)
+
+    [shown] = SECRET_SHOWN.findall(r.content.decode())
+    hooked.refresh_from_db()
+    assert hooked.webhook_url == "https://example.com/hook"
+    assert shown == hooked.webhook_secret != unseen  # a secret nobody saw before, shown now
+    r = staff.post(change(hooked), {**form, "webhook_url": "https://example.com/other"}, follow=True)
+    assert not SECRET_SHOWN.findall(r.content.decode())  # changing the URL keeps it, unshown
+    hooked.refresh_from_db()
+    assert hooked.webhook_secret == shown
+
+
+def test_an_operator_rotates_the_webhook_secret_and_is_shown_it_once(staff, logger, settings):
+    settings.MQ_WEBHOOK_SECRET_GRACE_SECS = 600
+    old = logger.webhook_secret
+
+    r = act(staff, Subscriber, "rotate_webhook_secret", [logger])
+
+    [new] = SECRET_SHOWN.findall(r.content.decode())
+    logger.refresh_from_db()
+    assert new == logger.webhook_secret != old
+    assert logger.webhook_secrets(timezone.now()) == [new, old]
+    assert logger.webhook_secrets(timezone.now() + timedelta(seconds=601)) == [new]
+    page = staff.get(change(logger)).content.decode()
+    assert new not in page and old not in page and "still signs posts until" in page
 
 
 def _perms(app_label, model, *actions):

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
 
 from dashboard.demo import DemoTraffic, seed_if_fresh
 from delivery import ledger
@@ -58,6 +58,12 @@ def page(server, monkeypatch):
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
         page = context.new_page()
         page.set_default_timeout(15_000)
+        # What the Content-Security-Policy blocked: Chromium reports each on the console.
+        page.csp_violations = []
+        page.on(
+            "console",
+            lambda m: page.csp_violations.append(m.text) if "Content Security Policy" in m.text else None,
+        )
         yield page
         browser.close()
 
@@ -97,9 +103,11 @@ def test_an_operator_watches_messages_arrive_live(server, page, django_user_mode
 
     answer = publish_rest(server, token, "db", "create", {"table": "users", "id": 7, "name": "Ann"})
 
-    page.wait_for_function("document.getElementById('t-published').textContent === '1'")
+    # expect() rather than wait_for_function(): that evals its string in the page, which the
+    # Content-Security-Policy (rightly) forbids.
+    expect(page.locator("#t-published")).to_have_text("1")
     row = '#queues tr[data-queue="db"][data-event="create"]'
-    page.wait_for_function(f"document.querySelector('{row} td.published').textContent === '1'")
+    expect(page.locator(f"{row} td.published")).to_have_text("1")
     item = page.wait_for_selector(f'#feed li[data-id="{answer["id"]}"]')
     assert "Ann" in item.inner_text() and "db/create" in item.inner_text()
     # Two subscriptions (dashboard and monitor want db/create, the logger all of db) are owed it.
@@ -145,3 +153,41 @@ def test_an_operator_watches_messages_arrive_live(server, page, django_user_mode
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     assert int(page.inner_text("#t-acked").replace(",", "")) > 0
+    assert page.csp_violations == []  # all of it ran under the Content-Security-Policy
+
+
+def test_the_admin_and_the_api_docs_work_under_the_content_security_policy(server, page, django_user_model):
+    Queue.objects.create(name="orders", ordered=True)
+    service, token = create_subscriber("shop", publish=["orders"], subscribe=["orders"])
+    subscribing.subscribe(service, Queue.objects.get(name="orders"))
+    publish_rest(server, token, "orders", "paid", {"order": 1})
+    publish_rest(server, token, "orders", "paid", {"order": 2})
+    [head] = ledger.lease_deliveries(service, limit=1, holder="test")
+    head = ledger.fail_delivery(head["id"], "test", "503 from the shop")  # retried later: it holds the line
+    django_user_model.objects.create_user(
+        "ops", password="a-long-password-1", is_staff=True, is_superuser=True
+    )
+    page.goto(f"{server.http}/admin/login/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "a-long-password-1")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{server.http}/admin/")
+
+    # The admin's own scripts run: the subscriber page's queue pickers (SelectFilter2.js).
+    page.goto(f"{server.http}/admin/subscribers/subscriber/{service.pk}/change/")
+    page.wait_for_selector("#id_publish_queues_filter")
+
+    # Head of line: "Skip" asks first (confirm.js, no inline onclick); dismissed, nothing is done.
+    page.goto(f"{server.http}/admin/tools/head-of-line/")
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click("button[value=skip]")
+    page.wait_for_timeout(500)
+    assert asked and asked[0].startswith(f"Skip delivery {head.pk}?")
+    assert Delivery.objects.get(pk=head.pk).status != Status.DEAD
+
+    # The API docs: Swagger UI (drf-spectacular-sidecar's files) draws the schema.
+    page.goto(f"{server.http}/api/docs/")
+    page.wait_for_selector(".swagger-ui .info .title")
+    page.wait_for_selector(".opblock-tag")
+    assert page.csp_violations == []

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from django.conf import settings
@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIRequestFactory
 
 from delivery import ledger, wakeups
@@ -177,10 +178,45 @@ def test_run_again_it_sets_the_subscriber_as_asked_with_a_new_token(logger, db_q
     assert "updated subscriber logger" in out
     assert set(s.subscribe_queues.values_list("name", flat=True)) == {"db", "net"}
     assert not s.publish_queues.exists()  # as the command says, not added to what it had
-    assert s.webhook_url == "https://example.com/h" and s.webhook_secret == secret
+    assert s.webhook_url == "https://example.com/h"
+    # Its first webhook: a secret never shown before (not the one made with the row), shown now.
+    assert s.webhook_secret != secret and f"webhook secret: {s.webhook_secret}" in out.splitlines()
     assert Subscription.objects.filter(subscriber=s).count() == 1  # its subscriptions stay
     assert subscriber_for_token(out.splitlines()[-1]) == s
     assert subscriber_for_token(old_token) is None
+
+
+def test_run_again_it_keeps_the_webhook_secret_and_prints_it_as_the_api_says(db_queue):
+    run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    secret = Subscriber.objects.get(name="hooked").webhook_secret
+
+    out = run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook2")
+
+    assert Subscriber.objects.get(name="hooked").webhook_secret == secret
+    assert f"webhook secret: {secret}" in out.splitlines()
+    # Without --webhook it says nothing of it.
+    out = run("createsubscriber", "hooked", "--subscribe", "db")
+    assert secret not in out
+
+
+def test_rotatewebhooksecret_prints_a_new_secret_once_and_keeps_the_old_for_the_grace(db_queue, settings):
+    settings.MQ_WEBHOOK_SECRET_GRACE_SECS = 3600
+    run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    old = Subscriber.objects.get(name="hooked").webhook_secret
+
+    out = run("rotatewebhooksecret", "hooked").splitlines()
+
+    s = Subscriber.objects.get(name="hooked")
+    assert out[-1] == s.webhook_secret != old and s.webhook_secret.startswith("whsec_")
+    assert "also signs posts until" in out[0] and "(3600 s)" in out[0]
+    assert s.webhook_secrets(timezone.now()) == [s.webhook_secret, old]
+    assert s.webhook_secrets(timezone.now() + timedelta(seconds=3601)) == [s.webhook_secret]
+
+    run("rotatewebhooksecret", "hooked", "--grace-secs", "0")
+    s.refresh_from_db()
+    assert s.webhook_secrets(timezone.now()) == [s.webhook_secret] and s.previous_webhook_secret == ""
+    with pytest.raises(CommandError, match="no subscriber named 'nobody'"):
+        run("rotatewebhooksecret", "nobody")
 
 
 def test_it_refuses_a_malformed_webhook_url(db):
@@ -609,7 +645,7 @@ def var_dir(settings, tmp_path):
     return tmp_path
 
 
-def test_it_makes_the_first_operator_once_and_repeats_the_login(db, var_dir):
+def test_it_makes_the_first_operator_once_and_prints_the_password_only_then(db, var_dir):
     first = run("bootstrap").splitlines()
     again = run("bootstrap").splitlines()
 
@@ -619,14 +655,17 @@ def test_it_makes_the_first_operator_once_and_repeats_the_login(db, var_dir):
     password = path.read_text().strip()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert admin.check_password(password) and len(password) >= 16
-    assert first[0] == again[0] == f"operator login: admin / {password}"
+    assert first[0].startswith(f"operator login: admin / {password} ")
+    # Start-up logs are kept and shared: later starts say where it is, never what it is.
+    assert again[0] == f"operator login: admin, password in {path}"
+    assert password not in "\n".join(again)
     for url in (
         "http://127.0.0.1:8123/admin/",
         "http://127.0.0.1:8123/api/docs/",
         "http://127.0.0.1:8123/healthz",
     ):
         assert any(line.endswith(url) for line in first)
-    assert first == again
+    assert first[1:] == again[1:]
 
 
 def test_it_leaves_an_existing_operator_alone(operator, var_dir):

@@ -31,7 +31,7 @@ def pull(client):
 def test_a_rotated_token_is_refused_at_once_and_the_new_one_works(logger, db_queue):
     client = client_for(logger)
     assert pull(client).status_code == 200
-    _, new_token, _ = provision_subscriber("logger", publish=["db"], subscribe=["db"], update=True)
+    _, new_token, _, _ = provision_subscriber("logger", publish=["db"], subscribe=["db"], update=True)
     assert pull(client).status_code == 401
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {new_token}")
     assert pull(client).status_code == 200

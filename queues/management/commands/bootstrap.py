@@ -1,8 +1,8 @@
 """bootstrap: run by `make run` before the server starts. Makes the first operator and says
 where to log in; on a fresh install (no queue yet) seeds the demo (dashboard.demo).
-Idempotent: later runs repeat the login from var/operator_password."""
+Idempotent. The password is printed once, when the operator is made (start-up logs are kept and
+shared more widely than var/); later runs say which private file holds it."""
 
-import os
 import secrets
 from pathlib import Path
 
@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard import demo
+from mqsite.private_files import write_private
 
 USERNAME = "admin"
 
@@ -39,14 +40,14 @@ class Command(BaseCommand):
             password = secrets.token_urlsafe(18)
             # The file first, the user after: should the user fail, the next run makes both
             # again, whereas a user whose password was never written down would be locked out.
-            _write_private(path, password)
+            write_private(path, password + "\n")
             users.create_superuser(USERNAME, email="", password=password)
-            self.stdout.write(f"operator login: {USERNAME} / {password}")
+            self.stdout.write(f"operator login: {USERNAME} / {password} (shown this once; kept in {path})")
         elif path.exists():
             password = path.read_text().strip()
             admin = users.filter(username=USERNAME, is_superuser=True).first()
             if admin is not None and admin.check_password(password):
-                self.stdout.write(f"operator login: {USERNAME} / {password}")
+                self.stdout.write(f"operator login: {USERNAME}, password in {path}")
             else:
                 self.stdout.write(f"operator login: the password in {path} was changed since; use your own")
         else:
@@ -64,12 +65,3 @@ class Command(BaseCommand):
         self.stdout.write(f"API docs: {base}/api/docs/")
         self.stdout.write(f"metrics:  {base}/metrics")
         self.stdout.write(f"health:   {base}/healthz")
-
-
-def _write_private(path, text):
-    """Write `text` to a file only its owner can read (mode 600 from the start, no window)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that existed
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")

@@ -3,7 +3,9 @@
 The token is printed alone on the last line of stdout, so scripts can take it with `tail -n1`.
 Like createqueue it may be run again: an existing subscriber is set as the command says (its
 subscriptions and webhook secret kept) and gets a new token, since only a hash of the old is
-kept; the old token stops working.
+kept; the old token stops working. With --webhook it prints the webhook secret, as the API
+promises, made new only the first time (`rotatewebhooksecret NAME` makes another): whoever runs
+manage.py reads the database anyway. The admin, where staff may only view, shows it just once.
 """
 
 from django.core.exceptions import ValidationError
@@ -40,7 +42,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            subscriber, token, created = provision_subscriber(
+            subscriber, token, created, webhook_secret = provision_subscriber(
                 options["name"],
                 publish=options["publish"],
                 subscribe=options["subscribe"],
@@ -61,8 +63,8 @@ class Command(BaseCommand):
             f"{'created' if created else 'updated'} subscriber {subscriber.name} "
             f"(publish: {_scope(options['publish'])}; subscribe: {_scope(options['subscribe'])})"
         )
-        if subscriber.webhook_url:
-            self.stdout.write(f"webhook secret: {subscriber.webhook_secret}")
+        if options["webhook"]:
+            self.stdout.write(f"webhook secret: {webhook_secret or subscriber.webhook_secret}")
         self.stdout.write(token)
 
 

@@ -13,6 +13,8 @@ here. Operators (the admin, manage.py) are never limited: the callers pass no su
   an error frame `too_many_subscriptions`.
 - event names a subscriber makes (publishing or subscribing): MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER
   an hour (100); beyond, 429 with Retry-After or an error frame `too_many_new_events`.
+- receipts a subscriber's sockets in one process wait for at once:
+  MQ_MAX_RECEIPTS_PER_SUBSCRIBER (10,000); beyond, an error frame `too_many_receipts`.
 """
 
 import logging
@@ -65,6 +67,21 @@ def check_subscriptions(held_now):
             f"This subscriber holds {held_now} subscriptions, the most "
             f"MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER ({cap}) allows; delete one first.",
             status.HTTP_409_CONFLICT,
+        )
+
+
+def check_receipts(waiting_now, more):
+    """Before a publish frame that wants `more` receipts: the subscriber's sockets in this
+    process wait for `waiting_now` already (each a row of the registry and of the recheck's
+    query, delivery.receipts)."""
+    cap = settings.MQ_MAX_RECEIPTS_PER_SUBSCRIBER
+    if waiting_now + more > cap:
+        raise LimitExceeded(
+            "too_many_receipts",
+            f"This subscriber's sockets already wait for {waiting_now} receipts, and "
+            f"MQ_MAX_RECEIPTS_PER_SUBSCRIBER allows {cap} at once; this frame wants {more} more. "
+            "Nothing was published.",
+            status.HTTP_429_TOO_MANY_REQUESTS,
         )
 
 

@@ -306,14 +306,16 @@ MQ_REVOCATION_CHECK_SECS = _positive_float("MQ_REVOCATION_CHECK_SECS", 0.5)
 # What one subscriber may take of the shared server (mqsite/limits.py): frames per second on a
 # socket and the burst it may send at once (a flood of frames was a query each); how long a
 # socket may stay over that before it is closed; and caps on its open sockets (each a row and
-# a heartbeat), subscriptions (each fanned out to) and event names made per hour (each a row
-# and a /metrics label forever).
+# a heartbeat), subscriptions (each fanned out to), event names made per hour (each a row
+# and a /metrics label forever) and receipts its sockets in a process wait for at once (each
+# probed by that process's recheck every 2 s: a cap per socket let 64 sockets wait for 640,000).
 MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 5000)
 MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 10000)
 MQ_WS_ABUSE_SECS = _positive_float("MQ_WS_ABUSE_SECS", 5.0)
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
 MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)
 MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER", 100)
+MQ_MAX_RECEIPTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_RECEIPTS_PER_SUBSCRIBER", 10000)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)

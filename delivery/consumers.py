@@ -174,7 +174,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.ack_task = None
         self.publish_buffer = []  # [_Publish] not yet published
         self.publish_buffered = 0  # messages in it
-        self.receipts = receipts.Owed(self.send_json)  # the receipts this socket owes
+        self.receipts = receipts.Owed(self.send_json, subscriber.pk)  # the receipts this socket owes
         self.prefetch = min(prefetch or settings.MQ_PREFETCH, settings.MQ_PREFETCH)
         self.wake = asyncio.Event()
         self.sending = asyncio.Lock()  # a lease and the sending of what it got are one step
@@ -568,10 +568,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         outgoing = frames.receipt_of(frame, outgoing)
         receipt = outgoing[0].receipt
         if receipt:
-            try:
-                self.receipts.book(len(outgoing))
-            except receipts.TooMany as exc:
-                raise FrameError("too_many_receipts", str(exc)) from None
+            self.receipts.book(len(outgoing))  # too_many_receipts past the subscriber's cap
         self.publish_buffer.append(_Publish(frame.get("ref"), queue_name, outgoing, batch, receipt))
         self.publish_buffered += len(outgoing)
         if self.publish_task is None or self.publish_task.done():
@@ -585,14 +582,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 batch, self.publish_buffer, self.publish_buffered = self.publish_buffer, [], 0
                 waiting = []
                 for p, answers in await self.publish_in_order(batch):
-                    if p.receipt:
-                        self.receipts.unbook(len(p.outgoing))
                     if isinstance(answers, FrameError):
                         await self.send_json(answers.frame(p.ref))
                     else:
-                        await self.send_json(frames.published_frame(answers, p.batch, p.ref))
+                        await self.send_json(frames.published_frame([a for a, _ in answers], p.batch, p.ref))
                         if p.receipt:
-                            waiting += self.receipts.published(answers, p.ref)
+                            waiting += await self.receipts.published(answers, p.ref)
+                    if p.receipt:  # once awaited (not before: the cap counts them throughout)
+                        self.receipts.unbook(len(p.outgoing))
                 if waiting:
                     await self.receipts.check(waiting)
         except Exception:
@@ -604,7 +601,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 await self.close(code=CLOSE_SERVER_ERROR)
 
     async def publish_in_order(self, publishes):
-        """[(publish, its answers or a FrameError)] for the buffered publish frames: each run
+        """[(publish, its [(answer, created)] or a FrameError)] for the buffered publish frames: each run
         of frames for one queue (up to MAX_BATCH messages, a frame never split) is one
         publish, so their seqs follow the order the frames came in."""
         answers = []
@@ -629,7 +626,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 continue
             start = 0
             for p in run:
-                answers.append((p, [answer for answer, _ in published[start : start + len(p.outgoing)]]))
+                answers.append((p, published[start : start + len(p.outgoing)]))
                 start += len(p.outgoing)
         return answers
 

@@ -19,14 +19,19 @@ The socket's way rides on the ledger's settling statements and costs nothing to 
   deliveries at once: whichever commits last sees the other's commit in its check (each check
   is a statement of its own, so it sees everything committed before it started). Both may
   announce: the waiting socket sends one frame whatever it hears.
-- An announcement reaches the socket that waits for the message: in this process through the
+- An announcement reaches the sockets that wait for the message: in this process through the
   registry below, in the others through the same Redis channel as wake-ups
-  (wakeups.tell_settled). That socket reads the counts once (counts_statement) and sends the
-  frame.
+  (wakeups.tell_settled). Each reads the counts once (counts_statement) and sends the frame.
+- Only the message's publisher waits for it. A publish whose idempotency key names a message
+  already there answers with that message (API.md), but another publisher's repeat neither
+  marks it nor waits for its receipt (Owed.published, publishing._publish): its progress, and
+  the counts of its deliveries, are its publisher's alone.
 - What can be lost (a Redis word, an announcement from a process without Redis: the embedded
   mode's webhook worker and sweeper, a subscriber deleted with what it was owed) is caught by
   recheck(): every RECHECK_SECS, one query for all the receipts the sockets of a process wait
-  for (socket_loops). A receipt is late then, never lost.
+  for (socket_loops). A receipt is late then, never lost. That query probes each awaited
+  message once, so what one subscriber's sockets in a process may wait for together is capped
+  (MQ_MAX_RECEIPTS_PER_SUBSCRIBER, mqsite.limits): opening more sockets adds no room.
 """
 
 import asyncio
@@ -38,7 +43,7 @@ from collections import defaultdict
 from django.db import connection, transaction
 from django.db.models import Count, Q
 
-from mqsite import adb
+from mqsite import adb, limits
 from queues.models import Message
 
 from . import wakeups
@@ -47,9 +52,6 @@ from .querysets import open_in_sql
 
 log = logging.getLogger(__name__)
 
-# The receipts one socket may wait for at once: a publish frame past it is refused
-# (too_many_receipts), nothing published. Bounds the registry and the recheck's query.
-MAX_PENDING_PER_SOCKET = 10_000
 # The operator's view of a message lists at most this many subscriptions (by delivery id); the
 # counts cover them all.
 MAX_SUBSCRIPTIONS_SHOWN = 1000
@@ -154,51 +156,58 @@ def announce(message_ids):
 # --- the sockets' side ---------------------------------------------------------------------------
 
 _lock = threading.Lock()
-# message id -> (event loop, callback) of the socket waiting for its receipt: announcements come
-# from any thread (a REST ack, a Celery task) and from the listener of other processes.
+# message id -> {Owed: its event loop} of the sockets waiting for its receipt: announcements come
+# from any thread (a REST ack, a Celery task) and from the listener of other processes. Several
+# sockets may wait for one message (its publisher's workers retrying one key), each gets a frame.
 _waiting = {}
+# subscriber id -> its Owed in this process that wait for receipts or have some booked: the cap
+# MQ_MAX_RECEIPTS_PER_SUBSCRIBER counts across them (mqsite.limits).
+_of_subscriber = defaultdict(set)
 
 
-def wait_for(message_ids, callback):
-    """Call `callback(ids)` on the running loop when these messages are announced settled."""
-    waiter = (asyncio.get_running_loop(), callback)
+def wait_for(message_ids, owed):
+    """Call `owed.settled(ids)` on the running loop when these messages are announced settled."""
+    loop = asyncio.get_running_loop()
     with _lock:
         for i in message_ids:
-            _waiting[i] = waiter
+            _waiting.setdefault(i, {})[owed] = loop
 
 
-def forget(message_ids):
+def forget(message_ids, owed):
     with _lock:
         for i in message_ids:
-            _waiting.pop(i, None)
+            waiters = _waiting.get(i)
+            if waiters is not None:
+                waiters.pop(owed, None)
+                if not waiters:
+                    del _waiting[i]
 
 
 def waiting():
-    """How many receipts the sockets of this process wait for."""
+    """How many messages the sockets of this process wait for a receipt of."""
     with _lock:
         return len(_waiting)
 
 
 def settled_here(message_ids):
-    """Hand each of these messages to the socket of this process waiting for it, if any."""
+    """Hand each of these messages to the sockets of this process waiting for it, if any."""
     by_waiter = defaultdict(list)
     with _lock:
         for i in message_ids:
-            waiter = _waiting.get(i)
-            if waiter is not None:
-                by_waiter[waiter].append(i)
+            for owed, loop in _waiting.get(i, {}).items():
+                by_waiter[(loop, owed)].append(i)
     if not by_waiter:
         return
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:  # a sync thread (a request, a Celery task)
         running = None
-    for (loop, callback), ids in by_waiter.items():
+    for (loop, owed), ids in by_waiter.items():
         if loop is running:
-            callback(ids)
+            owed.settled(ids)
         else:
             try:
-                loop.call_soon_threadsafe(callback, ids)
+                loop.call_soon_threadsafe(owed.settled, ids)
             except RuntimeError:  # that loop is closed: its socket is gone
                 pass
 
@@ -206,16 +215,28 @@ def settled_here(message_ids):
 wakeups.on_settled(settled_here)
 
 
-class TooMany(Exception):
-    """A socket asked for more receipts than it may wait for at once."""
+def owned_statement(message_ids, publisher_id):
+    """Those of these messages that this subscriber published: a repeated idempotency key
+    answers with the first message whoever published it (API.md), but only its publisher may
+    wait for its receipt."""
+    if not message_ids:
+        return []
+    values, param = _id_values(message_ids)
+    rows = yield (
+        f"SELECT m.id FROM {Message._meta.db_table} m WHERE m.publisher_id = %s "
+        f"AND m.id IN (SELECT v.id FROM {values})",
+        [publisher_id, param],
+    )
+    return [row[0] for row in rows]
 
 
 class Owed:
-    """The receipts one socket owes, and the sending of their frames (through `send`, the
-    socket's own send of a frame), on the socket's event loop."""
+    """The receipts one socket of subscriber `subscriber_id` owes, and the sending of their
+    frames (through `send`, the socket's own send of a frame), on the socket's event loop."""
 
-    def __init__(self, send):
+    def __init__(self, send, subscriber_id):
         self.send = send
+        self.subscriber_id = subscriber_id
         self.refs = {}  # message id -> ref of its publish frame
         self.booked = 0  # messages of publish frames not yet published that want a receipt
         self.due = set()  # announced settled, their frames not sent yet
@@ -223,25 +244,29 @@ class Owed:
         self.closed = False
 
     def book(self, count):
-        """Room for `count` more, before their publish: TooMany when there is none."""
-        waiting = len(self.refs) + self.booked
-        if waiting + count > MAX_PENDING_PER_SOCKET:
-            raise TooMany(
-                f"This socket already waits for {waiting} receipts; at most {MAX_PENDING_PER_SOCKET} at "
-                "once. Nothing was published."
-            )
-        self.booked += count
+        """Room for `count` more, before their publish: limits.LimitExceeded (too_many_receipts)
+        past what the subscriber's sockets in this process may wait for together."""
+        with _lock:
+            mine = _of_subscriber[self.subscriber_id]
+            limits.check_receipts(sum(len(o.refs) + o.booked for o in mine), count)
+            mine.add(self)
+            self.booked += count
 
     def unbook(self, count):
         self.booked -= count
 
-    def published(self, answers, ref):
-        """Owe a receipt for each message of a publish, once its `published` frame is out (a
-        receipt never comes before it). Returns their ids, for check()."""
-        ids = [a["id"] for a in answers]
+    async def published(self, answers, ref):
+        """Owe a receipt for each message of a publish that is this subscriber's, once its
+        `published` frame is out (a receipt never comes before it). `answers`: [(answer,
+        created)]; a message its key found is owed only to its own publisher (one query, only
+        then). Returns their ids, for check()."""
+        ids = [a["id"] for a, created in answers if created]
+        repeated = list(dict.fromkeys(a["id"] for a, created in answers if not created))
+        if repeated:
+            ids += await arun(owned_statement(repeated, self.subscriber_id))
         for i in ids:
             self.refs[i] = ref
-        wait_for(ids, self.settled)
+        wait_for(ids, self)
         return ids
 
     async def check(self, ids):
@@ -264,13 +289,13 @@ class Owed:
         while self.due and not self.closed:
             due, self.due = sorted(i for i in self.due if i in self.refs), set()
             refs = {i: self.refs.pop(i) for i in due}
-            forget(due)
+            forget(due, self)
             try:
                 counts = await arun(counts_statement(due))
             except Exception:  # owed again: the recheck of socket_loops finds them again
                 log.warning("reading receipts %s failed", due, exc_info=True)
                 self.refs.update(refs)
-                wait_for(due, self.settled)
+                wait_for(due, self)
                 return
             for i in due:
                 await self.send(receipt_frame(i, counts[i], refs[i]))
@@ -278,8 +303,14 @@ class Owed:
     def close(self):
         """The socket closed: nobody to tell any more."""
         self.closed = True
-        forget(list(self.refs))
+        forget(list(self.refs), self)
         self.refs.clear()
+        with _lock:
+            mine = _of_subscriber.get(self.subscriber_id)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del _of_subscriber[self.subscriber_id]
         if self.task is not None:
             self.task.cancel()
 

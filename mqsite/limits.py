@@ -18,6 +18,8 @@ here. Operators (the admin, manage.py) are never limited: the callers pass no su
 - sockets one client address holds open without a token yet (waiting to send `auth`), in each
   server process: MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS (64); beyond, an error frame
   `too_many_unauthenticated` and the close 4429. A socket with a token is never counted.
+- receipts a subscriber's sockets in one process wait for at once:
+  MQ_MAX_RECEIPTS_PER_SUBSCRIBER (10,000); beyond, an error frame `too_many_receipts`.
 """
 
 import collections
@@ -100,6 +102,21 @@ def check_not_busy(busy_since):
             "A replay (or an unsubscribe) of this subscription is under way; try again when it is done.",
             status.HTTP_429_TOO_MANY_REQUESTS,
             retry_after=REPLAY_RETRY_AFTER_SECS,
+        )
+
+
+def check_receipts(waiting_now, more):
+    """Before a publish frame that wants `more` receipts: the subscriber's sockets in this
+    process wait for `waiting_now` already (each a row of the registry and of the recheck's
+    query, delivery.receipts)."""
+    cap = settings.MQ_MAX_RECEIPTS_PER_SUBSCRIBER
+    if waiting_now + more > cap:
+        raise LimitExceeded(
+            "too_many_receipts",
+            f"This subscriber's sockets already wait for {waiting_now} receipts, and "
+            f"MQ_MAX_RECEIPTS_PER_SUBSCRIBER allows {cap} at once; this frame wants {more} more. "
+            "Nothing was published.",
+            status.HTTP_429_TOO_MANY_REQUESTS,
         )
 
 

@@ -388,8 +388,9 @@ MQ_REVOCATION_CHECK_SECS = _positive_float("MQ_REVOCATION_CHECK_SECS", 0.5)
 # What one subscriber may take of the shared server (mqsite/limits.py): frames per second on a
 # socket and the burst it may send at once (a flood of frames was a query each); how long a
 # socket may stay over that before it is closed; and caps on its open sockets (each a row and
-# a heartbeat), subscriptions (each fanned out to) and event names made per hour (each a row
-# and a /metrics label forever).
+# a heartbeat), subscriptions (each fanned out to), event names made per hour (each a row
+# and a /metrics label forever) and receipts its sockets in a process wait for at once (each
+# probed by that process's recheck every 2 s: a cap per socket let 64 sockets wait for 640,000).
 MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 5000)
 MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 10000)
 MQ_WS_ABUSE_SECS = _positive_float("MQ_WS_ABUSE_SECS", 5.0)
@@ -414,6 +415,9 @@ MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIB
 # 429 with Retry-After (a loop of replays queues no unbounded work).
 MQ_REPLAY_CHUNK = _positive_int("MQ_REPLAY_CHUNK", 1000)
 MQ_MAX_REPLAYS_PER_SUBSCRIBER = _positive_int("MQ_MAX_REPLAYS_PER_SUBSCRIBER", 1)
+# Receipts (publish frames with "receipt": true) a subscriber's sockets in one web process may
+# await at once: each is a row of the registry and of the 2 s recheck's query.
+MQ_MAX_RECEIPTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_RECEIPTS_PER_SUBSCRIBER", 10000)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)

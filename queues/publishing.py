@@ -6,7 +6,7 @@ only if that transaction commits, and subscribers are woken only after it does.
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -116,7 +116,13 @@ def _publish(queue, outgoing, publisher):
             existing = {
                 m.key: m for m in Message.objects.filter(queue=queue, key__in=keys).select_related("event")
             }
-            again = {existing[o.key].pk for o in outgoing if o.receipt and o.key in existing}
+            # A receipt asked by a retry marks the message its key found, if the message is the
+            # caller's: another publisher's repeat of the key learns and changes nothing of it.
+            again = {
+                m.pk
+                for o in outgoing
+                if o.receipt and (m := existing.get(o.key)) is not None and _publisher_of(m, o, publisher)
+            }
             if again - {m.pk for m in existing.values() if m.receipt_wanted}:
                 ledger.want_receipts(again)
         # Each message either is new or repeats a key: already in the queue, or earlier in
@@ -124,7 +130,15 @@ def _publish(queue, outgoing, publisher):
         new, slots, by_key = [], [], {}
         for o in outgoing:
             if o.key is not None and o.key in by_key:
-                slots.append((by_key[o.key], False))
+                ref = by_key[o.key]
+                if (
+                    o.receipt
+                    and isinstance(ref, int)
+                    and not new[ref].receipt
+                    and _same_publisher(new[ref], o, publisher)
+                ):
+                    new[ref] = replace(new[ref], receipt=True)  # its publisher's retry in the batch
+                slots.append((ref, False))
                 continue
             if o.key is not None and o.key in existing:
                 ref = existing[o.key]
@@ -161,6 +175,19 @@ def _publish(queue, outgoing, publisher):
     return [
         (_answer(messages[ref] if isinstance(ref, int) else ref, queue), created) for ref, created in slots
     ]
+
+
+def _publisher_of(message, o, publisher):
+    """Whether this message (stored) is the publisher's of outgoing `o` (an operator's is nobody's)."""
+    mine = o.publisher or publisher
+    return mine is not None and message.publisher_id == mine.pk
+
+
+def _same_publisher(a, b, publisher):
+    """Whether two outgoing messages of one batch (group_commit's: of several callers) are one
+    subscriber's; an operator's are nobody's."""
+    a, b = a.publisher or publisher, b.publisher or publisher
+    return a is not None and b is not None and a.pk == b.pk
 
 
 def _publish_at_once(queue, outgoing, publisher, now):

@@ -3,6 +3,7 @@ socket and over REST, in the same process and (services mode) in another one."""
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -10,7 +11,7 @@ from django.db import connection
 from websockets.sync.client import connect
 
 from delivery.models import Delivery, Status
-from queues.models import Queue
+from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.servers import E2E_REDIS, start_daphne
@@ -109,3 +110,116 @@ def test_a_rest_ack_in_another_process_reaches_the_publishers_socket(world):
     finally:
         for s in servers:
             s.stop()
+
+
+# --- a repeated idempotency key is no way into another publisher's receipt (issue 26, S3) -------
+
+
+@pytest.fixture
+def two_publishers(world):
+    """The publisher of `world` and a second one, `intruder`, who may publish to db too."""
+    publisher, tokens = world
+    _, intruder = create_subscriber("intruder", publish=["db"], subscribe=[])
+    return publisher, intruder, tokens
+
+
+def recv_frames(ws, timeout):
+    """Every frame the socket sends within `timeout` seconds."""
+    got, deadline = [], time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            got.append(json.loads(ws.recv(timeout=left)))
+        except TimeoutError:
+            break
+    return got
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "two-processes"])
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+def test_a_repeated_key_does_not_take_the_publishers_receipt(two_publishers, batch, processes):
+    if processes == 2 and connection.vendor != "postgresql":
+        pytest.skip("two web processes are the services mode's: the PostgreSQL pass runs it")
+    publisher, intruder, (first, second) = two_publishers
+    servers = [start_daphne({"REDIS_URL": E2E_REDIS} if processes == 2 else {}) for _ in range(processes)]
+    # The intruder on the other process, where an announcement over Redis reaches it too.
+    server, elsewhere = servers[0], servers[-1]
+
+    def frame(ref, payload):
+        item = {"event": "create", "payload": payload, "key": "order-1"}
+        body = {"messages": [item]} if batch else item
+        return json.dumps({"type": "publish", "queue": "db", "receipt": True, "ref": ref, **body})
+
+    try:
+        with (
+            connect(f"{server.ws}?token={publisher}") as ws,
+            connect(f"{elsewhere.ws}?token={intruder}") as other,
+        ):
+            ws.send(frame("a", 1))
+            published = json.loads(ws.recv(timeout=10))
+            message_id = published["messages"][0]["id"] if batch else published["id"]
+
+            other.send(frame("b", 2))  # the same key, a receipt asked for
+            repeated = json.loads(other.recv(timeout=10))
+            assert repeated["type"] == "published" and repeated["ref"] == "b"
+            # The contract's answer to a repeated key (the first message, nothing new)...
+            assert (repeated["messages"][0] if batch else repeated)["id"] == message_id
+            # ...over REST too; and its progress stays its publisher's.
+            again = rest(
+                elsewhere,
+                "POST",
+                "/api/queues/db/messages",
+                intruder,
+                {"event": "create", "payload": 3, "key": "order-1"},
+            )
+            assert again["id"] == message_id
+            with pytest.raises(urllib.error.HTTPError) as not_yours:
+                rest(elsewhere, "GET", f"/api/messages/{message_id}", intruder)
+            assert not_yours.value.code == 404
+
+            pull_and_ack(elsewhere, first)
+            pull_and_ack(elsewhere, second)
+
+            receipt = json.loads(ws.recv(timeout=5))
+            assert receipt == {
+                "type": "receipt",
+                "id": message_id,
+                "deliveries": {"pending": 0, "inflight": 0, "acked": 2, "dead": 0},
+                "ref": "a",
+            }
+            # Past the 2 s recheck too: the intruder hears nothing of the message.
+            assert recv_frames(other, 3.0) == []
+    finally:
+        for s in servers:
+            s.stop()
+    assert Delivery.objects.count() == 2  # one message, delivered once to each subscriber
+
+
+# --- receipts awaited: a cap per subscriber, whatever its sockets (issue 26, S9) ---------------
+
+
+def test_the_receipts_awaited_are_capped_per_subscriber_not_per_socket(world):
+    publisher, _ = world
+    server = start_daphne({"MQ_MAX_RECEIPTS_PER_SUBSCRIBER": "3"})
+    items = [{"event": "create", "payload": i} for i in range(2)]
+    publish = {"type": "publish", "queue": "db", "messages": items, "receipt": True}
+    try:
+        with (
+            connect(f"{server.ws}?token={publisher}") as one,
+            connect(f"{server.ws}?token={publisher}") as two,
+            connect(f"{server.ws}?token={publisher}") as three,
+        ):
+            one.send(json.dumps({**publish, "ref": 1}))
+            assert json.loads(one.recv(timeout=10))["type"] == "published"  # 2 of 3 awaited
+            for ws in (two, three):  # another socket adds no room of its own
+                ws.send(json.dumps({**publish, "ref": 2}))
+                error = json.loads(ws.recv(timeout=10))
+                assert error["type"] == "error" and error["code"] == "too_many_receipts"
+                assert error["ref"] == 2 and "MQ_MAX_RECEIPTS_PER_SUBSCRIBER" in error["detail"]
+            # Within the cap, still fine; and a publish without a receipt is not capped.
+            two.send(json.dumps({**publish, "messages": items[:1], "ref": 3}))
+            assert json.loads(two.recv(timeout=10))["type"] == "published"
+            three.send(json.dumps({**publish, "receipt": False, "ref": 4}))
+            assert json.loads(three.recv(timeout=10))["type"] == "published"
+    finally:
+        server.stop()
+    assert Message.objects.count() == 2 + 1 + 2  # nothing of the refused frames

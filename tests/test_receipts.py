@@ -17,7 +17,7 @@ from delivery import ledger, receipts
 from delivery.models import Delivery, Status
 from mqsite import adb
 from mqsite.asgi import application
-from queues import publishing
+from queues import group_commit, publishing
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber
@@ -317,8 +317,8 @@ async def test_a_message_owed_to_nobody_gets_its_receipt_right_after_published()
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_a_bad_receipt_flag_or_too_many_waiting_is_refused_and_nothing_published(monkeypatch):
-    monkeypatch.setattr(receipts, "MAX_PENDING_PER_SOCKET", 2)
+async def test_a_bad_receipt_flag_or_too_many_waiting_is_refused_and_nothing_published(settings):
+    settings.MQ_MAX_RECEIPTS_PER_SUBSCRIBER = 2
     _, token, _ = await world(subscribers=1)
     publisher = await connect(token)
     await send(publisher, {**ONE_WITH_RECEIPT, "receipt": "yes"})
@@ -390,6 +390,28 @@ def test_a_retried_publish_with_a_receipt_flags_the_message_its_key_found(logger
 
     assert not created and answer["id"] == first["id"]
     assert Message.objects.get(pk=first["id"]).receipt_wanted
+    assert list(Delivery.objects.values_list("receipt", flat=True)) == [True]
+
+
+def test_another_publishers_repeat_of_a_key_marks_nothing(logger, peer, make_subscriber, db_queue):
+    """Issue 26, S3: the repeat answers with the first message (the contract), but asks no receipt
+    of it: that message's progress is its publisher's alone."""
+    subscribing.subscribe(make_subscriber("worker", publish=(), subscribe=("db",)), db_queue)
+    [(first, _)] = publishing.publish(db_queue, [publishing.prepare("create", 1, key="k")], publisher=logger)
+
+    again = publishing.Outgoing("create", "2", "k", receipt=True)
+    [(answer, created)] = group_commit.publish(db_queue, [again], publisher=peer)
+
+    assert not created and answer["id"] == first["id"]
+    assert not Message.objects.get(pk=first["id"]).receipt_wanted
+    assert list(Delivery.objects.values_list("receipt", flat=True)) == [False]
+
+
+def test_a_repeat_inside_a_batch_asks_the_receipt_of_the_message_it_names(logger, make_subscriber, db_queue):
+    subscribing.subscribe(make_subscriber("worker", publish=(), subscribe=("db",)), db_queue)
+    batch = [publishing.Outgoing("create", "1", "k"), publishing.Outgoing("create", "1", "k", receipt=True)]
+    [(a, _), (b, _)] = publishing.publish(db_queue, batch, publisher=logger)
+    assert a["id"] == b["id"] and Message.objects.get(pk=a["id"]).receipt_wanted
     assert list(Delivery.objects.values_list("receipt", flat=True)) == [True]
 
 

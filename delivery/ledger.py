@@ -1235,17 +1235,12 @@ def _locked_last_seq(queue_id):
     )
 
 
-# A replay or an unsubscribe whose last chunk ran this long ago stopped (its server died): the
-# sweep finishes it.
-STALLED_SECS = 30
-
-
 def finish_stalled(now=None):
     """The sweep: finish the replays and unsubscribes that stopped halfway (their server died
-    between two chunks). Returns how many."""
+    between two chunks: their last chunk ran MQ_REPLAY_STALL_SECS ago). Returns how many."""
     now = now or timezone.now()
     stalled = list(
-        Subscription.objects.filter(busy_since__lt=now - timedelta(seconds=STALLED_SECS))
+        Subscription.objects.filter(busy_since__lt=now - timedelta(seconds=settings.MQ_REPLAY_STALL_SECS))
         .order_by()
         .values_list("pk", "leaving")
     )

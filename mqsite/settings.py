@@ -379,6 +379,9 @@ MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIB
 # 429 with Retry-After (a loop of replays queues no unbounded work).
 MQ_REPLAY_CHUNK = _positive_int("MQ_REPLAY_CHUNK", 1000)
 MQ_MAX_REPLAYS_PER_SUBSCRIBER = _positive_int("MQ_MAX_REPLAYS_PER_SUBSCRIBER", 1)
+# A replay or an unsubscribe whose last chunk ran MQ_REPLAY_STALL_SECS ago (30) stopped halfway
+# (its server died): the sweep finishes it. Until then the subscription is leased nothing.
+MQ_REPLAY_STALL_SECS = _positive_float("MQ_REPLAY_STALL_SECS", 30.0)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)

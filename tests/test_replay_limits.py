@@ -27,7 +27,7 @@ from queues.models import Event, Message, Queue
 from subscribers import replay, subscribing
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
-from tests.servers import eventually, start_daphne
+from tests.servers import eventually, start_daphne, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -284,8 +284,8 @@ def sweep_once_stalled(subscription_id, capsys):
     assert tasks.sweep()["stalled_replays"] == 0  # done: nothing left to finish
 
 
-def test_a_replay_whose_server_was_killed_is_finished_by_the_sweep_each_message_once_in_order(
-    settings, capsys
+def test_a_replay_whose_server_was_killed_is_finished_by_the_sweeper_each_message_once_in_order(
+    settings, capsys, tmp_path
 ):
     hist = Queue.objects.create(name="hist")
     Queue.objects.create(name="other")
@@ -329,7 +329,20 @@ def test_a_replay_whose_server_was_killed_is_finished_by_the_sweep_each_message_
             body
         )
 
-        sweep_once_stalled(sub.pk, capsys)
+        # the sweeper of `make run` (a worker with beat inside it) finishes it
+        started = time.monotonic()
+        worker = start_worker({"MQ_REPLAY_STALL_SECS": str(STALL_SECS), "MQ_CELERY_DIR": str(tmp_path)})
+        try:
+            done = eventually(
+                lambda: not Subscription.objects.filter(pk=sub.pk, busy_since__isnull=False).exists(), 60
+            )
+            assert done, worker.output()[-3000:]
+        finally:
+            worker.stop()
+        with capsys.disabled():
+            print(
+                f"\n[{connection.vendor}] a worker started, finished it in {time.monotonic() - started:.1f} s"
+            )
         assert seqs_of(sub.pk) == list(range(1, BACKLOG + 2))  # each once, the publish too
         sub.refresh_from_db()
         assert (sub.busy_since, sub.replay_next) == (None, None)

@@ -12,6 +12,7 @@ admin) call these functions and nothing else to move a delivery.
 import contextlib
 import functools
 import json
+import logging
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from datetime import UTC, timedelta
 from typing import NamedTuple
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -32,6 +33,8 @@ from subscribers.models import Subscriber, Subscription
 from . import receipts, wakeups
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -1235,25 +1238,27 @@ def _locked_last_seq(queue_id):
     )
 
 
-# A replay or an unsubscribe whose last chunk ran this long ago stopped (its server died): the
-# sweep finishes it.
-STALLED_SECS = 30
-
-
 def finish_stalled(now=None):
     """The sweep: finish the replays and unsubscribes that stopped halfway (their server died
-    between two chunks). Returns how many."""
+    between two chunks: their last chunk ran MQ_REPLAY_STALL_SECS ago). Returns how many."""
     now = now or timezone.now()
     stalled = list(
-        Subscription.objects.filter(busy_since__lt=now - timedelta(seconds=STALLED_SECS))
+        Subscription.objects.filter(busy_since__lt=now - timedelta(seconds=settings.MQ_REPLAY_STALL_SECS))
         .order_by()
         .values_list("pk", "leaving")
     )
     for subscription_id, leaving in stalled:
-        if leaving:
-            unsubscribe(subscription_id)
-        else:
-            finish_replay(subscription_id)
+        # One that fails is logged and tried again at the next sweep; the others, and the rest
+        # of the sweep (expired leases, webhook jobs), go on.
+        try:
+            if leaving:
+                unsubscribe(subscription_id)
+            else:
+                finish_replay(subscription_id)
+        except DatabaseError:
+            log.exception(
+                "could not finish the stalled replay or unsubscribe of subscription %s", subscription_id
+            )
     return len(stalled)
 
 

@@ -415,6 +415,9 @@ MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIB
 # 429 with Retry-After (a loop of replays queues no unbounded work).
 MQ_REPLAY_CHUNK = _positive_int("MQ_REPLAY_CHUNK", 1000)
 MQ_MAX_REPLAYS_PER_SUBSCRIBER = _positive_int("MQ_MAX_REPLAYS_PER_SUBSCRIBER", 1)
+# A replay or an unsubscribe whose last chunk ran MQ_REPLAY_STALL_SECS ago (30) stopped halfway
+# (its server died): the sweep finishes it. Until then the subscription is leased nothing.
+MQ_REPLAY_STALL_SECS = _positive_float("MQ_REPLAY_STALL_SECS", 30.0)
 # Receipts (publish frames with "receipt": true) a subscriber's sockets in one web process may
 # await at once: each is a row of the registry and of the 2 s recheck's query.
 MQ_MAX_RECEIPTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_RECEIPTS_PER_SUBSCRIBER", 10000)

@@ -10,13 +10,16 @@ from .models import Subscription
 from .presence import lock_subscriber
 
 
-def subscribe(subscriber, queue, event_name=None, limited=False):
+def subscribe(subscriber, queue, event_name=None, limited=False, replaying=False):
     """Make or reuse the subscription; returns (subscription, created).
 
     The event is made if nothing was published to it yet: subscribing first is normal.
     `limited`: the subscriber itself asks (REST, its socket), so mqsite.limits applies: a new
-    subscription past MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER, or a new event name past its hourly
-    cap, is refused (LimitExceeded) and nothing is made. Reusing a subscription is always fine.
+    subscription past MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER, or (`replaying`, subscribe_from)
+    past MQ_MAX_REPLAYS_PER_SUBSCRIBER replays under way, or a new event name past its hourly
+    cap, is refused (LimitExceeded) and nothing is made or counted. Reusing a subscription is
+    always fine, but for one being unsubscribed (ledger.unsubscribe: it is owed nothing and
+    goes soon), refused until that is done.
     """
     if not limited:
         event = None
@@ -29,8 +32,12 @@ def subscribe(subscriber, queue, event_name=None, limited=False):
         if event_name is None or event is not None:
             existing = Subscription.objects.filter(subscriber=subscriber, queue=queue, event=event).first()
             if existing is not None:
+                if existing.leaving:
+                    limits.check_not_busy(existing.busy_since)
                 return existing, False
         limits.check_subscriptions(subscriber.subscriptions.count())
+        if replaying:  # before the event's count is charged: a refusal counts nothing
+            limits.check_replays(_replays_under_way(subscriber))
         if event is None and event_name is not None:
             limits.charge_new_events({subscriber.pk: 1})
             event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
@@ -48,11 +55,9 @@ def subscribe_from(subscriber, queue, event_name, point, limited=False):
     `limited`: past MQ_MAX_REPLAYS_PER_SUBSCRIBER replays under way, nothing is made
     (LimitExceeded, 429). Returns (subscription, created, ledger.Replayed or None)."""
     with transaction.atomic():
-        subscription, created = subscribe(subscriber, queue, event_name, limited=limited)
+        subscription, created = subscribe(subscriber, queue, event_name, limited=limited, replaying=True)
         if not created:
             return subscription, False, None
-        if limited:  # subscribe() holds the subscriber's row: the count is this caller's
-            limits.check_replays(_replays_under_way(subscriber))
         from_seq = ledger.begin_replay(subscription, point)
     return subscription, True, ledger.Replayed(from_seq, ledger.finish_replay(subscription.pk))
 

@@ -3,20 +3,17 @@ unsubscribe, in a loop) must not stall other tenants' publishes (issue 26, S2). 
 unsubscribes go in chunks, each its own short transaction; the subscription still owes every
 message exactly once, in seq order."""
 
-import json
 import statistics
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
-from django.utils import timezone
 
 from delivery.models import Delivery
-from queues.models import Event, Message, Queue
+from queues.models import Queue
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
+from tests.backlog import call, fill
 from tests.servers import start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,33 +29,6 @@ def server():
     s = start_daphne()
     yield s
     s.stop()
-
-
-def call(server, token, method, path, body=None):
-    req = urllib.request.Request(
-        f"{server.http}{path}",
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None, r.headers
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null"), e.headers
-
-
-def fill(queue, n):
-    """n hot messages, inserted in big batches (a publish each would take minutes)."""
-    event = Event.objects.create(queue=queue, name="row")
-    now = timezone.now()
-    for start in range(0, n, 5000):
-        Message.objects.bulk_create(
-            Message(queue=queue, event=event, seq=seq, payload_json=json.dumps({"n": seq}), created_at=now)
-            for seq in range(start + 1, min(start + 5000, n) + 1)
-        )
-    Queue.objects.filter(pk=queue.pk).update(last_seq=n)
 
 
 def test_a_loop_of_replays_of_the_whole_backlog_leaves_other_publishers_fast_and_owes_each_message_once(

@@ -12,8 +12,6 @@ import json
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 
 import pytest
@@ -23,10 +21,11 @@ from websockets.sync.client import connect
 
 from delivery import ledger, tasks
 from delivery.models import Delivery, Status
-from queues.models import Event, Message, Queue
+from queues.models import Event, Queue
 from subscribers import replay, subscribing
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
+from tests.backlog import call, fill
 from tests.servers import eventually, start_daphne, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,33 +36,6 @@ def server():
     s = start_daphne()
     yield s
     s.stop()
-
-
-def call(server, token, method, path, body=None):
-    req = urllib.request.Request(
-        f"{server.http}{path}",
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None, r.headers
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null"), e.headers
-
-
-def fill(queue, n):
-    """n hot messages, inserted in big batches (a publish each would take minutes)."""
-    event = Event.objects.create(queue=queue, name="row")
-    now = timezone.now()
-    for start in range(0, n, 5000):
-        Message.objects.bulk_create(
-            Message(queue=queue, event=event, seq=seq, payload_json=json.dumps({"n": seq}), created_at=now)
-            for seq in range(start + 1, min(start + 5000, n) + 1)
-        )
-    Queue.objects.filter(pk=queue.pk).update(last_seq=n)
 
 
 def hold_replay(subscriber, queue):

@@ -26,12 +26,18 @@ The socket's way rides on the ledger's settling statements and costs nothing to 
   already there answers with that message (API.md), but another publisher's repeat neither
   marks it nor waits for its receipt (Owed.published, publishing._publish): its progress, and
   the counts of its deliveries, are its publisher's alone.
+- Each such statement also logs the messages whose receipt rows it moved (ReceiptMove: one
+  INSERT in its transaction; an ack, one statement and no transaction, logs by the statement
+  right after it), only when there are some: other publishes and acks cost nothing new.
 - What can be lost (a Redis word, an announcement from a process without Redis: the embedded
-  mode's webhook worker and sweeper, a subscriber deleted with what it was owed) is caught by
-  recheck(): every RECHECK_SECS, one query for all the receipts the sockets of a process wait
-  for (socket_loops). A receipt is late then, never lost. That query probes each awaited
-  message once, so what one subscriber's sockets in a process may wait for together is capped
-  (MQ_MAX_RECEIPTS_PER_SUBSCRIBER, mqsite.limits): opening more sockets adds no room.
+  mode's webhook worker and sweeper) is caught by recheck(): every RECHECK_SECS it reads the
+  log rows since its last pass (one range query from its watermark) and probes only the
+  messages among them its sockets wait for, so a pass costs what changed, not what is waited
+  for. Every FULL_RECHECK_SECS it probes all of them instead, for what no statement logged (a
+  subscriber or subscription deleted in the admin, its deliveries by cascade): a receipt is
+  late then, never lost. The sweep prunes the log after MOVES_KEPT_SECS. What one subscriber's
+  sockets in a process may wait for together is capped (MQ_MAX_RECEIPTS_PER_SUBSCRIBER,
+  mqsite.limits): opening more sockets adds no room.
 """
 
 import asyncio

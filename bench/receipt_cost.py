@@ -8,7 +8,9 @@ DATABASE_URL (a scratch one: it is migrated and filled).
   it is now (RETURNING id and a CASE on the row's own receipt column), alternated, batches of 1
   and 100 deliveries of 100 subscribers;
 - the same acks with receipts: the UPDATE plus the check after its commit;
-- the publish (fan-out of one message to 100 subscriptions) without and with a receipt.
+- the publish (fan-out of one message to 100 subscriptions) without and with a receipt;
+- the ledger's own ack (ledger.ack_deliveries, one delivery), without and with a receipt: with,
+  it also logs the move (ReceiptMove, the INSERT the sockets' recheck reads) and checks after.
 """
 
 import argparse
@@ -30,7 +32,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from delivery import receipts  # noqa: E402
+from delivery import ledger, receipts  # noqa: E402
 from delivery.models import Delivery, Status  # noqa: E402
 from mqsite import adb  # noqa: E402
 from queues import publishing  # noqa: E402
@@ -118,6 +120,13 @@ def main():
             reopen(ids)
             statement = ack_statement(ids, NEW_RETURNING)
             times.setdefault(("receipt", batch), []).append(timed(_ack_and_check, statement))
+    owner = dict(Delivery.objects.filter(queue=queue).values_list("id", "subscriber_id"))
+    for r in range(rounds):
+        for name, ids in (("ledger ack plain", ids_plain), ("ledger ack receipt", ids_wanted)):
+            d = ids[r % len(ids)]
+            reopen([d])
+            subscriber = Subscriber(pk=owner[d])
+            times.setdefault(name, []).append(timed(ledger.ack_deliveries, subscriber, [d]))
     for n in range(rounds):
         times.setdefault("publish plain", []).append(
             timed(lambda n=n: publishing.publish(queue, [publishing.prepare("create", n)]))

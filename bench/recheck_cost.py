@@ -5,10 +5,15 @@ and filled with generate_series).
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/mqsite_bench_recheck \\
         .venv/bin/python bench/recheck_cost.py [--most 640000]
 
-N awaited messages, each with one receipt delivery, one in a hundred settled; the pass is the
-one set query of settled_statement over the N ids. N = 10,000 is what one subscriber may have
-awaited in a process (MQ_MAX_RECEIPTS_PER_SUBSCRIBER); 640,000 what it could before (10,000 per
-socket on 64 sockets).
+N awaited messages, each with one receipt delivery, one in a hundred settled. Two passes:
+
+- full: the one set query of settled_statement over the N ids (what every pass was before the
+  log of moves; now only every FULL_RECHECK_SECS);
+- incremental: k of them moved since the last pass (k ReceiptMove rows, as the ledger logs
+  them): the range read of the log after the watermark, then settled_statement over the k.
+
+N = 10,000 is what one subscriber may have awaited in a process (MQ_MAX_RECEIPTS_PER_SUBSCRIBER);
+640,000 what it could before (10,000 per socket on 64 sockets).
 """
 
 import argparse
@@ -30,6 +35,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from delivery import receipts  # noqa: E402
+from delivery.models import ReceiptMove  # noqa: E402
 from mqsite import adb  # noqa: E402
 from queues.models import Queue  # noqa: E402
 from subscribers import subscribing  # noqa: E402
@@ -71,14 +77,34 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     queue, subscriber, ids = fill(args.most)
-    print(f"{connection.vendor}: one recheck pass (settled_statement), median of {args.rounds}")
+    print(f"{connection.vendor}: one recheck pass, median of {args.rounds}")
     for n in (1_000, 10_000, 100_000, args.most):
         times = []
         for _ in range(args.rounds):
             started = time.perf_counter()
             settled = adb.run_sync(receipts.settled_statement(ids[:n]))
             times.append((time.perf_counter() - started) * 1000)
-        print(f"  N = {n:>7,} awaited: {statistics.median(times):8.1f} ms, {len(settled):,} settled")
+        print(
+            f"  full pass, N = {n:>7,} awaited: {statistics.median(times):8.2f} ms, {len(settled):,} settled"
+        )
+    awaited = set(ids)
+    for k in (1, 10, 100, 1_000):
+        changed = ids[99::100][:k]  # settled ones (seq % 100 == 0)
+        times = []
+        for _ in range(args.rounds):
+            ReceiptMove.objects.all().delete()
+            after = adb.run_sync(receipts.last_move_statement())
+            adb.run_sync(receipts.moved_statement(changed))
+            started = time.perf_counter()
+            rows = adb.run_sync(receipts.moves_statement(after, []))
+            probe = sorted(awaited & {message_id for _, message_id in rows})
+            settled = adb.run_sync(receipts.settled_statement(probe))
+            times.append((time.perf_counter() - started) * 1000)
+        print(
+            f"  incremental, k = {k:>5,} changed of {len(ids):,} awaited: "
+            f"{statistics.median(times):8.2f} ms, {len(settled):,} settled"
+        )
+    ReceiptMove.objects.all().delete()
     queue.delete()
     subscriber.delete()
 

@@ -497,6 +497,11 @@ def _ack(subscriber_id, ids, now):
         [Status.ACKED, connection.ops.adapt_datetimefield_value(now), *ids, subscriber_id, Status.ACKED],
     )
     acked = {row[0] for row in returned}
+    # Logged by the statement right after (delivery.receipts.recheck), only when it moved
+    # receipt rows: an ack is one statement and no transaction of its own, which an ack
+    # without receipts keeps. Lost in between (the process died), the recheck's full pass
+    # finds it.
+    receipt_messages = yield from receipts.moved_statement(row[1] for row in returned)
     mine = acked
     if len(acked) < len(ids):
         rest = [i for i in ids if i not in acked]
@@ -506,7 +511,7 @@ def _ack(subscriber_id, ids, now):
         )
         mine = acked | {row[0] for row in found}
     # No wake-up: the acking client leases next itself (its consumer wakes on its own acks).
-    return len(acked), [i for i in ids if i not in mine], {row[1] for row in returned if row[1] is not None}
+    return len(acked), [i for i in ids if i not in mine], receipt_messages
 
 
 # --- lease extension ----------------------------------------------------------------------------
@@ -672,7 +677,9 @@ def _nack(subscriber_id, ids, retry_in, now, error):
         id_: (status, attempt, _datetime(next_attempt_at))
         for id_, status, attempt, next_attempt_at, _, _ in rows
     }
-    died = {message_id for _, status, _, _, _, message_id in rows if message_id and status == Status.DEAD}
+    died = yield from receipts.moved_statement(
+        message_id for _, status, _, _, _, message_id in rows if message_id and status == Status.DEAD
+    )
     settled = {}
     if len(done) < len(valid):
         of_rest, rest_param = _id_set([i for i in valid if i not in done])
@@ -789,7 +796,7 @@ def _fail(delivery, error, retry_in, now):
     if delivery.is_ready(now) or (delivery.status == Status.DEAD and delivery.queue.ordered):
         wakeups.notify_after_commit([delivery.subscriber_id])
     if delivery.status == Status.DEAD and delivery.receipt:
-        receipts.check_after_commit([delivery.message_id])
+        receipts.moved([delivery.message_id])
 
 
 # --- expiry, redelivery, death ------------------------------------------------------------------
@@ -848,7 +855,7 @@ def _expire_overdue(now, subscription_ids):
         Delivery.objects.bulk_update(
             rows, ["status", "ack_deadline", "lease_holder", "next_attempt_at", "last_error"], batch_size=500
         )
-    receipts.check_after_commit(died)
+    receipts.moved(died)
     return rows
 
 
@@ -875,7 +882,7 @@ def kill_deliveries(deliveries, reason="killed by an operator"):
     """Operator action: mark the given deliveries (a queryset) dead. Acked ones stay acked."""
     with transaction.atomic():
         moving = Delivery.objects.filter(id__in=deliveries.exclude(status=Status.ACKED).values("id"))
-        receipts.check_after_commit(_receipt_messages(moving))
+        receipts.moved(_receipt_messages(moving))
         return moving.update(status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=reason)
 
 
@@ -913,7 +920,7 @@ def skip_deliveries(deliveries, operator):
         chosen = deliveries.open().values("id")
         moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
-        receipts.check_after_commit(_receipt_messages(moving))
+        receipts.moved(_receipt_messages(moving))
         count = moving.update(
             status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=f"skipped by {operator}"
         )
@@ -934,7 +941,7 @@ def drop_undelivered(subscription):
     dropping = Delivery.objects.filter(subscription=subscription).exclude(status=Status.ACKED)
     receipt_messages = _receipt_messages(dropping)
     dropping.delete()
-    receipts.check_after_commit(receipt_messages)  # what is left of them may be settled now
+    receipts.moved(receipt_messages)  # what is left of them may be settled now
 
 
 CONNECTION_CLOSED = "the connection holding it closed"
@@ -1007,7 +1014,7 @@ def _release(where, params, reason, wake, spend):
         released = cursor.fetchall()
         if wake:
             wakeups.notify_after_commit({subscriber_id for _, subscriber_id, _ in released})
-        receipts.check_after_commit(message_id for _, _, message_id in released)
+        receipts.moved(message_id for _, _, message_id in released)
     return [id_ for id_, _, _ in released]
 
 
@@ -1308,7 +1315,7 @@ def _leave_chunk(subscription_id, chunk):
                     f"DELETE FROM {DeliveryAttempt._meta.db_table} WHERE delivery_id IN {_in(ids)}", ids
                 )
                 cursor.execute(f"DELETE FROM {Delivery._meta.db_table} WHERE id IN {_in(ids)}", ids)
-            receipts.check_after_commit(receipt_messages)  # what is left of them may be settled now
+            receipts.moved(receipt_messages)  # what is left of them may be settled now
             return len(ids)
         ids = list(of_subscription.filter(status=Status.ACKED).values_list("id", flat=True)[:chunk])
         return Delivery.objects.filter(id__in=ids).update(subscription=None)

@@ -230,3 +230,18 @@ class TallyActivity(models.Model):
 
     def __str__(self):
         return f"{self.status} {self.n} at {self.step}"
+
+
+class ReceiptMove(models.Model):
+    """Receipt deliveries of message `message_id` moved (settled, or dropped): written by the
+    ledger in the transaction of the statement that moved them, so that each process's recheck
+    of the receipts its sockets wait for reads only what changed since its last pass
+    (delivery.receipts.recheck). Kept for a minute (the sweep prunes it). A plain integer, not a
+    foreign key: the row outlives nothing it names, and costs no check."""
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.BigIntegerField()
+    at = models.DateTimeField(db_default=Now(), db_index=True)  # the database's clock, for the prune
+
+    def __str__(self):
+        return f"receipt move {self.pk}: message {self.message_id}"

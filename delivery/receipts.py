@@ -26,28 +26,37 @@ The socket's way rides on the ledger's settling statements and costs nothing to 
   already there answers with that message (API.md), but another publisher's repeat neither
   marks it nor waits for its receipt (Owed.published, publishing._publish): its progress, and
   the counts of its deliveries, are its publisher's alone.
+- Each such statement also logs the messages whose receipt rows it moved (ReceiptMove: one
+  INSERT in its transaction; an ack, one statement and no transaction, logs by the statement
+  right after it), only when there are some: other publishes and acks cost nothing new.
 - What can be lost (a Redis word, an announcement from a process without Redis: the embedded
-  mode's webhook worker and sweeper, a subscriber deleted with what it was owed) is caught by
-  recheck(): every RECHECK_SECS, one query for all the receipts the sockets of a process wait
-  for (socket_loops). A receipt is late then, never lost. That query probes each awaited
-  message once, so what one subscriber's sockets in a process may wait for together is capped
-  (MQ_MAX_RECEIPTS_PER_SUBSCRIBER, mqsite.limits): opening more sockets adds no room.
+  mode's webhook worker and sweeper) is caught by recheck(): every RECHECK_SECS it reads the
+  log rows since its last pass (one range query from its watermark) and probes only the
+  messages among them its sockets wait for, so a pass costs what changed, not what is waited
+  for. Every FULL_RECHECK_SECS it probes all of them instead, for what no statement logged (a
+  subscriber or subscription deleted in the admin, its deliveries by cascade): a receipt is
+  late then, never lost. The sweep prunes the log after MOVES_KEPT_SECS. What one subscriber's
+  sockets in a process may wait for together is capped (MQ_MAX_RECEIPTS_PER_SUBSCRIBER,
+  mqsite.limits): opening more sockets adds no room.
 """
 
 import asyncio
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import Count, Q
+from django.utils import timezone
 
 from mqsite import adb, limits
 from queues.models import Message
 
 from . import wakeups
-from .models import Delivery, Status
+from .models import Delivery, ReceiptMove, Status
 from .querysets import open_in_sql
 
 log = logging.getLogger(__name__)
@@ -122,6 +131,26 @@ async def arun(op):
 
 
 # --- the ledger's side: after a commit that settled receipt deliveries ---------------------------
+
+
+def moved_statement(message_ids):
+    """Log that receipt deliveries of these messages moved (ReceiptMove), sans I/O: one INSERT,
+    run in the transaction of the statement that moved them. None, and no statement, when
+    there are none. Returns the ids."""
+    ids = sorted({int(i) for i in message_ids if i is not None})
+    if ids:
+        values, param = _id_values(ids)
+        yield f"INSERT INTO {ReceiptMove._meta.db_table} (message_id) SELECT v.id FROM {values}", [param]
+    return ids
+
+
+def moved(message_ids):
+    """The ledger's statement in the caller's transaction moved receipt deliveries of these
+    messages: log them there (moved_statement), and check_after_commit(). Nothing, no
+    statement, when there are none."""
+    ids = [i for i in message_ids if i is not None]
+    if ids:
+        check_after_commit(adb.run_sync(moved_statement(ids)))
 
 
 def check_after_commit(message_ids):
@@ -315,13 +344,113 @@ class Owed:
             self.task.cancel()
 
 
+# --- the recheck: what the announcements missed -------------------------------------------------
+
+# How long ReceiptMove rows are kept (the sweep prunes older ones): far more than the sockets'
+# recheck period (socket_loops.RECHECK_SECS), so a process reads every row at least once. A
+# process that read none for half of it (no receipt waited for, or its database unreachable)
+# cannot know what was pruned since, and makes its next pass a full one.
+MOVES_KEPT_SECS = 60
+# Every this often a pass probes every receipt waited for, not only those the log names: the
+# net under the net, for settles no ledger statement logged (a subscriber or subscription
+# deleted in the admin, whose deliveries go by cascade) and for a log row that became visible
+# only after its id was given up on (below). A receipt is late then, never lost.
+FULL_RECHECK_SECS = 30
+# On PostgreSQL ids are taken when a row is inserted, not when it commits: a row with a lower
+# id can become visible after a higher one was read. An id skipped over is read again on each
+# pass for this long (a settling transaction lasts milliseconds), then left to the full pass; a
+# rolled-back insert leaves such a gap for good. More gaps than MAX_GAPS at once (a sequence
+# that jumped): those past it are left to the full pass too.
+GAP_SECS = 10
+MAX_GAPS = 10_000
+
+
+def last_move_statement():
+    """The highest ReceiptMove id (0 when none): where a process's reading starts."""
+    rows = yield f"SELECT COALESCE(MAX(id), 0) FROM {ReceiptMove._meta.db_table}", []
+    return rows[0][0]
+
+
+def moves_statement(after, gaps):
+    """[(id, message id)] of the ReceiptMove rows after id `after`, and of the ids `gaps`: one
+    range of the primary key (and one lookup per gap)."""
+    table = ReceiptMove._meta.db_table
+    sql, params = f"SELECT id, message_id FROM {table} WHERE id > %s", [after]
+    if gaps:
+        values, param = _id_values(gaps)
+        sql += f" UNION ALL SELECT id, message_id FROM {table} WHERE id IN (SELECT v.id FROM {values})"
+        params.append(param)
+    return [tuple(row) for row in (yield sql, params)]
+
+
+def prune_moves(now=None):
+    """Delete the ReceiptMove rows older than MOVES_KEPT_SECS (one DELETE by their index on
+    `at`): for the sweep. Returns how many."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=MOVES_KEPT_SECS)
+    return ReceiptMove.objects.filter(at__lt=cutoff).delete()[0]
+
+
+class Reading:
+    """How far this process has read ReceiptMove: the highest id read, the lower ids not seen
+    yet (gaps, each with the monotonic time it is given up at), and when it last read and last
+    made a full pass."""
+
+    def __init__(self):
+        self.after = None  # None: nothing read yet, the next pass is a full one
+        self.gaps = {}
+        self.read_at = self.full_at = float("-inf")
+
+    def start(self, last_id, now):
+        """Read from after `last_id` on (what came before, a full pass covers)."""
+        self.after, self.gaps, self.read_at = last_id, {}, now
+
+    def advance(self, rows, now):
+        """Take in the rows moves_statement() read."""
+        for id_, _ in rows:
+            self.gaps.pop(id_, None)
+        top = max((id_ for id_, _ in rows), default=self.after)
+        seen = {id_ for id_, _ in rows}
+        missing = (i for i in range(self.after + 1, top) if i not in seen)
+        for i in missing:
+            if len(self.gaps) >= MAX_GAPS:
+                break
+            self.gaps[i] = now + GAP_SECS
+        self.gaps = {i: until for i, until in self.gaps.items() if until > now}
+        self.after, self.read_at = max(self.after, top), now
+
+
+_reading = Reading()
+
+
 async def recheck():
-    """The safety net: which of the receipts waited for in this process are settled, in one
-    query, handed to their sockets. Nothing when none is waited for."""
+    """The safety net under the announcements, every RECHECK_SECS (socket_loops): which of the
+    receipts waited for in this process were settled, handed to their sockets. It reads the
+    ReceiptMove rows logged since its last pass (one range query) and probes only the messages
+    among them that are waited for here: its cost is what changed, not what is waited for.
+    Every FULL_RECHECK_SECS (and when it cannot know what it missed) it probes all of them
+    instead. Nothing, no query, when none is waited for."""
     with _lock:
-        ids = list(_waiting)
-    if ids:
-        settled_here(await arun(settled_statement(ids)))
+        awaited = set(_waiting)
+    if not awaited:
+        return
+    now = time.monotonic()
+    reading = _reading
+    if reading.after is None or now - reading.read_at > MOVES_KEPT_SECS / 2:
+        # Where the log ends, read before the probe: what moves after the probe is logged after.
+        last_id, rows, full = await arun(last_move_statement()), [], True
+    else:
+        last_id, rows = None, await arun(moves_statement(reading.after, sorted(reading.gaps)))
+        full = now - reading.full_at >= FULL_RECHECK_SECS
+    probe = sorted(awaited if full else awaited & {message_id for _, message_id in rows})
+    if probe:
+        settled_here(await arun(settled_statement(probe)))
+    # Only once probed: a pass that failed reads the same rows again next time.
+    if last_id is not None:
+        reading.start(last_id, now)
+    else:
+        reading.advance(rows, now)
+    if full:
+        reading.full_at = now
 
 
 # --- GET /api/messages/{id} ----------------------------------------------------------------------

@@ -4,7 +4,8 @@ UPDATE), sweeps connections whose server died and expires overdue leases, so tha
 waits on a socket that is gone even where no other sweeper runs (the embedded mode); one
 wakes the sockets whose subscribers have work, in one query for all of them, in case a wake-up
 was lost (an idle socket costs no query of its own), and finds the receipts its sockets wait
-for that are settled (one query, only while some are waited for: delivery.receipts); one
+for that are settled (only while some are waited for, and only those the ledger logged as
+moved since the last pass: delivery.receipts.recheck); one
 checks the sockets' tokens and rights (the safety net of revocation); and, in the services
 mode, one hears the other processes' wake-ups and announcements (delivery.wakeups.listen)."""
 
@@ -111,7 +112,7 @@ async def _wake_those_with_work():
             continue
         wakeups.wake_sockets(due)
         try:
-            await receipts.recheck()  # the receipts' safety net: one query, when any is waited for
+            await receipts.recheck()  # the receipts' safety net, when any is waited for
         except Exception:
             log.exception("looking for settled receipts failed; trying again in %s s", RECHECK_SECS)
 

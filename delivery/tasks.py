@@ -36,7 +36,7 @@ from django.utils import timezone
 from subscribers import presence
 from subscribers.models import Connection, Subscriber
 
-from . import frames, ledger, liveness, tallies, webhooks
+from . import frames, ledger, liveness, receipts, tallies, webhooks
 from .models import Delivery, DeliveryAttempt
 
 log = logging.getLogger(__name__)
@@ -288,12 +288,13 @@ def record_attempts(deliveries, outcomes):
 def sweep():
     """On beat, every second: expire overdue leases (back to pending with backoff, or dead
     after the last attempt), remove connections whose server died, finish the replays and
-    unsubscribes it left halfway, fold the kept counts, and
+    unsubscribes it left halfway, fold the kept counts, prune the receipts' log, and
     enqueue webhook jobs for subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
     stale = presence.sweep_stale_connections()
     stalled = ledger.finish_stalled()  # replays and unsubscribes whose server died halfway
     tallies.fold()  # the kept counts' changes of the last second (delivery.tallies)
+    receipts.prune_moves()  # what the sockets' recheck has read (delivery.receipts)
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
         Delivery.objects.ready(soon)

@@ -223,3 +223,38 @@ def test_the_receipts_awaited_are_capped_per_subscriber_not_per_socket(world):
     finally:
         server.stop()
     assert Message.objects.count() == 2 + 1 + 2  # nothing of the refused frames
+
+
+# --- another process's settle, in the embedded mode (no Redis): the log of moves (issue 26, S9) --
+
+
+def test_a_settle_by_another_process_without_redis_reaches_the_socket_through_the_log(world):
+    """The server hears nothing from the process that acks (no Redis): its recheck reads the
+    moves that process logged. The ack waits until the server's first pass of the receipt has
+    run (that one probes all it awaits), so the receipt can only come through the log: the next
+    full pass is FULL_RECHECK_SECS (30 s) away."""
+    from delivery import ledger
+    from subscribers.models import Subscriber
+
+    publisher, _ = world
+    server = start_daphne({"REDIS_URL": None})
+    try:
+        with connect(f"{server.ws}?token={publisher}") as ws:
+            message_id = publish_with_receipt(ws)
+            with pytest.raises(TimeoutError):
+                ws.recv(timeout=5.0)  # two or more recheck passes (every 2 s) with nothing settled
+            for subscriber in Subscriber.objects.filter(name__in=["first", "second"]):
+                (d,) = ledger.lease_deliveries(subscriber, limit=1)
+                ledger.ack_deliveries(subscriber, [d["id"]])  # in this process, not the server's
+            acked_at = time.monotonic()
+
+            receipt = json.loads(ws.recv(timeout=15))
+            waited = time.monotonic() - acked_at
+            assert receipt == {
+                "type": "receipt",
+                "id": message_id,
+                "deliveries": {"pending": 0, "inflight": 0, "acked": 2, "dead": 0},
+            }
+            assert waited < 10, waited  # a recheck pass or two, not a full one 30 s on
+    finally:
+        server.stop()

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from dashboard import snapshot
 from delivery import ledger, receipts
-from delivery.models import Delivery, Status
+from delivery.models import Delivery, ReceiptMove, Status
 from mqsite import adb
 from mqsite.asgi import application
 from queues import group_commit, publishing
@@ -154,8 +154,11 @@ def test_an_ack_that_settles_a_receipt_checks_once_after_its_commit(
     ):
         ledger.ack_deliveries(logger, [d["id"]])
         before_the_commit = len(queries)
-    assert before_the_commit == 1 and len(after_commit) == 1  # the check waits for the commit
-    assert len(queries) == 2 and "NOT EXISTS" in queries[1]["sql"]
+    # The ack, and the log of the receipt rows it moved (the sockets' recheck reads it); the
+    # check waits for the commit.
+    assert before_the_commit == 2 and len(after_commit) == 1
+    assert "INSERT INTO delivery_receiptmove" in queries[1]["sql"]
+    assert len(queries) == 3 and "NOT EXISTS" in queries[2]["sql"]
     assert heard == [answer["id"]]
 
 
@@ -334,15 +337,17 @@ async def test_a_bad_receipt_flag_or_too_many_waiting_is_refused_and_nothing_pub
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_a_settlement_nobody_announced_is_found_by_the_recheck():
-    """A subscriber deleted with what it was owed settles nothing through the ledger: the
-    sockets' periodic recheck (every 2 s) finds the message settled."""
+async def test_a_settlement_nobody_announced_is_found_by_the_recheck(monkeypatch):
+    """A subscriber deleted with what it was owed settles nothing through the ledger (nor logs
+    it): the sockets' periodic recheck finds the message settled in its full pass (every
+    FULL_RECHECK_SECS, 3 s here)."""
+    monkeypatch.setattr(receipts, "FULL_RECHECK_SECS", 3)
     _, token, (a,) = await world(subscribers=1)
     publisher = await connect(token)
     await send(publisher, ONE_WITH_RECEIPT)
     published = await recv(publisher)
     await database_sync_to_async(lambda: Subscriber.objects.filter(pk=a.pk).delete())()
-    receipt = await recv(publisher, timeout=5)
+    receipt = await recv(publisher, timeout=10)
     assert receipt == {"type": "receipt", "id": published["id"], "deliveries": ZERO}
     await publisher.disconnect()
     assert receipts.waiting() == 0
@@ -439,7 +444,15 @@ def _unsubscribe(d, _):
     subscribing.unsubscribe(d.subscription)
 
 
-SETTLERS = [_kill, _skip, _expire, _close_the_socket, _fail_the_webhook, _unsubscribe]
+def _ack(d, worker):
+    ledger.ack_deliveries(worker, [d.pk])
+
+
+def _nack(d, worker):
+    ledger.nack_deliveries(worker, [d.pk])
+
+
+SETTLERS = [_kill, _skip, _expire, _close_the_socket, _fail_the_webhook, _unsubscribe, _ack, _nack]
 
 
 @pytest.mark.parametrize("settle", SETTLERS, ids=lambda f: f.__name__.strip("_"))
@@ -459,3 +472,5 @@ def test_every_way_a_delivery_settles_announces_its_receipt(
 
     assert heard == [answer["id"]]
     assert not Delivery.objects.filter(message_id=answer["id"], status__in=ledger.OPEN).exists()
+    # Logged in the same transaction, for the sockets' recheck in other processes.
+    assert list(ReceiptMove.objects.values_list("message_id", flat=True)) == [answer["id"]]

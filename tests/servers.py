@@ -1,6 +1,7 @@
 """Real server processes for end-to-end tests: Daphne on a free loopback port, pointed at the
 test database that pytest-django made (so tests must use transactional_db)."""
 
+import json
 import os
 import signal
 import socket
@@ -262,3 +263,14 @@ def eventually(check, timeout=5, step=0.05):
             return False
         time.sleep(step)
     return True
+
+
+def frames_within(ws, seconds):
+    """Every frame (decoded) a websocket (websockets' sync client) sends within `seconds`."""
+    got, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            got.append(json.loads(ws.recv(timeout=left)))
+        except TimeoutError:
+            break
+    return got

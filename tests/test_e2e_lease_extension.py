@@ -16,7 +16,7 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.servers import eventually, start_daphne, start_redis, start_worker
+from tests.servers import eventually, frames_within, start_daphne, start_redis, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 extending = pytest.mark.parametrize("extending", [True, False], ids=["extending", "not-extending"])
@@ -58,16 +58,6 @@ def publish_one(web, token):
         web, token, "POST", "/api/queues/jobs/messages", {"event": "encode", "payload": {"video": 7}}
     )
     assert status == 201
-
-
-def frames_within(ws, seconds):
-    got, deadline = [], time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            got.append(json.loads(ws.recv(timeout=left)))
-        except TimeoutError:
-            break
-    return got
 
 
 @extending

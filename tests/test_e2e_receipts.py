@@ -14,7 +14,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.servers import E2E_REDIS, start_daphne
+from tests.servers import E2E_REDIS, frames_within, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -123,17 +123,6 @@ def two_publishers(world):
     return publisher, intruder, tokens
 
 
-def recv_frames(ws, timeout):
-    """Every frame the socket sends within `timeout` seconds."""
-    got, deadline = [], time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            got.append(json.loads(ws.recv(timeout=left)))
-        except TimeoutError:
-            break
-    return got
-
-
 @pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "two-processes"])
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
 def test_a_repeated_key_does_not_take_the_publishers_receipt(two_publishers, batch, processes):
@@ -187,7 +176,7 @@ def test_a_repeated_key_does_not_take_the_publishers_receipt(two_publishers, bat
                 "ref": "a",
             }
             # Past the 2 s recheck too: the intruder hears nothing of the message.
-            assert recv_frames(other, 3.0) == []
+            assert frames_within(other, 3.0) == []
     finally:
         for s in servers:
             s.stop()

@@ -396,7 +396,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return
         ref = None
         try:
-            frame = await frames.aparse(raw)
+            frame = frames.parse(raw) if frames.is_small(raw) else await frames.parse_big(raw)
             ref = frame.get("ref")
             handler = self.handlers.get(frame.get("type"))
             if self.subscriber is None and frame.get("type") != "auth":

@@ -154,7 +154,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
 
     snapshot, overlapping = overlap.drop_archived(snapshot, listing)
     hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
-    # Spark computes the history (a folder's first run always goes to it, as ../shared/API.md
+    # Spark computes the history (a folder's first run always goes to it, as the API
     # says analyze does); on top of it, a little to recompute (the last hour's files, a batch
     # archived late into an old day) is reduced in this process with Arrow, as the hot snapshot
     # is, rule for rule like Spark: a JVM's start and first query cost more than that. Not when

@@ -15,7 +15,7 @@ the archive holds each id once; the only overlap, the hot tables' rows that are 
 is removed from the snapshot before it is aggregated (analytics.overlap: the archive's copy
 wins).
 
-Shape (../shared/STYLE.md): extract_* read, transform_* are pure DataFrame -> DataFrame; paths
+Shape (the house style): extract_* read, transform_* are pure DataFrame -> DataFrame; paths
 are arguments. The file imports nothing but PySpark and the standard library, so spark-submit
 runs it as it is, and it uses no Python UDF, so a cluster's executors need none of this
 project's code.

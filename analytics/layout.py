@@ -1,4 +1,5 @@
-"""The Parquet layout shared by the archive and the recent-rows snapshot (../shared/API.md).
+"""The Parquet layout shared by the archive and the recent-rows snapshot (README, "History
+and analytics").
 
     <root>/messages/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
     <root>/deliveries/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet

@@ -147,8 +147,8 @@ def _clean(row, fields):
     return {f: None if isinstance(row.get(f), float) and math.isnan(row[f]) else row.get(f) for f in fields}
 
 
-# Beyond the fields ../shared/API.md lists (which keep their names and meaning), `--json` adds
-# the job's other figures: a reader of the contract's fields sees no change.
+# Beyond the fields the API lists (README, "History and analytics"; they keep their names and
+# meaning), `--json` adds the job's other figures: a reader of the contract's fields sees no change.
 EVENT_EXTRAS = (
     "pending",
     "inflight",
@@ -175,7 +175,7 @@ def results_json():
 
 def as_json(events, subscribers):
     """Event and subscriber statistics (dicts of EventStats' and SubscriberStats' fields) as
-    `analyze --json` prints them: the fields of ../shared/API.md, and the extras above (and
+    `analyze --json` prints them: the fields the API lists, and the extras above (and
     the span of each event's messages, as ISO times)."""
     return {
         "events": [

@@ -1,4 +1,4 @@
-"""Settings, read from the environment (../shared/API.md lists the names).
+"""Settings, read from the environment (README, "Settings", lists the names).
 
 The defaults are the embedded mode: a SQLite file under var/, no outside services.
 A malformed value stops start-up with a message naming the variable.

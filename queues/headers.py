@@ -1,5 +1,5 @@
 """Headers: names and string values a message may carry beside its payload (trace context, a
-tenant, a content type), as ../shared/API.md's Extensions section states them.
+tenant, a content type), as the API's Extensions section states them.
 
 Checked here once, for every way in (REST, the socket, `manage.py publish`, the admin), and
 stored as their JSON text as sent, like the payload: a message without headers stores NULL and

@@ -1,4 +1,4 @@
-"""The one rule for queue and event names (../shared/API.md: Words)."""
+"""The one rule for queue and event names (README, "The protocol")."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""The manage.py commands of the contract (../shared/API.md: manage.py commands)."""
+"""The manage.py commands of the contract (README, "The protocol" and each command's --help)."""
 
 import io
 import json

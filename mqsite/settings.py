@@ -453,6 +453,8 @@ else:
     for sub in ("queue", "processed", "control"):
         (CELERY_QUEUE_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
+    # kombu's own, but a job is written whole before a worker can see it (the module says why)
+    CELERY_BROKER_TRANSPORT = "mqsite.workarounds.kombu_files:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(CELERY_QUEUE_DIR / "queue"),
         "data_folder_out": str(CELERY_QUEUE_DIR / "queue"),

@@ -1,5 +1,5 @@
 # make run  : serve everything at http://127.0.0.1:$(PORT)/ (embedded mode: SQLite, no services)
-# make test : lint, then the whole suite on SQLite and again on the machine's PostgreSQL
+# make test : lint and the docs, then the whole suite on SQLite and on the machine's PostgreSQL at once
 # make demo : demo traffic for the dashboard (or `DEMO=1 make run` runs it beside the server)
 # make faults: the long fault-injection run (about 30 minutes; make test runs a short one)
 SHELL := /bin/bash
@@ -11,15 +11,16 @@ PORT ?= 8000
 RUN_ID := $(shell echo $$PPID)
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/mqsite_$(RUN_ID)
 
-.PHONY: run test lint test-sqlite test-postgres bench clean demo
+.PHONY: run install install-dev test lint test-sqlite test-postgres bench clean demo
 # The browser test drives Debian's Chromium (never a browser download); we run as root.
 CHROMIUM := /usr/bin/chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall whenever requirements.txt changes. The Python client (clients/python, package
-# mqclient) goes in editable, so its source is what `import mqclient` runs.
+# What `make run` needs (requirements.txt), reinstalled whenever it changes. The Python client
+# (clients/python, package mqclient) goes in editable, so its source is what `import mqclient`
+# runs (the demo traffic uses it).
 $(VENV)/.installed: requirements.txt clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
@@ -27,6 +28,13 @@ $(VENV)/.installed: requirements.txt clients/python/pyproject.toml | $(BIN)/pyth
 	touch $@
 
 install: $(VENV)/.installed $(VENV)/.spark-classes
+
+# What only the tests, the linter and the docs need, on top (requirements-dev.txt).
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+install-dev: install $(VENV)/.dev-installed
 
 run: install
 	$(BIN)/python manage.py migrate --noinput
@@ -72,26 +80,42 @@ $(REDIS_SERVER):
 # server itself is the machine's (README, "The two commands").
 TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test-sqlite: install $(TEST_TOOLS)
-	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 $(BIN)/pytest -q --create-db
+# The two passes run at once (`make test`), so each has its own job folder (the embedded mode's
+# broker) and its own Redis: the SQLite pass a private redis-server on a free port, the
+# PostgreSQL pass the machine's. pytest prints the slowest tests, to see where the time goes.
+PYTEST := $(BIN)/pytest -q --create-db --durations=15
+
+test-sqlite: install-dev $(TEST_TOOLS)
+	port=$$($(BIN)/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	$(REDIS_SERVER) --port $$port --bind 127.0.0.1 --save '' --appendonly no >/dev/null & redis=$$!; \
+	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 MQ_CELERY_DIR=var/celery-test-sqlite-$(RUN_ID) \
+		MQ_TEST_REDIS=redis://127.0.0.1:$$port $(PYTEST); status=$$?; \
+	kill $$redis; rm -rf var/celery-test-sqlite-$(RUN_ID) var/test-$(RUN_ID).sqlite3*; \
+	exit $$status
 
 # pytest-django cannot drop its database while a connection of a child process lingers (it
 # warns and leaves it): drop it here, keeping pytest's exit status.
-test-postgres: install $(TEST_TOOLS)
-	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -q --create-db; status=$$?; \
+test-postgres: install-dev $(TEST_TOOLS)
+	DATABASE_URL=$(PG_TEST_URL) MQ_CELERY_DIR=var/celery-test-postgres-$(RUN_ID) $(PYTEST); status=$$?; \
 	psql "$(dir $(PG_TEST_URL))postgres" -qc 'DROP DATABASE IF EXISTS "test_$(notdir $(PG_TEST_URL))" WITH (FORCE)' \
 		>/dev/null 2>&1 || true; \
+	rm -rf var/celery-test-postgres-$(RUN_ID); \
 	exit $$status
 
-test: lint test-sqlite test-postgres
+# Lint first, then both passes at once: on two cores they take about as long as one, since
+# most of a pass waits on servers, sockets and timers. The Debian packages come first, one
+# apt-get at a time. Each pass's output is printed whole
+# when it ends (--output-sync), not interleaved.
+test: lint $(TEST_TOOLS)
+	$(MAKE) --no-print-directory --output-sync=target -j2 test-sqlite test-postgres
 
 # The benchmark's own clients (RabbitMQ, NATS, py-spy) go into the same venv; reinstalled
 # whenever bench/requirements.txt changes.
-$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
+$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.dev-installed
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	touch $@
 
@@ -132,7 +156,7 @@ bench-operators: install
 # the target fails on a disagreement. A SQLite file unless DATABASE_URL names a PostgreSQL
 # database with "bench" in its name (dropped and made again). About 15 minutes (bench/README.md).
 .PHONY: bench-analytics
-bench-analytics: install
+bench-analytics: install-dev
 	$(BIN)/python bench/analytics_run.py
 
 # Not part of `make test`, which runs a short form (tests/test_faults.py). The long fault run
@@ -141,7 +165,7 @@ bench-analytics: install
 # mode. Both run even if the first fails; the target fails if either does. The figures go to
 # var/faults/.
 .PHONY: faults
-faults: install
+faults: install-dev
 	status=0; \
 	$(BIN)/python -m tests.faults --mode services --messages 100000 --minutes 25 || status=1; \
 	$(BIN)/python -m tests.faults --mode embedded --messages 10000 --minutes 4 || status=1; \

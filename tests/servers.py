@@ -16,8 +16,18 @@ from urllib.parse import quote
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
-# The machine's Redis, a database of the end-to-end tests' own (tests/conftest.py: announcing).
-E2E_REDIS = "redis://127.0.0.1:6379/9"
+# The Redis the tests use: the machine's by default; `make test` gives each of its two passes,
+# which run at once, a server of its own (MQ_TEST_REDIS), so neither sees the other's keys.
+TEST_REDIS = os.environ.get("MQ_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+
+
+def redis_db(number):
+    """A database of the tests' Redis, by number (each kind of test keeps to its own)."""
+    return f"{TEST_REDIS}/{number}"
+
+
+# A database of the end-to-end tests' own (tests/conftest.py: announcing).
+E2E_REDIS = redis_db(9)
 
 
 def free_port():

@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.test import override_settings
 
 from tests.conftest import client_for
-from tests.servers import start_daphne
+from tests.servers import redis_db, start_daphne
 
 
 def test_healthz_is_public_and_says_ok(db):
@@ -152,7 +152,7 @@ def test_the_throttle_counts_in_redis_and_lets_calls_through_when_redis_is_down(
         settings.CACHES = {
             "default": {
                 "BACKEND": "django.core.cache.backends.redis.RedisCache",
-                "LOCATION": "redis://127.0.0.1:6379/3",
+                "LOCATION": redis_db(3),
             }
         }
         throttling.counters.cache_clear()
@@ -165,7 +165,7 @@ def test_the_throttle_counts_in_redis_and_lets_calls_through_when_redis_is_down(
         codes = [client_for(logger).get("/api/queues").status_code for _ in range(3)]
         assert codes == [200, 200, 200]  # a Redis outage must not become an API outage
     finally:
-        settings.CACHES["default"]["LOCATION"] = "redis://127.0.0.1:6379/3"
+        settings.CACHES["default"]["LOCATION"] = redis_db(3)
         throttling.counters.cache_clear()
         throttling.counters().clear()
         throttling.counters.cache_clear()
@@ -179,6 +179,6 @@ def test_healthz_is_503_when_what_carries_the_jobs_is_down(db, settings):
 
 
 def test_healthz_checks_redis_in_the_services_mode(db, settings):
-    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.REDIS_URL = redis_db(0)
     r = client_for().get("/healthz")
     assert r.status_code == 200 and r.json()["mode"] == "services" and r.json()["jobs"] == "ok"

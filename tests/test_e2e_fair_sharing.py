@@ -11,10 +11,10 @@ from websockets.sync.client import connect as ws_connect
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.servers import start_daphne
+from tests.servers import redis_db, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REDIS = {"REDIS_URL": "redis://127.0.0.1:6379/7"}
+REDIS = {"REDIS_URL": redis_db(7)}
 
 
 def world():

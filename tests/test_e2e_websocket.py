@@ -16,10 +16,10 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.servers import eventually, start_daphne
+from tests.servers import eventually, redis_db, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REDIS_TEST_URL = "redis://127.0.0.1:6379/7"
+REDIS_TEST_URL = redis_db(7)
 
 
 @pytest.fixture

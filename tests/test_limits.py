@@ -30,7 +30,7 @@ from queues.models import Event, Message
 from subscribers import subscribing
 from subscribers.models import Connection, Subscription
 from tests.conftest import client_for
-from tests.servers import eventually, start_daphne
+from tests.servers import eventually, redis_db, start_daphne
 
 
 def publish(queue, n, event="create"):
@@ -384,7 +384,7 @@ def test_the_65th_socket_of_a_subscriber_is_refused_with_4429(logger, peer, db_q
         web.stop()
 
 
-REDIS_TEST_URL = "redis://127.0.0.1:6379/12"
+REDIS_TEST_URL = redis_db(12)
 
 
 @pytest.mark.django_db(transaction=True)

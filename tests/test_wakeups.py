@@ -6,10 +6,11 @@ import pytest
 import redis
 
 from delivery import wakeups
+from tests.servers import redis_db
 
 pytestmark = pytest.mark.asyncio
 
-REDIS_TEST_URL = "redis://127.0.0.1:6379/7"
+REDIS_TEST_URL = redis_db(7)
 
 
 @pytest.fixture
@@ -64,9 +65,9 @@ async def test_a_processs_own_wake_up_wakes_its_sockets_once_without_the_round_t
 
 
 async def test_the_channel_names_the_redis_database(settings):
-    settings.REDIS_URL = "redis://127.0.0.1:6379/7"
+    settings.REDIS_URL = redis_db(7)
     seven = wakeups.channel()
-    settings.REDIS_URL = "redis://127.0.0.1:6379/8"
+    settings.REDIS_URL = redis_db(8)
     assert wakeups.channel() != seven
 
 

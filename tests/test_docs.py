@@ -64,3 +64,28 @@ def test_no_other_module_reads_the_environment():
             if re.search(r"os\.environ(?!\.setdefault\(\"DJANGO_SETTINGS_MODULE\")|os\.getenv", line):
                 readers.append(f"{path.relative_to(ROOT)}: {line.strip()}")
     assert readers == []
+
+
+def test_the_asyncapi_document_names_the_frames_the_socket_handles():
+    """docs/asyncapi.yaml describes /ws/: the frame types it says a client sends are exactly
+    those the consumer has a handler for, and it describes each frame the server sends."""
+    import yaml
+
+    from delivery.consumers import DeliveryConsumer
+
+    doc = yaml.safe_load((ROOT / "docs" / "asyncapi.yaml").read_text())
+    assert doc["asyncapi"].startswith("3.")
+
+    def resolve(schema):
+        if "$ref" in schema:
+            return doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+        return schema
+
+    def types(operation):
+        names = [ref["$ref"].rsplit("/", 1)[1] for ref in doc["operations"][operation]["messages"]]
+        payloads = [resolve(doc["components"]["messages"][name]["payload"]) for name in names]
+        return {payload["properties"]["type"]["const"] for payload in payloads}
+
+    assert types("receiveClientFrames") == set(DeliveryConsumer.handlers)
+    answers = {"authenticated", "subscribed", "unsubscribed", "published", "receipt", "pong", "error"}
+    assert types("sendServerFrames") == answers | {"message", "messages"}

@@ -104,13 +104,19 @@ def environment_settings(path=SETTINGS_PY):
 
 
 def _cell(text):
-    return html.escape(text).replace("|", "&#124;").replace("\n", " ")
+    """Text for a table cell: no HTML of its own, no pipe that would split the row."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", " ")
+
+
+def _code_cell(text):
+    """A default as code: a code span keeps its characters as they are, so only the pipe."""
+    return "`" + text.replace("|", "\\|").replace("\n", " ") + "`"
 
 
 def settings_table(path=SETTINGS_PY):
     rows = ["| variable | type | default (as the code says) | what it is |", "| --- | --- | --- | --- |"]
     for s in environment_settings(path):
-        default = f"`{_cell(s['default'])}`" if s["default"] is not None else "none"
+        default = _code_cell(s["default"]) if s["default"] is not None else "none"
         rows.append(f"| `{s['name']}` | {s['type']} | {default} | {_cell(s['comment'])} |")
     return "\n".join(rows)
 

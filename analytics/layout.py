@@ -1,5 +1,5 @@
-"""The Parquet layout shared by the archive and the recent-rows snapshot (README, "History
-and analytics").
+"""The Parquet layout shared by the archive and the recent-rows snapshot (docs/analytics.md,
+"The archive's layout").
 
     <root>/messages/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet
     <root>/deliveries/queue=<q>/day=<YYYY-MM-DD>/part-<first id>-<last id>.parquet

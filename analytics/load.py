@@ -147,8 +147,9 @@ def _clean(row, fields):
     return {f: None if isinstance(row.get(f), float) and math.isnan(row[f]) else row.get(f) for f in fields}
 
 
-# Beyond the fields the API lists (README, "History and analytics"; they keep their names and
-# meaning), `--json` adds the job's other figures: a reader of the contract's fields sees no change.
+# Beyond the fields the API lists (docs/analytics.md, "What `analyze --json` prints"; they keep
+# their names and meaning), `--json` adds the job's other figures: a reader of the contract's
+# fields sees no change.
 EVENT_EXTRAS = (
     "pending",
     "inflight",

@@ -152,7 +152,7 @@ def history_script(env, *args):
 
 BOUNDS = [0.49, 0.51, 0.94, 0.96, 0.98, 1.0]  # 1 % of rank either side of p50, p95, p99
 COUNTS = ("pending", "inflight", "acked", "dead")
-# The fields the API promises (README, "History and analytics"); the others (pending and in
+# The fields the API promises (docs/analytics.md, "What `analyze --json` prints"); the others (pending and in
 # flight per event, deliveries and in flight per subscriber) are checked when analyze prints them.
 EVENT_REQUIRED = ("messages", "deliveries", "acked", "dead")
 SUBSCRIBER_REQUIRED = ("pending", "acked", "dead")

@@ -1,4 +1,4 @@
-"""Settings, read from the environment (README, "Settings", lists the names).
+"""Settings, read from the environment (docs/settings.md lists them, from the comments here).
 
 The defaults are the embedded mode: a SQLite file under var/, no outside services.
 A malformed value stops start-up with a message naming the variable.
@@ -47,14 +47,18 @@ def _positive_float(name, default):
 
 def _secret_key():
     """SECRET_KEY from the environment, else one made once and kept in var/ (embedded mode)."""
+    # Django's signing key: set it in production; else one made once and kept in var/secret_key.
     if env.str("SECRET_KEY", default=""):
         return env.str("SECRET_KEY")
     return read_or_create_private(VAR_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
+# Django's debug pages: never on a server others reach.
 DEBUG = env.bool("DEBUG", default=False)
+# Host names the server answers; a websocket handshake whose Origin names another is refused.
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+# The port `make run` serves on, at 127.0.0.1.
 PORT = _positive_int("PORT", 8000)
 
 # Not "daphne": its app only makes `runserver` serve ASGI, and installing it put the Twisted
@@ -139,6 +143,7 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
+# The database: a SQLite file by default (the embedded mode), or postgres://user@host:5432/name.
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mqsite.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
@@ -156,6 +161,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Django's SQLite backend, with this process's write transactions queued on one lock
     # (mqsite/sqlite/base.py says why).
     DATABASES["default"]["ENGINE"] = "mqsite.sqlite"
+    # The SQLite file the tests use (one per test run, so two runs on one machine never share one).
     DATABASES["default"]["TEST"] = {"NAME": env.str("MQ_TEST_SQLITE", default=str(VAR_DIR / "test.sqlite3"))}
     # Opening a SQLite connection (and its PRAGMAs) costs more than most queries: keep it.
     # Unlike a server database, an idle open file costs nothing and there is no limit to reach.
@@ -165,6 +171,7 @@ else:
     # pile up (one per thread, until PostgreSQL refuses more): use psycopg's pool instead.
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 2,
+        # PostgreSQL connections per process in the pool of sync Django code.
         "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
         "timeout": 10,
     }
@@ -175,11 +182,13 @@ else:
 # with 20 and 4,500 to 7,700 on threads, bench/PROFILE.md section 10). Mind PostgreSQL's
 # max_connections (100 by default): each web process may open both pools in full.
 MQ_ASYNC_DB = env.bool("MQ_ASYNC_DB", default=True)
+# Connections of that async pool per web process, opened as needed.
 MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", 20)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis (services mode) ------------------------------------------------------------------
+# Redis (redis://host:6379/0): wake-ups between processes, the cache, Celery's jobs. Empty: none.
 REDIS_URL = env.str("REDIS_URL", default="")
 # The services mode: PostgreSQL and Redis. Without either, the embedded mode's one process.
 SERVICES_MODE = bool(REDIS_URL) and DATABASES["default"]["ENGINE"] != "mqsite.sqlite"
@@ -250,6 +259,7 @@ LOGIN_URL = "/admin/login/"
 # the hasher runs, until MQ_LOGIN_COOLOFF_SECS pass without a failure. `manage.py axes_reset`
 # lifts every lockout at once.
 MQ_LOGIN_FAILURE_LIMIT = _positive_int("MQ_LOGIN_FAILURE_LIMIT", 5)
+# How long a locked-out address or user name stays refused.
 MQ_LOGIN_COOLOFF_SECS = _positive_int("MQ_LOGIN_COOLOFF_SECS", 900)
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # first: it refuses a locked-out attempt
@@ -283,12 +293,15 @@ if MQ_HTTPS:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's health check may speak http
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+    # With MQ_HTTPS: how long browsers remember to use https only (HSTS), a year by default.
     SECURE_HSTS_SECONDS = _positive_int("SECURE_HSTS_SECONDS", 31536000)
+    # With MQ_HTTPS: HSTS covers the subdomains too.
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
     # The header only allows a submission to the browsers' preload list; nobody is submitted.
     SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
 
 # --- The queue's own settings ---------------------------------------------------------------
+# The largest payload of a message (its UTF-8 JSON); larger is refused with 413.
 MQ_MAX_PAYLOAD_BYTES = _positive_int("MQ_MAX_PAYLOAD_BYTES", 262144)
 # A publish body (a batch) is read into memory and parsed whole, and parsed JSON takes up to 30
 # times its text (a 14 MiB body took 364 MB and 8.7 s to refuse at the old 32 MiB): 8 MiB holds
@@ -302,10 +315,12 @@ MQ_MAX_BODY_BYTES = _positive_int("MQ_MAX_BODY_BYTES", max(8 * 1024 * 1024, 5 * 
 MQ_MAX_SMALL_BODY_BYTES = _positive_int("MQ_MAX_SMALL_BODY_BYTES", 1024 * 1024)
 # Deeper JSON than this is refused: parsers and databases recurse on nesting.
 MQ_MAX_JSON_DEPTH = _positive_int("MQ_MAX_JSON_DEPTH", 64)
+# Deliveries in flight on one websocket at most (a socket may ask for fewer with `prefetch`).
 MQ_PREFETCH = _positive_int("MQ_PREFETCH", 100)
 # Long polls (GET /api/deliveries with wait > 0) one subscriber may have waiting at once, across
 # processes with Redis: each holds a server thread, so one token must not open hundreds.
 MQ_MAX_LONG_POLLS = _positive_int("MQ_MAX_LONG_POLLS", 4)
+# true: webhook URLs may point at loopback, private or link-local addresses (tests, local demos).
 MQ_WEBHOOK_ALLOW_PRIVATE = env.bool("MQ_WEBHOOK_ALLOW_PRIVATE", default=False)
 # The deadline of a whole webhook post (connect, headers, body). The contract says 10 s; a
 # setting only so that tests against real workers are fast, never longer than the contract.
@@ -316,7 +331,9 @@ if MQ_WEBHOOK_TIMEOUT_SECS > 10:
 # allows several signatures) for this long, so a receiver can switch to the new secret without
 # refusing a delivery. 24 h by default; 0: the old secret stops at once.
 MQ_WEBHOOK_SECRET_GRACE_SECS = _whole_number("MQ_WEBHOOK_SECRET_GRACE_SECS", 24 * 3600)
+# Where the Parquet archive of acked history goes (any path Spark can read).
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
+# The Spark master the analytics run on: local[*] (this machine), or a cluster's URL.
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
 # How long `analyze` waits for the archive's lock (held by the archive, its compaction or
 # another analysis) before it gives up with AnalysisBusy.
@@ -392,7 +409,9 @@ MQ_REVOCATION_CHECK_SECS = _positive_float("MQ_REVOCATION_CHECK_SECS", 0.5)
 # and a /metrics label forever) and receipts its sockets in a process wait for at once (each
 # probed by that process's recheck every 2 s: a cap per socket let 64 sockets wait for 640,000).
 MQ_WS_FRAME_RATE = _positive_int("MQ_WS_FRAME_RATE", 5000)
+# Frames one socket may send at once before the rate applies.
 MQ_WS_FRAME_BURST = _positive_int("MQ_WS_FRAME_BURST", 10000)
+# A socket refused frames this long on end (no 1 s pause) is closed with 4429.
 MQ_WS_ABUSE_SECS = _positive_float("MQ_WS_ABUSE_SECS", 5.0)
 # The largest frame a socket may send before it is authenticated (an `auth` frame: a token and
 # a prefetch); a bigger one closes it (4413) undecoded, so that no token buys no decoding.
@@ -405,8 +424,11 @@ MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS = _positive_int("MQ_WS_MAX_UNAUTHENTICATED
 # (Twisted's idle timeout of 60 s started again at every byte). Also how long a kept-alive
 # connection may stay idle (mqsite/daphne_headers.py).
 MQ_HTTP_HEADER_TIMEOUT_SECS = _positive_float("MQ_HTTP_HEADER_TIMEOUT_SECS", 10.0)
+# Open sockets per subscriber; the next gets `too_many_connections` and the close 4429.
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)
+# Subscriptions per subscriber; a new one beyond is 409 (`too_many_subscriptions`).
 MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER", 256)
+# Event names a subscriber may make an hour; beyond, 429 (`too_many_new_events`). Operators: no cap.
 MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER", 100)
 # Replays (subscribe with "from", seek) and unsubscribes touch a row per message of the hot
 # tables: they go in chunks of MQ_REPLAY_CHUNK rows (1000), each its own short transaction, so
@@ -414,6 +436,7 @@ MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_NEW_EVENTS_PER_SUBSCRIB
 # have MQ_MAX_REPLAYS_PER_SUBSCRIBER (1) replays under way at once, beyond which it is answered
 # 429 with Retry-After (a loop of replays queues no unbounded work).
 MQ_REPLAY_CHUNK = _positive_int("MQ_REPLAY_CHUNK", 1000)
+# Replays one subscriber may have under way at once; beyond, 429 (`too_many_replays`).
 MQ_MAX_REPLAYS_PER_SUBSCRIBER = _positive_int("MQ_MAX_REPLAYS_PER_SUBSCRIBER", 1)
 # A replay or an unsubscribe whose last chunk ran MQ_REPLAY_STALL_SECS ago (30) stopped halfway
 # (its server died): the sweep finishes it. Until then the subscription is leased nothing.
@@ -423,11 +446,13 @@ MQ_REPLAY_STALL_SECS = _positive_float("MQ_REPLAY_STALL_SECS", 30.0)
 MQ_MAX_RECEIPTS_PER_SUBSCRIBER = _positive_int("MQ_MAX_RECEIPTS_PER_SUBSCRIBER", 10000)
 # Retry backoff: the first retry after BASE seconds, doubling, never more than MAX seconds.
 MQ_BACKOFF_BASE_SECS = env.float("MQ_BACKOFF_BASE_SECS", default=1.0)
+# The longest wait between two attempts.
 MQ_BACKOFF_MAX_SECS = env.float("MQ_BACKOFF_MAX_SECS", default=300.0)
 # /metrics names every subscriber and its backlog: it answers a scraper that sends this as a
 # bearer token, or a staff session; MQ_METRICS_PUBLIC=true opens it to anyone (a network only
 # Prometheus reaches).
 MQ_METRICS_TOKEN = env.str("MQ_METRICS_TOKEN", default="")
+# true: /metrics answers anyone.
 MQ_METRICS_PUBLIC = env.bool("MQ_METRICS_PUBLIC", default=False)
 # A scrape is answered from a snapshot at most this old, shared by every process through the
 # cache: a loop of scrapes costs the database one computation per this many seconds.
@@ -515,7 +540,7 @@ REST_FRAMEWORK = {
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "mqsite queue server",
-    "DESCRIPTION": "Publish, subscribe, pull and acknowledge messages. See README.md.",
+    "DESCRIPTION": "Publish, subscribe, pull and acknowledge messages. The manual: docs/rest-api.md.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
@@ -535,6 +560,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # The level of what the processes log (DEBUG, INFO, WARNING, ERROR).
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}},
 }

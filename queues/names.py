@@ -1,4 +1,4 @@
-"""The one rule for queue and event names (README, "The protocol")."""
+"""The one rule for queue and event names (docs/index.md, "Words")."""
 
 import re
 

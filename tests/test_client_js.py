@@ -473,11 +473,11 @@ def test_node_warns_once_when_its_token_would_cross_the_network_in_clear(server,
 
 
 def readme_counter_page(server):
-    """The README's browser counter, pointed at this server."""
-    text = (ROOT / "README.md").read_text()
+    """The manual's browser counter (docs/clients/index.md), pointed at this server."""
+    text = (ROOT / "docs" / "clients" / "index.md").read_text()
     section = text[text.index("## The JavaScript client") :]
     html = re.search(r"```html\n(.*?)```", section, re.S).group(1)
-    assert len(html.splitlines()) <= 15  # the issue's limit for a README client
+    assert len(html.splitlines()) <= 15  # the issue's limit for a manual's client
     return html.replace("http://127.0.0.1:8000", server.http)
 
 
@@ -551,7 +551,7 @@ def test_a_browser_page_counts_messages_live_across_a_server_restart(server, own
 def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
     server, owner, tmp_path, monkeypatch, opened_as
 ):
-    """The README says: save the counter as counter.html and open it. A file:// page (and
+    """The manual says: save the counter as counter.html and open it. A file:// page (and
     about:blank with set_content) sends `Origin: null`, which /ws/ lets in (it takes tokens,
     never cookies); the page authenticates with the auth frame and counts."""
     from playwright.sync_api import sync_playwright

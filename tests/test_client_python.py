@@ -771,11 +771,12 @@ def test_an_http_url_of_a_remote_host_warns_once_per_client_that_the_token_goes_
 
 
 def readme_clients(server):
-    """The Python programs of the README's "Three clients in fifteen lines", for this server."""
+    """The Python programs of the manual's "Three clients in fifteen lines" (docs/clients/index.md),
+    for this server."""
     import re
 
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Three clients in fifteen lines") : text.index("## More of the socket")]
+    text = (ROOT / "docs" / "clients" / "index.md").read_text()
+    section = text[text.index("## Three clients in fifteen lines") : text.index("## From a Django project")]
     programs = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(programs) == 2 and all(len(p.splitlines()) <= 15 for p in programs)  # the issue's limit
     return [p.replace("http://127.0.0.1:8000", server.http) for p in programs]

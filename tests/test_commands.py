@@ -1,4 +1,4 @@
-"""The manage.py commands of the contract (README, "The protocol" and each command's --help)."""
+"""The manage.py commands of the contract (docs/commands.md and each command's --help)."""
 
 import io
 import json

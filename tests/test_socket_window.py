@@ -1,4 +1,4 @@
-"""Extensions of the socket for its clients (README, "The protocol"): a socket's own prefetch
+"""Extensions of the socket for its clients (docs/websocket.md): a socket's own prefetch
 window (`prefetch` on the auth or a subscribe frame), `subscribed` echoing the frame's `ref`,
 and `Origin: null` let in on /ws/, which never authenticates by cookie."""
 

@@ -10,7 +10,7 @@
  *   const answer = await mq.publish("db", "create", { id: 7 }, { key: "user-7" });
  *   await mq.close();
  *
- * What it does for its user (README: "The JavaScript client"):
+ * What it does for its user (docs/clients/index.md, "The JavaScript client"):
  * - One websocket at `url` + /ws/, authenticated by the `auth` frame: a page never puts its
  *   long-lived token in a URL that access logs keep.
  * - A handler is called with the delivery (id, message_id, queue, event, seq, payload, attempt,

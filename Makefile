@@ -77,7 +77,7 @@ $(REDIS_SERVER):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
 
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
-# server itself is the machine's (README, "The two commands").
+# server itself is the machine's (docs/development.md).
 TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
 
 lint: install-dev
@@ -110,7 +110,7 @@ test-postgres: install-dev $(TEST_TOOLS)
 # most of a pass waits on servers, sockets and timers. The Debian packages come first, one
 # apt-get at a time. Each pass's output is printed whole
 # when it ends (--output-sync), not interleaved.
-test: lint $(TEST_TOOLS)
+test: lint docs $(TEST_TOOLS)
 	$(MAKE) --no-print-directory --output-sync=target -j2 test-sqlite test-postgres
 
 # The benchmark's own clients (RabbitMQ, NATS, py-spy) go into the same venv; reinstalled
@@ -178,5 +178,5 @@ clean:
 # anchor, a page left out of the nav) fails the build; a hook makes the settings table from
 # mqsite/settings.py. NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about its successor.
 .PHONY: docs
-docs: install
+docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site

@@ -11,6 +11,11 @@ Every system gives the workloads the same four things:
 - `stored(run)` and `unacked(run)`: what the system itself says it holds, for the checks.
 
 A consumer keeps at most PREFETCH messages unacked, as the server's MQ_PREFETCH does.
+
+The peers (RabbitMQ, NATS JetStream, Redis Streams, the PostgreSQL ceiling) are whole systems
+here; this server's side of the same four (its modes, provisioning, `Ours`) is ours.py, and
+its clients on the wire are below with the peers'. The subscriber processes that run every
+system's consumers, and W6's idle sockets, are at the end.
 """
 
 import asyncio
@@ -562,6 +567,39 @@ class CeilingConsumer:
         self.listener.cancel()
         await self.conn.close()
         await self.listen.close()
+
+
+# --- The peers by name, as compare.py's --peers names them --------------------------------------
+
+PEERS = {"rabbitmq": Rabbit, "nats": Nats, "redis": RedisStreams, "pg-ceiling": Ceiling}
+
+
+def make_peer(name):
+    return PEERS[name]()
+
+
+class PeerRuns:
+    """A peer with per-run names that do not collide with earlier runs; cleaned up after."""
+
+    def __init__(self, peer, stamp):
+        self.peer, self.stamp, self.made = peer, stamp, []
+
+    def run_name(self, workload):
+        return f"{workload.lower()}-{self.stamp}"
+
+    async def prepare(self, run, n, consumer=None):
+        self.made.append((run, n))
+        return await self.peer.prepare(run, n)
+
+    def __getattr__(self, name):
+        return getattr(self.peer, name)
+
+    async def cleanup(self):
+        for run, n in self.made:
+            try:
+                await self.peer.cleanup(run, n)
+            except Exception as exc:
+                print(f"  cleanup of {run}: {exc}")
 
 
 # --- This server: REST and websockets ------------------------------------------------------------

@@ -246,14 +246,69 @@ def header(result):
     )
 
 
+# The README's short form: one line a system, one column a workload (its unit in the head).
+SHORT = {
+    "W1a": "W1a msg/s",
+    "W1a-8": "W1a-8 msg/s",
+    "W1b": "W1b msg/s",
+    "W2": "W2 acked/s",
+    "W3": "W3 {rate}/s p50/p95/p99 ms",
+    "W4": "W4 msg/s",
+    "W5-W1b": "W5-W1b msg/s",
+    "W5-W4": "W5-W4 msg/s",
+    "W6": "W6 p50/p95/p99 ms",
+}
+
+
+def matrix(grid, rate=W3_RATE):
+    """The table's figures with one line a system and one column a workload, without the
+    ratios (bench/README.md's form; the table itself is the results file's `table`)."""
+    keys = [key for key, _ in ROWS if grid.get(key)]
+    lines = [
+        "| system | " + " | ".join(SHORT[k].format(rate=rate) for k in keys) + " |",
+        "| --- |" + " ---: |" * len(keys),
+    ]
+    for col, col_label in COLUMNS:
+        if any(col in grid[k] for k in keys):
+            lines.append(f"| {col_label} | " + " | ".join(cell(grid[k].get(col)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def targets_grid(rows):
+    """The targets as one line for each of ours and one column for each workload (the README's
+    short form of targets_text), and the targets themselves as a sentence under it."""
+    keys, names = [], {}
+    for label, checks in rows:
+        for name, _met, _note in checks:
+            key = name.split()[0]
+            if key not in keys:
+                keys.append(key)
+            names.setdefault(key, {}).setdefault(name, []).append(label.split()[-1])
+    mark = {True: " ✓", False: " ✗", None: ""}
+    lines = ["| ours | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
+    for label, checks in rows:
+        cells = {n.split()[0]: ("—" if met is None else f"{note}{mark[met]}") for n, met, note in checks}
+        lines.append(f"| {label} | " + " | ".join(cells.get(k, "") for k in keys) + " |")
+    transports = {label.split()[-1] for label, _ in rows}
+    wanted = [
+        name + ("" if set(on) == transports else f" ({'/'.join(sorted(set(on)))})")
+        for key in keys
+        for name, on in names[key].items()
+    ]
+    return "\n".join(lines), "; ".join(wanted)
+
+
 def readme_block(result, path):
     """What goes between the README's `compare` markers for the result written to `path`."""
-    text, goals = render(result)
+    grid = build_grid(result["ours"], result["growth"], result["peers"])
+    goals, wanted = targets_grid(targets(grid))
+    where = Path(path).resolve().relative_to(ROOT / "bench")
     return (
-        f"{header(result)}\n\n`{Path(path).resolve().relative_to(ROOT / 'bench')}`\n\n{text}\n\n"
-        "Targets (ours ÷ RabbitMQ in the same run; W5 ÷ the same workload without the history "
-        "rows; W6 ÷ W3; the socket's W1b, W2, W4 and W5 on the better of WS and WS batch, named "
-        f"beside the ratio):\n\n{targets_text(goals)}"
+        f"{header(result)}\n\n`{where}` (its `table` has the ratios to RabbitMQ and to the "
+        f"ceiling of every figure; ✗: a run that failed its checks)\n\n"
+        f"{matrix(grid, result['sizes'].get('W3_rate', W3_RATE))}\n\n"
+        f"Targets, met ✓ or not ✗ (the socket's W1b, W2, W4 and W5 on the better of WS and WS batch, "
+        f"named beside the ratio): {wanted}.\n\n{goals}"
     )
 
 

@@ -69,6 +69,8 @@ from workloads import (
     w6_ladder,
 )
 
+# --- the runs: each peer, each mode of ours, W5 beside the history rows ----------------------------
+
 
 async def run_peer(name, sizes, limit, stamp, workloads):
     peer = systems.make_peer(name)
@@ -162,6 +164,9 @@ async def run_growth(sizes, limit, stamp, workdir, processes=1):
             for r in results[t].values():
                 r["growth_rows"] = info["rows"]
     return results, info
+
+
+# --- the entry point -------------------------------------------------------------------------------
 
 
 def versions():

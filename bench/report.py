@@ -1,6 +1,8 @@
 """The comparison's report: one table of every workload and system with the ratios to
 RabbitMQ and to the PostgreSQL ceiling, the issue's targets, the header that says when and on
-what it ran, and the block `--update-readme` puts between bench/README.md's `compare` markers.
+what it ran, and the block `--update-readme` puts between bench/README.md's `compare` markers:
+the same figures in a short form there (a line a system, a column a workload, and the targets
+as a line for each of ours), the table with every ratio staying on stdout and in the file.
 
 Everything here reads a result as compare.py writes it to bench/results/compare-<UTC time>.json,
 so a kept results file renders again without a run:

@@ -1,11 +1,12 @@
 """This server side by side with RabbitMQ, NATS JetStream, Redis Streams and a bare PostgreSQL
 table (the ceiling of our design). Run with `make bench` (full sizes) or `make bench-quick`.
 
-The comparison in four modules, each one job:
+The comparison in modules of one job each:
 
 - workloads.py: W1a to W6 (what each does, its full size) and the drivers that run them;
-- systems.py: the peers, each through its usual Python client, and the subscriber processes;
+- systems.py: the peers, each through its usual Python client (and this server's clients);
 - ours.py: this server in its two modes (services, embedded) and three transports;
+- subscriber_processes.py: the processes that run the subscribers, and W6's idle sockets;
 - report.py: the table with the ratios, the targets, the README block (`--update-readme`).
 
 This file runs them: every workload against each mode and transport of ours, then against each

@@ -30,6 +30,7 @@ from pathlib import Path
 import growth
 import ours
 import redis
+import subscriber_processes
 import systems
 import workloads
 from harness import RESULTS, ROOT, fresh_database, git, machine, manage, server_process
@@ -148,7 +149,7 @@ async def profile_w4(system, pid, seconds, backlog, stem):
         await pub.many([workloads.payload(i, "w4") for i in range(first, min(first + 100, backlog))])
     await pub.close()
     spec = await system.prepare("w4", 1, consumer="ws")
-    group = systems.Subscribers(spec, 1, backlog, "w4", 3 * seconds + 120)
+    group = subscriber_processes.Subscribers(spec, 1, backlog, "w4", 3 * seconds + 120)
     await asyncio.get_running_loop().run_in_executor(None, group.start)
     rec = await three_recordings(pid, seconds, f"{stem}-w4")
     res = await group.result()

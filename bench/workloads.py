@@ -23,7 +23,7 @@ import multiprocessing
 import statistics
 import time
 
-import systems
+import subscriber_processes
 from harness import message
 
 # The workloads run for us over every transport (W5 and W6 are run beside them: compare.py).
@@ -154,7 +154,7 @@ def received(records, phase):
 
 async def w2(system, run, total, limit, subscribers=W2_SUBSCRIBERS):
     spec = await system.prepare(run, subscribers, consumer="ws")
-    group = systems.Subscribers(spec, subscribers, total, "w2", limit)
+    group = subscriber_processes.Subscribers(spec, subscribers, total, "w2", limit)
     await asyncio.get_running_loop().run_in_executor(None, group.start)
     pub = await system.publisher(run)
     started = time.monotonic()
@@ -202,7 +202,7 @@ async def w2(system, run, total, limit, subscribers=W2_SUBSCRIBERS):
 async def w3(system, run, seconds, limit, rate=W3_RATE):
     total = int(rate * seconds)
     spec = await system.prepare(run, 1, consumer="ws")
-    group = systems.Subscribers(spec, 1, total, "w3", limit + seconds)
+    group = subscriber_processes.Subscribers(spec, 1, total, "w3", limit + seconds)
     await asyncio.get_running_loop().run_in_executor(None, group.start)
     pub = await system.publisher(run)
     errors, tasks = [], []
@@ -287,7 +287,7 @@ async def w4(system, run, total, limit, consumer="ws"):
         await pub.close()
     fill = time.monotonic() - fill
     stored = await system.stored(run, 1)
-    group = systems.Subscribers(spec, 1, total, "w4", limit)
+    group = subscriber_processes.Subscribers(spec, 1, total, "w4", limit)
     await asyncio.get_running_loop().run_in_executor(None, group.start)
     res = await group.result()
     distinct, dups = received(res["records"][0], "w4")
@@ -365,7 +365,7 @@ async def w6_once(ours_by_transport, idle_tokens, port, sizes, limit, run):
     parent, child = ctx.Pipe()
     connect_limit = max(30.0, 1.5 * limit)
     proc = ctx.Process(
-        target=systems.idle_process,
+        target=subscriber_processes.idle_process,
         args=(f"ws://127.0.0.1:{port}/ws/", idle_tokens, child, 100, connect_limit),
         daemon=True,
     )

@@ -27,10 +27,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import compare
 import growth
+import ours
 import redis
+import subscriber_processes
 import systems
+import workloads
 from harness import RESULTS, ROOT, fresh_database, git, machine, manage, server_process
 
 PYSPY = Path(sys.executable).parent / "py-spy"
@@ -117,15 +119,15 @@ async def three_recordings(pid, seconds, stem):
     return out
 
 
-async def profile_w1a(ours, pid, seconds, stem):
+async def profile_w1a(system, pid, seconds, stem):
     """REST publishes one at a time while py-spy samples."""
-    pub = await ours.publisher("w1a")
+    pub = await system.publisher("w1a")
     stop, count = asyncio.Event(), [0]
 
     async def publish():
         i = 0
         while not stop.is_set():
-            await pub.one(compare.payload(i, "w1"))
+            await pub.one(workloads.payload(i, "w1"))
             count[0] += 1
             i += 1
 
@@ -140,14 +142,14 @@ async def profile_w1a(ours, pid, seconds, stem):
     return rec | {"publishes_per_second_while_sampled": round(rate, 1)}
 
 
-async def profile_w4(ours, pid, seconds, backlog, stem):
+async def profile_w4(system, pid, seconds, backlog, stem):
     """A websocket subscriber catching up on a backlog while py-spy samples."""
-    pub = await ours.backlog_publisher("w4")
+    pub = await system.backlog_publisher("w4")
     for first in range(0, backlog, 100):
-        await pub.many([compare.payload(i, "w4") for i in range(first, min(first + 100, backlog))])
+        await pub.many([workloads.payload(i, "w4") for i in range(first, min(first + 100, backlog))])
     await pub.close()
-    spec = await ours.prepare("w4", 1, consumer="ws")
-    group = systems.Subscribers(spec, 1, backlog, "w4", 3 * seconds + 120)
+    spec = await system.prepare("w4", 1, consumer="ws")
+    group = subscriber_processes.Subscribers(spec, 1, backlog, "w4", 3 * seconds + 120)
     await asyncio.get_running_loop().run_in_executor(None, group.start)
     rec = await three_recordings(pid, seconds, f"{stem}-w4")
     res = await group.result()
@@ -160,19 +162,19 @@ async def profile_w4(ours, pid, seconds, backlog, stem):
 async def run(args, stamp):
     workdir = Path(tempfile.mkdtemp(prefix="mqprofile-"))
     db_url, _ = fresh_database("postgresql", workdir, PG_DB)
-    redis.Redis.from_url(compare.SERVICES_REDIS, socket_timeout=5).flushdb()
-    env = compare.server_env("services", db_url)
+    redis.Redis.from_url(ours.SERVICES_REDIS, socket_timeout=5).flushdb()
+    env = ours.server_env("services", db_url)
     manage(env, "migrate", "--noinput")
-    tokens = compare.provision(env, ["w1a", "w4"])["tokens"]
+    tokens = ours.provision(env, ["w1a", "w4"])["tokens"]
     out = {}
     with server_process(env, workdir / "daphne-profile.log") as (port, proc):
         print(f"daphne pid {proc.pid}; W1a for {3 * args.seconds:.0f} s under py-spy", flush=True)
         out["W1a"] = await profile_w1a(
-            compare.Ours("services", "rest", port, db_url, tokens), proc.pid, args.seconds, stamp
+            ours.Ours("services", "rest", port, db_url, tokens), proc.pid, args.seconds, stamp
         )
         print(f"W4: a backlog of {args.backlog}, then a websocket subscriber under py-spy", flush=True)
         out["W4"] = await profile_w4(
-            compare.Ours("services", "ws", port, db_url, tokens), proc.pid, args.seconds, args.backlog, stamp
+            ours.Ours("services", "ws", port, db_url, tokens), proc.pid, args.seconds, args.backlog, stamp
         )
     return out
 
@@ -193,8 +195,8 @@ def main():
         "machine": machine(),
     }
     result["pyspy"] = asyncio.run(run(args, stamp))
-    env = compare.server_env("services", "")
-    url, result["growth"] = growth.ensure_ours(compare.GROWTH_DB, args.growth_rows, env)
+    env = ours.server_env("services", "")
+    url, result["growth"] = growth.ensure_ours(ours.GROWTH_DB, args.growth_rows, env)
     print(f"round trips and plans on {url}", flush=True)
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "django_trace.py")],

@@ -19,8 +19,8 @@ from channels.security.websocket import WebsocketDenier  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from dashboard.consumers import DashboardConsumer  # noqa: E402
+from delivery import shutdown  # noqa: E402
 from delivery.consumers import DeliveryConsumer  # noqa: E402
-from mqsite import shutdown  # noqa: E402
 from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -47,7 +47,7 @@ application = ProtocolTypeRouter(
 )
 
 # Served by Daphne (its Twisted reactor is running this): on SIGTERM, requests under way
-# finish, websockets hand back what they hold, and the process exits (mqsite/shutdown.py).
+# finish, websockets hand back what they hold, and the process exits (delivery/shutdown.py).
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 

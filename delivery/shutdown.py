@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 
-from delivery import liveness, socket_loops, wakeups
+from . import liveness, socket_loops, wakeups
 
 log = logging.getLogger(__name__)
 

@@ -1119,7 +1119,7 @@ def finish_replay(subscription_id):
 
 def _give_way():
     """Between two chunks: let a writer waiting for the lock (SQLite's, one writer at a time;
-    mqsite/sqlite) have it before the next chunk takes it again."""
+    mqsite/workarounds/sqlite) have it before the next chunk takes it again."""
     time.sleep(GIVE_WAY_SECS)
 
 

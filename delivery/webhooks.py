@@ -3,20 +3,19 @@
 here (slow I/O stays outside transactions); delivery.tasks leases before and acks or fails after.
 """
 
-import contextvars
 import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlunsplit
 
-import httpcore
 import httpx
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 from standardwebhooks import Webhook
 
 from mqsite.ssrf import UnsafeURL, resolve_safe
+from mqsite.workarounds import httpx_deadline
 
 MAX_RESPONSE_BYTES = 64 * 1024  # what we read of an answer: enough for an error message
 USER_AGENT = "mqsite-webhooks/1"
@@ -38,87 +37,10 @@ def looks_permanent(status):
     return status is not None and 400 <= status < 500 and status not in (408, 429)
 
 
-# --- The deadline -----------------------------------------------------------------------------
-# httpx's timeouts are per read and per write: a peer that drips a byte every few seconds
-# never trips them. Every socket operation of a post goes through DeadlineBackend, which
-# waits at most until the post's deadline (set by post() for its thread) and fails once it has
-# passed: the whole post (connect, headers, body) ends by then, with no thread of its own.
-_deadline = contextvars.ContextVar("webhook_deadline", default=None)
-
-
-def _left(timeout):
-    """What an operation may wait: its own timeout, but never past the post's deadline."""
-    deadline = _deadline.get()
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    return left if timeout is None else min(timeout, left)
-
-
-class DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, stream):
-        self._stream = stream
-
-    def read(self, max_bytes, timeout=None):
-        left = _left(timeout)
-        if left is not None and left <= 0:
-            raise httpcore.ReadTimeout("the post's deadline passed")
-        return self._stream.read(max_bytes, left)
-
-    def write(self, buffer, timeout=None):
-        # One send at a time, each within what is left: the stream's own loop gives every
-        # send the whole timeout, so a peer reading slowly could stretch a write without end.
-        sock = self._stream.get_extra_info("socket")
-        view = memoryview(buffer)
-        while view:
-            left = _left(timeout)
-            if left is not None and left <= 0:
-                raise httpcore.WriteTimeout("the post's deadline passed")
-            try:
-                sock.settimeout(left)
-                view = view[sock.send(view) :]
-            except TimeoutError as exc:
-                raise httpcore.WriteTimeout(str(exc) or "timed out") from exc
-            except OSError as exc:
-                raise httpcore.WriteError(str(exc)) from exc
-
-    def close(self):
-        self._stream.close()
-
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-        # CPython bounds a whole handshake by the socket's timeout (a deadline, not per step).
-        left = _left(timeout)
-        if left is not None and left <= 0:
-            raise httpcore.ConnectTimeout("the post's deadline passed")
-        return DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, left))
-
-    def get_extra_info(self, info):
-        return self._stream.get_extra_info(info)
-
-
-class DeadlineBackend(httpcore.NetworkBackend):
-    def __init__(self):
-        self._backend = httpcore.SyncBackend()
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        left = _left(timeout)
-        if left is not None and left <= 0:
-            raise httpcore.ConnectTimeout("the post's deadline passed")
-        return DeadlineStream(self._backend.connect_tcp(host, port, left, local_address, socket_options))
-
-    def sleep(self, seconds):
-        self._backend.sleep(seconds)
-
-
 def make_client():
     """An httpx client for webhook posts: every socket operation bounded by the post's deadline.
     httpx takes no network backend, so its transport's pool is made here with ours."""
-    transport = httpx.HTTPTransport(trust_env=False)
-    transport._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(trust_env=False),
-        network_backend=DeadlineBackend(),
-    )
-    return httpx.Client(transport=transport, follow_redirects=False, trust_env=False)
+    return httpx.Client(transport=httpx_deadline.transport(), follow_redirects=False, trust_env=False)
 
 
 def timeout_secs():
@@ -156,11 +78,8 @@ def post(url, secrets, frame, client=None):
     (connect, headers and body) is success, anything else a failed attempt."""
     started = time.monotonic()
     limit = timeout_secs()
-    token = _deadline.set(started + limit)
-    try:
+    with httpx_deadline.deadline(started + limit):
         return _post(url, secrets, frame, client, started, limit)
-    finally:
-        _deadline.reset(token)
 
 
 def _post(url, secrets, frame, client, started, limit):
@@ -184,7 +103,7 @@ def _post(url, secrets, frame, client, started, limit):
     }
     own_client = client is None
     client = client or make_client()
-    left = max(_left(limit), 0)
+    left = max(httpx_deadline.time_left(limit), 0)
     try:
         with client.stream(
             "POST",

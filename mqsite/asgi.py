@@ -52,7 +52,7 @@ if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
     from delivery import liveness, wakeups
-    from mqsite import autobahn_quiet, daphne_bodies, daphne_headers
+    from mqsite.workarounds import autobahn_quiet, daphne_bodies, daphne_headers
 
     shutdown.install(reactor)
     autobahn_quiet.install()

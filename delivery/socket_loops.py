@@ -55,7 +55,7 @@ def open_sockets():
 
 
 async def release_open_sockets():
-    """The server is stopping (delivery/shutdown.py): every socket of this process hands back
+    """The server is stopping (delivery/stopping.py): every socket of this process hands back
     what it holds now, rather than at its ack deadline."""
     consumers = list(_open)
     for c in consumers:

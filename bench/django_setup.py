@@ -26,8 +26,8 @@ django.setup()
 
 from django.db import transaction  # noqa: E402
 
+from delivery import subscribing  # noqa: E402
 from queues.models import Queue  # noqa: E402
-from subscribers import subscribing  # noqa: E402
 from subscribers.models import Subscriber, Subscription  # noqa: E402
 from subscribers.provisioning import create_subscriber  # noqa: E402
 

@@ -38,10 +38,9 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from psycopg.pq import Trace as TraceFlags  # noqa: E402
 
-from delivery import ledger  # noqa: E402
-from queues import publishing  # noqa: E402
+from delivery import ledger, presence, publishing, subscribing  # noqa: E402
+from queues import lookup  # noqa: E402
 from queues.models import Queue  # noqa: E402
-from subscribers import presence, subscribing  # noqa: E402
 from subscribers.auth import subscriber_for_token  # noqa: E402
 from subscribers.provisioning import create_subscriber  # noqa: E402
 
@@ -175,7 +174,7 @@ def main():
 
     # The websocket consumer's calls, as delivery/consumers.py makes them (one db() call each).
     def ws_publish():
-        q = publishing.find_queue(queue.name)
+        q = lookup.find_queue(queue.name)
         assert sub.may_publish(q)
         return publishing.publish(q, [publishing.prepare("create", PAYLOAD)], publisher=sub)
 

@@ -38,8 +38,7 @@ from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from delivery import ledger, tasks  # noqa: E402
-from queues import publishing  # noqa: E402
+from delivery import ledger, publishing, tasks  # noqa: E402
 from queues.models import Queue  # noqa: E402
 
 PAYLOAD = {"i": 1, "host": "bench-01.example.net", "path": "/srv/bench/00000001.dat", "pad": "x" * 120}

@@ -32,12 +32,10 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from delivery import ledger, receipts  # noqa: E402
+from delivery import ledger, publishing, receipts, subscribing  # noqa: E402
 from delivery.models import Delivery, Status  # noqa: E402
 from mqsite import adb  # noqa: E402
-from queues import publishing  # noqa: E402
 from queues.models import Queue  # noqa: E402
-from subscribers import subscribing  # noqa: E402
 from subscribers.models import Subscriber  # noqa: E402
 from subscribers.provisioning import create_subscriber  # noqa: E402
 

@@ -34,11 +34,10 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from delivery import receipts  # noqa: E402
+from delivery import receipts, subscribing  # noqa: E402
 from delivery.models import ReceiptMove  # noqa: E402
 from mqsite import adb  # noqa: E402
 from queues.models import Queue  # noqa: E402
-from subscribers import subscribing  # noqa: E402
 from subscribers.models import Subscriber  # noqa: E402
 from subscribers.provisioning import create_subscriber  # noqa: E402
 

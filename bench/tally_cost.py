@@ -30,10 +30,8 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from delivery import ledger, tallies  # noqa: E402
-from queues import publishing  # noqa: E402
+from delivery import ledger, publishing, subscribing, tallies  # noqa: E402
 from queues.models import Queue  # noqa: E402
-from subscribers import subscribing  # noqa: E402
 from subscribers.models import Subscriber  # noqa: E402
 from subscribers.provisioning import create_subscriber  # noqa: E402
 

@@ -3,7 +3,7 @@
 - Head of line: for ordered queues, the delivery at the head of each subscription that holds
   the others back, with "retry now" and "skip". Both go through delivery.ledger; each choice
   is written on the delivery (its last_error) and in the admin's history (LogEntry).
-- Publish a test message: queue, event, JSON payload, key and headers, through queues.publishing.
+- Publish a test message: queue, event, JSON payload, key and headers, through delivery.publishing.
 """
 
 import json
@@ -16,9 +16,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from delivery import ledger, reports
+from delivery import ledger, publishing, reports
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.headers import BadHeaders, headers_of_pairs
 from queues.models import Message, Queue
 from subscribers.models import Subscriber

@@ -30,12 +30,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from delivery import ledger
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery
 from mqsite.private_files import write_private
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 
@@ -109,7 +107,7 @@ def trace_headers():
 class DemoTraffic:
     """Publishes and consumes the demo's messages. Not thread-safe: one loop drives it.
 
-    By default it publishes through queues.publishing and serves every demo subscriber here,
+    By default it publishes through delivery.publishing and serves every demo subscriber here,
     through the ledger. `use_server()` moves publishing and the subscribers to a running
     server, as its clients."""
 

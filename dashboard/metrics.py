@@ -117,7 +117,7 @@ QUANTILES = ("0.5", "0.95", "0.99")
 
 
 def analytics_families(analytics):
-    """The last analytics run's families (dashboard.snapshot.analytics_metrics)."""
+    """The last analytics run's families (analytics.summaries.metrics)."""
     run = analytics["run"]
     finished = GaugeMetricFamily(
         "mq_analytics_last_run_timestamp_seconds", "When the last loaded analytics run finished (Unix time)."

@@ -16,14 +16,14 @@ import json
 import math
 from datetime import timedelta
 
-from django.db.models import Count, Min, OuterRef, Sum
+from django.db.models import Count, Min, OuterRef
 from django.db.models.functions import Substr
 from django.utils import timezone
 
-from analytics.models import AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats
 from delivery import tallies
 from delivery.models import Delivery, Status, TallyActivity
 from delivery.reports import first_pending_at, queue_stats
+from mqsite import readers
 from queues.models import Event, Message, Queue
 from subscribers.models import Connection, Subscriber, Subscription
 
@@ -41,10 +41,6 @@ DEAD_LIMIT = 20
 SUBSCRIBERS_LIMIT = 100
 PAYLOAD_PREVIEW_CHARS = 300
 HEADERS_PREVIEW_CHARS = 200  # headers are at most 8 KiB; the feed shows their start
-# The analytics panel: its hourly chart covers the last this many hours of the analyzed
-# history (ending at its newest message), and its tables at most this many rows each.
-HISTORY_HOURS = 48
-HISTORY_ROWS_LIMIT = 100
 
 
 def overview(now=None):
@@ -202,81 +198,13 @@ def _series(now, activity):
 
 # --- the analytics: what the last `manage.py analyze` computed over the whole history ---------
 
-EVENT_HISTORY_FIELDS = (
-    "queue",
-    "event",
-    "messages",
-    "deliveries",
-    "pending",
-    "inflight",
-    "acked",
-    "dead",
-    "fanout",
-    "latency_p50_ms",
-    "latency_p95_ms",
-    "latency_p99_ms",
-    "attempts_mean",
-    "dead_letter_rate",
-    "messages_per_minute",
-    "messages_per_hour",
-    "peak_per_minute",
-    "peak_per_hour",
-    "computed_at",
-)
+# Read by the analytics app (analytics/summaries.py), which sits beside the dashboard: it hands
+# its readers over at start (analytics.apps, through mqsite.readers), so neither imports the other.
 
 
 def analytics_history():
-    """The stored results of the last analytics run (analytics.load), for the dashboard's
-    history panel; `computed_at` None when `analyze` has not stored any yet. Three queries,
-    however long the history: the event and subscriber rows (bounded), and the messages per
-    hour summed over events for the newest HISTORY_HOURS hours that had any."""
-    events = list(
-        EventStats.objects.order_by("queue", "event").values(*EVENT_HISTORY_FIELDS)[:HISTORY_ROWS_LIMIT]
-    )
-    subscribers = [
-        {
-            "subscriber": s["subscriber"],
-            "deliveries": s["deliveries"],
-            "pending": s["pending"],
-            "inflight": s["inflight"],
-            "backlog": s["pending"] + s["inflight"],
-            "dead": s["dead"],
-            "lag_s": s["oldest_pending_age_s"],
-            "computed_at": s["computed_at"],
-        }
-        for s in SubscriberStats.objects.order_by("-pending", "-inflight", "subscriber").values(
-            "subscriber", "deliveries", "pending", "inflight", "dead", "oldest_pending_age_s", "computed_at"
-        )[:HISTORY_ROWS_LIMIT]
-    ]
-    hours = dict(
-        EventTrend.objects.filter(period=Period.HOUR)
-        .order_by()
-        .values_list("period_start")
-        .annotate(n=Sum("messages"))
-        .order_by("-period_start")[:HISTORY_HOURS]
-    )
-    # One run writes all three tables in one transaction; the rows name when it ran.
-    stamps = [r.pop("computed_at") for r in events + subscribers]
-    return {
-        "computed_at": max(stamps) if stamps else None,
-        "events": events,
-        "subscribers": subscribers,
-        "hourly": _hourly(hours),
-    }
-
-
-def _hourly(per_hour):
-    """{hour: n} as consecutive hours from the oldest given to the newest (at most
-    HISTORY_HOURS of them, ending at the newest), the hours without messages as 0."""
-    if not per_hour:
-        return {"start": None, "messages": []}
-    last = max(per_hour)
-    start = max(min(per_hour), last - timedelta(hours=HISTORY_HOURS - 1))
-    count = int((last - start) / timedelta(hours=1)) + 1
-    return {
-        "start": start,
-        "messages": [per_hour.get(start + timedelta(hours=i), 0) for i in range(count)],
-    }
+    """The stored results of the last analytics run, for the dashboard's history panel."""
+    return readers.read("analytics.history")
 
 
 # --- who receives what, and what they are still owed --------------------------------------------
@@ -398,21 +326,8 @@ def _metrics_part(now, kept, oldest, rated, connections):
 
 
 def analytics_metrics():
-    """The last loaded analytics run for /metrics: {"run": its time, length and partitions,
-    "events": [(queue, event, messages, dead_letter_rate, p50, p95, p99)]} over every queue and
-    event (rows per queue and event, so few), or None before the first run. One query, two
-    after a run: the stored figures, never the run's Parquet."""
-    run = (
-        AnalyticsRun.objects.order_by("-loaded_at", "-id")
-        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused")
-        .first()
-    )
-    if run is None:
-        return None
-    events = EventStats.objects.order_by("queue", "event").values_list(
-        "queue", "event", "messages", "dead_letter_rate", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms"
-    )
-    return {"run": run, "events": [list(e) for e in events]}
+    """The last loaded analytics run for /metrics, or None before the first run."""
+    return readers.read("analytics.metrics")
 
 
 def webhook_attempts(kept, names):

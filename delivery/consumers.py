@@ -27,11 +27,12 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from delivery import group_commit, presence, publishing, subscribing
 from mqsite import limits
-from mqsite.api import is_db_id
 from mqsite.client_address import scope_client_address
-from queues import group_commit, publishing
-from subscribers import presence, replay, subscribing
+from mqsite.values import is_db_id
+from queues import lookup
+from subscribers import replay
 from subscribers.auth import auth_failed, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
 
@@ -609,7 +610,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             queue, error = None, None
             try:
                 frames.check_queue_name(name)
-                queue = await publishing.afind_queue(name)
+                queue = await lookup.afind_queue(name)
                 if queue is None:
                     raise FrameError("not_found", f"There is no queue named {name!r}.")
                 if not await self.subscriber.amay_publish(queue):
@@ -650,7 +651,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """The queue and event name of a (un)subscribe frame."""
         name = frames.queue_name_of(frame)
         event = frames.event_of(frame)
-        queue = await db(publishing.find_queue)(name)
+        queue = await db(lookup.find_queue)(name)
         if queue is None:
             raise FrameError("not_found", f"There is no queue named {name!r}.")
         return queue, event

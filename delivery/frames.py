@@ -11,7 +11,8 @@ from dataclasses import replace
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
-from mqsite.api import storable_text
+from delivery import publishing
+from mqsite.names import BadName, clean_name
 from mqsite.parsers import (
     MAX_PUBLISH_FRAME_CONTAINERS,
     MAX_SMALL_BODY_CONTAINERS,
@@ -21,8 +22,7 @@ from mqsite.parsers import (
     count_containers,
     decode_json,
 )
-from queues import publishing
-from queues.names import BadName, clean_name
+from mqsite.values import storable_text
 from subscribers import replay
 
 from .api.serializers import MAX_NACK_ERROR_CHARS
@@ -295,8 +295,3 @@ def published_frame(answers, batch, ref):
     else:
         frame = {"type": "published", **{k: answers[0][k] for k in PUBLISHED_FIELDS}}
     return with_ref(frame, ref)
-
-
-def receipt_frame(message_id, counts, ref):
-    """A publisher's receipt: every delivery of its message is acked or dead (delivery.receipts)."""
-    return with_ref({"type": "receipt", "id": message_id, "deliveries": counts}, ref)

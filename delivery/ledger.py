@@ -26,7 +26,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from mqsite import adb, limits, rows
-from mqsite.api import is_db_id
+from mqsite.service_errors import ServiceError
+from mqsite.values import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
 
@@ -584,12 +585,22 @@ def nack_reason(error):
     return f"{NACKED}: {error}" if error else NACKED
 
 
-class NotOwned(LookupError):
+class NotOwned(ServiceError, LookupError):
     """The delivery does not exist or belongs to another subscriber (the caller sees 404)."""
 
+    status_code, code = 404, "not_found"
 
-class AlreadySettled(Exception):
-    """The delivery is acked or dead; a nack cannot move it."""
+    def detail(self):
+        return "You have no delivery with that id."
+
+
+class AlreadySettled(ServiceError):
+    """The delivery is acked or dead (its status is the error's text); a nack cannot move it."""
+
+    status_code, code = 409, "conflict"
+
+    def detail(self):
+        return f"The delivery is already {self}; a nack cannot move it."
 
 
 class Nacked(NamedTuple):
@@ -1108,7 +1119,7 @@ def finish_replay(subscription_id):
 
 def _give_way():
     """Between two chunks: let a writer waiting for the lock (SQLite's, one writer at a time;
-    mqsite/sqlite) have it before the next chunk takes it again."""
+    mqsite/workarounds/sqlite) have it before the next chunk takes it again."""
     time.sleep(GIVE_WAY_SECS)
 
 

@@ -259,6 +259,14 @@ def owned_statement(message_ids, publisher_id):
     return [row[0] for row in rows]
 
 
+def receipt_frame(message_id, counts, ref):
+    """A publisher's receipt: every delivery of its message is acked or dead. Its shape is here,
+    not with the other frames (delivery.frames), which sit above the ledger this module serves;
+    `ref` is the publish frame's, as frames.with_ref adds it."""
+    frame = {"type": "receipt", "id": message_id, "deliveries": counts}
+    return {**frame, "ref": ref} if ref is not None else frame
+
+
 class Owed:
     """The receipts one socket of subscriber `subscriber_id` owes, and the sending of their
     frames (through `send`, the socket's own send of a frame), on the socket's event loop."""
@@ -313,8 +321,6 @@ class Owed:
             self.task = asyncio.ensure_future(self._send_due())
 
     async def _send_due(self):
-        from .frames import receipt_frame
-
         while self.due and not self.closed:
             due, self.due = sorted(i for i in self.due if i in self.refs), set()
             refs = {i: self.refs.pop(i) for i in due}

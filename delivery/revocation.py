@@ -15,7 +15,7 @@ announcement told of is forgotten by age (MQ_REVOCATION_CHECK_SECS).
 
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
-from queues import publishing
+from queues import lookup
 from queues.models import Queue
 from subscribers import auth
 from subscribers.models import Subscriber
@@ -28,7 +28,7 @@ def forget_kept_rows(subscriber_ids=(), *_announced):
     are rare, lookups are not), and the long polls of the subscribers named wake up to ask
     their token again (delivery.long_polls): forgotten first, so that they look it up anew."""
     auth.forget_subscribers()
-    publishing.forget_queues()
+    lookup.forget_queues()
     wakeups.wake_long_polls(subscriber_ids)
 
 

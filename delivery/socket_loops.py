@@ -18,7 +18,7 @@ from collections import defaultdict
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
 
-from subscribers import presence
+from delivery import presence
 from subscribers.models import Subscriber
 
 from . import ledger, liveness, receipts, wakeups
@@ -55,7 +55,7 @@ def open_sockets():
 
 
 async def release_open_sockets():
-    """The server is stopping (mqsite/shutdown.py): every socket of this process hands back
+    """The server is stopping (delivery/stopping.py): every socket of this process hands back
     what it holds now, rather than at its ack deadline."""
     consumers = list(_open)
     for c in consumers:

@@ -33,7 +33,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from subscribers import presence
+from delivery import presence
 from subscribers.models import Connection, Subscriber
 
 from . import frames, ledger, liveness, receipts, tallies, webhooks

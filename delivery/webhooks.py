@@ -1,29 +1,24 @@
-"""Posting a delivery to a subscriber's webhook: Standard Webhooks signatures, an SSRF guard,
-a 10 s deadline for the whole post, a capped read, no redirects. No database work here (slow
-I/O stays outside transactions); delivery.tasks leases before and acks or fails after.
+"""Posting a delivery to a subscriber's webhook: Standard Webhooks signatures, the SSRF guard
+(mqsite.ssrf), a 10 s deadline for the whole post, a capped read, no redirects. No database work
+here (slow I/O stays outside transactions); delivery.tasks leases before and acks or fails after.
 """
 
-import contextvars
-import ipaddress
 import json
-import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
-import httpcore
 import httpx
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 from standardwebhooks import Webhook
 
+from mqsite.ssrf import UnsafeURL, resolve_safe
+from mqsite.workarounds import httpx_deadline
+
 MAX_RESPONSE_BYTES = 64 * 1024  # what we read of an answer: enough for an error message
 USER_AGENT = "mqsite-webhooks/1"
-
-
-class UnsafeURL(ValueError):
-    """A webhook URL we refuse to post to (SSRF guard) or cannot use at all."""
 
 
 @dataclass(frozen=True)
@@ -42,160 +37,14 @@ def looks_permanent(status):
     return status is not None and 400 <= status < 500 and status not in (408, 429)
 
 
-# --- The deadline -----------------------------------------------------------------------------
-# httpx's timeouts are per read and per write: a peer that drips a byte every few seconds
-# never trips them. Every socket operation of a post goes through DeadlineBackend, which
-# waits at most until the post's deadline (set by post() for its thread) and fails once it has
-# passed: the whole post (connect, headers, body) ends by then, with no thread of its own.
-_deadline = contextvars.ContextVar("webhook_deadline", default=None)
-
-
-def _left(timeout):
-    """What an operation may wait: its own timeout, but never past the post's deadline."""
-    deadline = _deadline.get()
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    return left if timeout is None else min(timeout, left)
-
-
-class DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, stream):
-        self._stream = stream
-
-    def read(self, max_bytes, timeout=None):
-        left = _left(timeout)
-        if left is not None and left <= 0:
-            raise httpcore.ReadTimeout("the post's deadline passed")
-        return self._stream.read(max_bytes, left)
-
-    def write(self, buffer, timeout=None):
-        # One send at a time, each within what is left: the stream's own loop gives every
-        # send the whole timeout, so a peer reading slowly could stretch a write without end.
-        sock = self._stream.get_extra_info("socket")
-        view = memoryview(buffer)
-        while view:
-            left = _left(timeout)
-            if left is not None and left <= 0:
-                raise httpcore.WriteTimeout("the post's deadline passed")
-            try:
-                sock.settimeout(left)
-                view = view[sock.send(view) :]
-            except TimeoutError as exc:
-                raise httpcore.WriteTimeout(str(exc) or "timed out") from exc
-            except OSError as exc:
-                raise httpcore.WriteError(str(exc)) from exc
-
-    def close(self):
-        self._stream.close()
-
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-        # CPython bounds a whole handshake by the socket's timeout (a deadline, not per step).
-        left = _left(timeout)
-        if left is not None and left <= 0:
-            raise httpcore.ConnectTimeout("the post's deadline passed")
-        return DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, left))
-
-    def get_extra_info(self, info):
-        return self._stream.get_extra_info(info)
-
-
-class DeadlineBackend(httpcore.NetworkBackend):
-    def __init__(self):
-        self._backend = httpcore.SyncBackend()
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        left = _left(timeout)
-        if left is not None and left <= 0:
-            raise httpcore.ConnectTimeout("the post's deadline passed")
-        return DeadlineStream(self._backend.connect_tcp(host, port, left, local_address, socket_options))
-
-    def sleep(self, seconds):
-        self._backend.sleep(seconds)
-
-
 def make_client():
     """An httpx client for webhook posts: every socket operation bounded by the post's deadline.
     httpx takes no network backend, so its transport's pool is made here with ours."""
-    transport = httpx.HTTPTransport(trust_env=False)
-    transport._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(trust_env=False),
-        network_backend=DeadlineBackend(),
-    )
-    return httpx.Client(transport=transport, follow_redirects=False, trust_env=False)
+    return httpx.Client(transport=httpx_deadline.transport(), follow_redirects=False, trust_env=False)
 
 
 def timeout_secs():
     return settings.MQ_WEBHOOK_TIMEOUT_SECS
-
-
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
-# IPv4-compatible IPv6 (::a.b.c.d, deprecated by RFC 4291): Python counts ::127.0.0.1 global.
-IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
-
-
-def _refused(ip):
-    """Loopback, private, link-local (cloud metadata at 169.254.169.254), multicast, reserved
-    and every other non-global address, and IPv6 site-local (fec0::/10, deprecated, which
-    Python counts global). An IPv4 address carried inside IPv6 (mapped, compatible, NAT64,
-    6to4, Teredo) is judged as the IPv4 address it reaches."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip in NAT64 or ip in IPV4_COMPATIBLE:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        else:
-            embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if (embedded is not None and _refused(embedded)) or ip.is_site_local:
-            return True
-    return not ip.is_global or ip.is_multicast
-
-
-def parse_url(url):
-    """Split a webhook URL, checking what needs no DNS: scheme, host, no credentials."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise UnsafeURL("a webhook URL must be http:// or https://")
-    if not parts.hostname:
-        raise UnsafeURL("a webhook URL needs a host")
-    if parts.username or parts.password:
-        raise UnsafeURL("a webhook URL may not carry credentials")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise UnsafeURL("the webhook URL's port is not valid") from None
-    return parts, port
-
-
-class Unresolvable(UnsafeURL):
-    pass
-
-
-def resolve_safe(url):
-    """The address to connect to for `url`: resolved once, checked, and then used, so that a
-    DNS answer that changes between check and connect (rebinding) cannot slip past."""
-    parts, port = parse_url(url)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise Unresolvable(f"cannot resolve {parts.hostname}: {exc}") from None
-    addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
-    if not settings.MQ_WEBHOOK_ALLOW_PRIVATE:
-        bad = [str(a) for a in addresses if _refused(a)]
-        if bad:
-            raise UnsafeURL(
-                f"{parts.hostname} resolves to a loopback, private or link-local address ({bad[0]});"
-                " set MQ_WEBHOOK_ALLOW_PRIVATE=true to allow it"
-            )
-    return parts, port, addresses[0]
-
-
-def check_url(url):
-    """Validate a webhook URL where it is entered (admin, commands): the same rule as at send.
-    A name that does not resolve yet is let in: the check at send time is the one that counts
-    (DNS answers change), and it refuses the post then."""
-    try:
-        resolve_safe(url)
-    except Unresolvable:
-        pass
 
 
 def body_of(frame):
@@ -229,11 +78,8 @@ def post(url, secrets, frame, client=None):
     (connect, headers and body) is success, anything else a failed attempt."""
     started = time.monotonic()
     limit = timeout_secs()
-    token = _deadline.set(started + limit)
-    try:
+    with httpx_deadline.deadline(started + limit):
         return _post(url, secrets, frame, client, started, limit)
-    finally:
-        _deadline.reset(token)
 
 
 def _post(url, secrets, frame, client, started, limit):
@@ -257,7 +103,7 @@ def _post(url, secrets, frame, client, started, limit):
     }
     own_client = client is None
     client = client or make_client()
-    left = max(_left(limit), 0)
+    left = max(httpx_deadline.time_left(limit), 0)
     try:
         with client.stream(
             "POST",

@@ -38,7 +38,7 @@ _pools = weakref.WeakKeyDictionary()
 
 def enabled():
     """Whether the hot operations run on the async connection: PostgreSQL, unless
-    MQ_ASYNC_DB=false. SQLite has one writer at a time (mqsite/sqlite), queued on a lock of
+    MQ_ASYNC_DB=false. SQLite has one writer at a time (mqsite/workarounds/sqlite), queued on a lock of
     threads: there they run in a thread, as the rest of the code does."""
     return settings.MQ_ASYNC_DB and connection.vendor == "postgresql"
 

@@ -1,13 +1,15 @@
-"""What every API view shares: one base class (the caller, the names rule, queue_or_404, the
-services' errors as status codes) and errors with the contract's status codes."""
+"""What every API view shares: one base class (the names rule, ids, the services' errors as
+status codes), the strict fields, and errors with the contract's status codes. It imports no
+app: the views of every layer build on it."""
 
 from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import exceptions, serializers, status
 from rest_framework.views import APIView
 
-from queues.names import INPUT_RE, NAME_HELP, BadName, clean_name
-from subscribers.auth import subscriber_of
+from .names import INPUT_RE, NAME_HELP, BadName, clean_name
+from .service_errors import ServiceError
+from .values import BIGINT_MAX, is_db_id
 
 
 class TooLarge(exceptions.APIException):
@@ -16,37 +18,12 @@ class TooLarge(exceptions.APIException):
     default_code = "too_large"
 
 
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "Conflict."
-    default_code = "conflict"
-
-
-BIGINT_MAX = 2**63 - 1
-
 # Text a database can store (storable_text) has no NUL, as a pattern the schema publishes, so
 # that the schema forbids what the server refuses. Nor may it hold a lone surrogate (DRF refuses
 # those too), but no pattern can say so portably: ECMA reads surrogates as halves of pairs, and
 # Rust-based validators (Schemathesis's) cannot compile them; clients that send UTF-8 never do.
 STORABLE_PATTERN = r"^[^\u0000]*$"
 storable = RegexValidator(STORABLE_PATTERN, "Text may not contain NUL.")
-
-
-def is_db_id(value):
-    """Whether `value` could be a row id (ids past the bigint range would make the database
-    fail instead of finding nothing)."""
-    return isinstance(value, int) and 0 < value <= BIGINT_MAX
-
-
-def storable_text(text):
-    """Whether a database can store this text: no NUL, no lone surrogate (JSON allows both)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class StrictCharField(serializers.CharField):
@@ -93,7 +70,7 @@ class StrictFloatField(serializers.FloatField):
 
 
 class NameField(StrictCharField):
-    """A queue or event name; its rule (queues.names) is checked here and shown in the schema."""
+    """A queue or event name; its rule (mqsite.names) is checked here and shown in the schema."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("max_length", 64)
@@ -107,7 +84,7 @@ def schema_says_what_the_server_refuses(result, generator, request, public):
     show. Every authenticated call can be a 406 (an Accept header naming no JSON type). Row
     ids in a path are bigint (past it nothing exists: 404). A publish body is one
     message or a batch, never both: "messages" makes it a batch, and a batch with a message's
-    own fields beside it is refused (queues.api.serializers.PublishBatchSerializer)."""
+    own fields beside it is refused (delivery.api.queue_serializers.PublishBatchSerializer)."""
     for ops in result.get("paths", {}).values():
         for op in ops.values():
             if isinstance(op, dict) and "401" in op.get("responses", {}):
@@ -196,14 +173,11 @@ class BoundedListField(serializers.ListField):
 
 
 class ApiView(APIView):
-    """The one base of the REST views (NetBox's one base viewset): who is calling, the names
-    rule's 400, queue_or_404 and the mapping of the services' errors to status codes, each
-    written once here. Views parse, authorize, call one service and shape the answer."""
-
-    @property
-    def subscriber(self):
-        """The calling subscriber, or None for an operator."""
-        return subscriber_of(self.request)
+    """The one base of the REST views (NetBox's one base viewset): the names rule's 400, the
+    ids' 404 and the mapping of the services' errors (ServiceError) to status codes, each
+    written once here. Views parse, authorize, call one service and shape the answer. Who is
+    calling, and the queue of a name, are asked in the layers that know them
+    (subscribers.api.base.CallerView)."""
 
     @staticmethod
     def name_or_400(value, field):
@@ -213,17 +187,6 @@ class ApiView(APIView):
         except BadName as exc:
             raise exceptions.ValidationError({field: [str(exc)]}) from None
 
-    def queue_or_404(self, name, field="queue"):
-        """The queue of that name; a name that breaks the naming rule is a 400 (the contract),
-        one that could exist but does not a 404, whatever the caller's rights."""
-        from queues import publishing  # publishing imports this module
-
-        self.name_or_400(name, field)
-        queue = publishing.find_queue(name)
-        if queue is None:
-            raise exceptions.NotFound(f"There is no queue named {name!r}.")
-        return queue
-
     @staticmethod
     def id_or_404(pk, what):
         """A row id; one past the bigint range is unknown (the database would fail on it)."""
@@ -232,15 +195,13 @@ class ApiView(APIView):
         return pk
 
     def handle_exception(self, exc):
-        return super().handle_exception(_as_api_error(exc))
+        return super().handle_exception(as_api_error(exc))
 
 
-def _as_api_error(exc):
-    """The services' own exceptions, as the status codes of the contract."""
-    from delivery import ledger  # the services sit above this module
-
-    if isinstance(exc, ledger.NotOwned):
-        return exceptions.NotFound("You have no delivery with that id.")
-    if isinstance(exc, ledger.AlreadySettled):
-        return Conflict(f"The delivery is already {exc}; a nack cannot move it.")
-    return exc
+def as_api_error(exc):
+    """A service's refusal as the status code and code it carries, in the contract's words."""
+    if not isinstance(exc, ServiceError):
+        return exc
+    error = exceptions.APIException(exc.detail(), exc.code)
+    error.status_code = exc.status_code
+    return error

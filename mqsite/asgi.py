@@ -19,13 +19,14 @@ from channels.security.websocket import WebsocketDenier  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from dashboard.consumers import DashboardConsumer  # noqa: E402
+from delivery import stopping  # noqa: E402
 from delivery.consumers import DeliveryConsumer  # noqa: E402
-from mqsite import shutdown  # noqa: E402
 from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
+from mqsite.workarounds import daphne_shutdown  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": shutdown.CountHTTPRequests(django_http),
+        "http": daphne_shutdown.CountHTTPRequests(django_http, stopping.stopping),
         "websocket": URLRouter(
             [
                 # Token-authenticated only (never a cookie): `Origin: null` is let in too.
@@ -47,14 +48,15 @@ application = ProtocolTypeRouter(
 )
 
 # Served by Daphne (its Twisted reactor is running this): on SIGTERM, requests under way
-# finish, websockets hand back what they hold, and the process exits (mqsite/shutdown.py).
+# finish, websockets hand back what they hold (delivery/stopping.py), and the process exits
+# (mqsite/workarounds/daphne_shutdown.py).
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
     from delivery import liveness, wakeups
-    from mqsite import autobahn_quiet, daphne_bodies, daphne_headers
+    from mqsite.workarounds import autobahn_quiet, daphne_bodies, daphne_headers
 
-    shutdown.install(reactor)
+    daphne_shutdown.install(reactor, stopping.stop, stopping.drain, stopping.describe)
     autobahn_quiet.install()
     daphne_bodies.install()  # a body over its route's limit: 413 before it is read
     daphne_headers.install()  # a request's headers within MQ_HTTP_HEADER_TIMEOUT_SECS, in all

@@ -42,7 +42,7 @@ class SyncChainASGIHandler(ASGIHandler):
 
     async def handle(self, scope, receive, send):
         # The route's body limit, before anything else (no authentication, no database): under
-        # Daphne mqsite/daphne_bodies.py has refused such a body before it arrived; this is the
+        # Daphne mqsite/workarounds/daphne_bodies.py has refused such a body before it arrived; this is the
         # same rule for any other server.
         limit = body_limit(scope["method"], scope["path"])
         size = declared_length(scope)

@@ -13,7 +13,7 @@ from . import adb
 
 
 def writing():
-    """The process's SQLite write lock (mqsite/sqlite) around a write made outside a
+    """The process's SQLite write lock (mqsite/workarounds/sqlite) around a write made outside a
     transaction; nothing on other databases."""
     lock = getattr(connection, "writing", None)
     return lock() if lock is not None else contextlib.nullcontext()

@@ -159,8 +159,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
     # Django's SQLite backend, with this process's write transactions queued on one lock
-    # (mqsite/sqlite/base.py says why).
-    DATABASES["default"]["ENGINE"] = "mqsite.sqlite"
+    # (mqsite/workarounds/sqlite/base.py says why).
+    DATABASES["default"]["ENGINE"] = "mqsite.workarounds.sqlite"
     # The SQLite file the tests use (one per test run, so two runs on one machine never share one).
     DATABASES["default"]["TEST"] = {"NAME": env.str("MQ_TEST_SQLITE", default=str(VAR_DIR / "test.sqlite3"))}
     # Opening a SQLite connection (and its PRAGMAs) costs more than most queries: keep it.
@@ -191,13 +191,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Redis (redis://host:6379/0): wake-ups between processes, the cache, Celery's jobs. Empty: none.
 REDIS_URL = env.str("REDIS_URL", default="")
 # The services mode: PostgreSQL and Redis. Without either, the embedded mode's one process.
-SERVICES_MODE = bool(REDIS_URL) and DATABASES["default"]["ENGINE"] != "mqsite.sqlite"
+SERVICES_MODE = bool(REDIS_URL) and DATABASES["default"]["ENGINE"] != "mqsite.workarounds.sqlite"
 
 # Daphne processes `make run` starts on one port (mqsite/supervisord.conf: they share its
 # socket), each serving REST and websockets. Only the services mode runs several: wake-ups,
 # announcements, throttles and long-poll slots cross processes through Redis, and PostgreSQL
 # takes writers from many. The embedded mode keeps one, since SQLite's writer lock is this
-# process's (mqsite/sqlite): several would fight over the file's lock instead of queueing.
+# process's (mqsite/workarounds/sqlite): several would fight over the file's lock instead of queueing.
 MQ_WEB_PROCESSES = _positive_int("MQ_WEB_PROCESSES", (os.cpu_count() or 1) if SERVICES_MODE else 1)
 if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
     raise ImproperlyConfigured(
@@ -422,7 +422,7 @@ MQ_WS_MAX_UNAUTHENTICATED_PER_ADDRESS = _positive_int("MQ_WS_MAX_UNAUTHENTICATED
 # The whole time an HTTP client has to send a request's headers (from the connection, or the end
 # of its last answer, to the blank line): a client dripping a byte at a time is cut off after it
 # (Twisted's idle timeout of 60 s started again at every byte). Also how long a kept-alive
-# connection may stay idle (mqsite/daphne_headers.py).
+# connection may stay idle (mqsite/workarounds/daphne_headers.py).
 MQ_HTTP_HEADER_TIMEOUT_SECS = _positive_float("MQ_HTTP_HEADER_TIMEOUT_SECS", 10.0)
 # Open sockets per subscriber; the next gets `too_many_connections` and the close 4429.
 MQ_MAX_CONNECTIONS_PER_SUBSCRIBER = _positive_int("MQ_MAX_CONNECTIONS_PER_SUBSCRIBER", 64)

@@ -11,14 +11,14 @@ from drf_spectacular.views import SpectacularSwaggerSplitView
 from analytics.api.views import AnalyticsView
 from dashboard.metrics import metrics
 from dashboard.urls import admin_tools
-from delivery.api.views import AckView, DeliveryListView, ExtendView, MessageView, NackView
-from queues.api.views import MessagesView, QueueListView
-from subscribers.api.views import (
+from delivery.api.queue_views import MessagesView, QueueListView
+from delivery.api.subscription_views import (
     ConnectionListView,
     SubscriptionDetailView,
     SubscriptionListView,
     SubscriptionSeekView,
 )
+from delivery.api.views import AckView, DeliveryListView, ExtendView, MessageView, NackView
 
 from .health import healthz
 from .schema import SchemaView

@@ -9,7 +9,7 @@ its deliveries carry no `headers` key at all, so a client that uses none sees no
 import json
 import re
 
-from mqsite.api import storable_text
+from mqsite.values import storable_text
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 NAME_RE = re.compile(rf"\A{NAME_PATTERN}\Z")

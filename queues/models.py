@@ -1,7 +1,7 @@
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
-from .names import NAME_HELP, NAME_RE
+from mqsite.names import NAME_HELP, NAME_RE
 
 name_validator = RegexValidator(rf"^{NAME_RE.pattern}\Z", NAME_HELP)
 

@@ -5,14 +5,13 @@ from django.db import models
 from django.utils import timezone
 
 from mqsite import adb
+from mqsite.ssrf import UnsafeURL, check_url
 
 from .tokens import hash_token, new_token, new_webhook_secret
 
 
 def validate_webhook_url(url):
-    """The SSRF rule of delivery.webhooks, applied where a URL is entered."""
-    from delivery.webhooks import UnsafeURL, check_url
-
+    """The SSRF rule (mqsite.ssrf), applied where a URL is entered."""
     try:
         check_url(url)
     except UnsafeURL as exc:
@@ -190,7 +189,7 @@ class Subscription(models.Model):
             )
 
 
-# Each open connection's server refreshes its row (last_seen) this often (subscribers.presence).
+# Each open connection's server refreshes its row (last_seen) this often (delivery.presence).
 HEARTBEAT_SECS = 15
 # Three missed heartbeats: long enough not to sweep a busy but live server.
 STALE_AFTER_SECS = 3 * HEARTBEAT_SECS
@@ -212,7 +211,7 @@ class ConnectionQuerySet(models.QuerySet):
 
 class Connection(models.Model):
     """An open websocket of a subscriber (presence). Deleted when the socket closes; a row
-    whose heartbeat stopped (its server died) is stale, and swept by `subscribers.presence`."""
+    whose heartbeat stopped (its server died) is stale, and swept by `delivery.presence`."""
 
     subscriber = models.ForeignKey(Subscriber, on_delete=models.CASCADE, related_name="connections")
     channel_name = models.CharField(max_length=200, unique=True)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from mqsite.api import BIGINT_MAX
+from mqsite.values import BIGINT_MAX
 
 NEW, ALL, SEQ, TIME = "new", "all", "seq", "time"
 MAX_TIME_CHARS = 64

@@ -12,7 +12,8 @@ from django.db import close_old_connections
 from django.test import Client
 from rest_framework.test import APIClient
 
-from queues import publishing
+from delivery import publishing
+from queues import lookup
 from queues.models import Queue
 from subscribers import auth
 from subscribers.provisioning import create_subscriber
@@ -125,7 +126,7 @@ def _forget_remembered_events():
     database never goes back like this."""
     yield
     publishing.forget_all_events()
-    publishing.forget_queues()
+    lookup.forget_queues()
     auth.forget_subscribers()
 
 
@@ -176,7 +177,7 @@ def archive_dir(tmp_path, settings):
 @pytest.fixture
 def subscribed(db_queue, logger, peer):
     """The db queue, with the logger and the peer subscribed to it."""
-    from subscribers import subscribing
+    from delivery import subscribing
 
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)

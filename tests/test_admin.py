@@ -15,12 +15,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import ledger
+from delivery import ledger, presence, subscribing
 from delivery.models import Delivery, Status
+from delivery.publishing import prepare, publish
 from delivery.reports import owed_to_subscriber
 from queues.models import Event, Message, Queue
-from queues.publishing import prepare, publish
-from subscribers import presence, subscribing
 from subscribers.models import Connection, Subscriber, Subscription
 from subscribers.tokens import hash_token
 from tests.conftest import client_for

@@ -15,11 +15,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from delivery import ledger, tasks
+from delivery import ledger, subscribing, tasks
 from delivery.models import DeadLetter, Delivery, DeliveryAttempt, Status
+from delivery.publishing import prepare, publish
 from queues.models import Message
-from queues.publishing import prepare, publish
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Receiver
 

@@ -13,11 +13,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import ledger, reports
+from delivery import ledger, reports, subscribing
 from delivery.models import Delivery, Status
+from delivery.publishing import prepare, publish
 from queues.models import Message, Queue
-from queues.publishing import prepare, publish
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 
 HEADS = reverse("mq-head-of-line")

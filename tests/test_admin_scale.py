@@ -21,13 +21,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import big_lists, ledger
+from delivery import big_lists, ledger, subscribing
 from delivery.big_lists import BoundedCountPaginator
 from delivery.models import DeadLetter, Delivery, Status
+from delivery.publishing import prepare, publish
 from delivery.reports import oldest_pending_at, owed_to_subscriber
 from queues.models import Event, Message, Queue
-from queues.publishing import prepare, publish
-from subscribers import subscribing
 from subscribers.models import Connection, Subscriber, Subscription
 
 
@@ -143,7 +142,7 @@ def test_it_shows_a_bounded_count_as_more_than_and_pages_up_to_it(staff, world):
     grow(world, 30)  # 60 deliveries
     with (
         patch.object(big_lists, "COUNT_AT_MOST", 25),
-        patch("delivery.admin.DeliveryAdmin.list_per_page", 10),
+        patch("delivery.admin.deliveries.DeliveryAdmin.list_per_page", 10),
     ):
         r = staff.get(changelist(Delivery))
         html = r.content.decode()

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from analytics import archive, extract, load, runs
 from analytics.models import EventStats, EventTrend, SubscriberStats
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Message
-from subscribers import subscribing
 from tests.analytics import history
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.analytics.history import within_rank

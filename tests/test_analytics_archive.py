@@ -17,10 +17,9 @@ from django.db import connection, transaction
 
 from analytics import archive, layout, tasks
 from analytics.models import ArchiveBatch
-from delivery import ledger
+from delivery import ledger, subscribing
 from delivery.models import Delivery, Status
 from queues.models import Message
-from subscribers import subscribing
 from tests.analytics.builders import days_ago, delivery_of, publish_at, settle
 from tests.analytics.locks import archive_held_elsewhere
 

@@ -14,9 +14,9 @@ from django.core.management import CommandError, call_command
 
 from analytics import archive, compaction, layout, tasks
 from analytics.models import ArchiveBatch
+from delivery import subscribing
 from delivery.models import Status
 from queues.models import Message
-from subscribers import subscribing
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.analytics.locks import archive_held_elsewhere
 from tests.test_analytics_archive import crash_on_batch, files

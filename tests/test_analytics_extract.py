@@ -12,10 +12,9 @@ from django.db import close_old_connections, connection
 from django.test.utils import CaptureQueriesContext
 
 from analytics import archive, extract, layout
+from delivery import publishing, subscribing
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Event, Message, Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from tests.analytics.builders import publish_at, settle
 

@@ -300,7 +300,7 @@ def test_an_inactive_subscriber_is_refused(logger):
 def test_publish_inside_the_callers_transaction_exists_only_if_it_commits(db_queue, logger):
     from django.db import transaction
 
-    from queues import publishing
+    from delivery import publishing
 
     with pytest.raises(RuntimeError), transaction.atomic():
         publishing.publish(db_queue, [publishing.prepare("create", 1)])
@@ -315,7 +315,7 @@ def test_publish_inside_the_callers_transaction_exists_only_if_it_commits(db_que
 def test_an_event_made_in_a_rolled_back_transaction_is_not_taken_for_made(db_queue):
     from django.db import transaction
 
-    from queues import publishing
+    from delivery import publishing
 
     with pytest.raises(RuntimeError), transaction.atomic():
         publishing.publish(db_queue, [publishing.prepare("brandnew", 1)])
@@ -329,7 +329,7 @@ def test_an_event_made_in_a_rolled_back_transaction_is_not_taken_for_made(db_que
 
 @pytest.mark.django_db(transaction=True)
 def test_a_publish_to_an_event_deleted_since_it_was_last_used_makes_it_again(db_queue):
-    from queues import publishing
+    from delivery import publishing
 
     publishing.publish(db_queue, [publishing.prepare("create", 1)])
     Event.objects.filter(queue=db_queue, name="create").delete()  # an operator, in the admin

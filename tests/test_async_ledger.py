@@ -13,12 +13,10 @@ from channels.db import database_sync_to_async
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
-from delivery import ledger, wakeups
+from delivery import group_commit, ledger, publishing, subscribing, wakeups
 from delivery.models import Delivery, Status
 from mqsite import adb
-from queues import group_commit, publishing
 from queues.models import Event, Message, Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 
 from .test_group_commit import QueueLock

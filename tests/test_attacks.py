@@ -30,14 +30,12 @@ from django.urls import reverse
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from delivery import ledger, webhooks
+from delivery import ledger, publishing, subscribing, webhooks
 from delivery.consumers import DeliveryConsumer
 from delivery.models import Delivery, Status
 from mqsite import urls as mqsite_urls
 from mqsite.asgi import application, django_http
-from queues import publishing
 from queues.models import Message
-from subscribers import subscribing
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for

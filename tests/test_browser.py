@@ -14,10 +14,9 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from dashboard.demo import DemoTraffic, seed_if_fresh
-from delivery import ledger
+from delivery import ledger, subscribing
 from delivery.models import Delivery, Status
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.servers import ROOT, start_daphne
 

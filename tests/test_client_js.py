@@ -23,9 +23,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber, provision_subscriber
 from tests.redirects import Elsewhere, Redirector
 from tests.servers import ROOT, eventually, start_daphne

@@ -33,8 +33,8 @@ from mqclient import (
 )
 from websockets.sync.client import connect
 
+from delivery import publishing
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Queue
 from subscribers.models import Subscription
 from tests.redirects import Elsewhere, Redirector

@@ -21,12 +21,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIRequestFactory
 
-from delivery import ledger, wakeups
+from delivery import ledger, publishing, subscribing, wakeups
 from delivery.models import Delivery, Status
 from delivery.reports import queue_stats
-from queues import publishing
 from queues.models import Event, Message, Queue
-from subscribers import subscribing
 from subscribers.auth import BearerTokenAuthentication, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
 from tests import servers

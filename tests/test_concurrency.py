@@ -10,11 +10,9 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from delivery import ledger
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 
 pytestmark = pytest.mark.django_db(transaction=True)

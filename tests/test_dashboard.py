@@ -19,13 +19,12 @@ from django.utils import timezone
 
 from analytics.models import EventStats, EventTrend, SubscriberStats
 from dashboard import consumers, snapshot
-from delivery import ledger
+from delivery import ledger, presence, subscribing
 from delivery.models import Delivery, Status
+from delivery.publishing import prepare, publish
 from delivery.reports import queue_stats
 from mqsite.asgi import application
 from queues.models import Message, Queue
-from queues.publishing import prepare, publish
-from subscribers import presence, subscribing
 from subscribers.provisioning import create_subscriber
 
 ORIGIN = (b"origin", b"http://127.0.0.1:8000")

@@ -15,10 +15,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 from psycopg.sql import Literal
 
-from delivery import ledger
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery, Status
-from queues import publishing
-from subscribers import subscribing
 
 PENDING_LITERAL = "p.status = 'pending'"
 # The partial indexes of pending deliveries. The lease's pick is meant for delivery_ready, but on

@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Receiver
 from tests.servers import start_daphne, start_redis, start_worker

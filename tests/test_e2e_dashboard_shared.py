@@ -13,8 +13,8 @@ from django.conf import settings
 from django.test import Client
 from websockets.sync.client import connect
 
+from delivery.publishing import prepare, publish
 from queues.models import Queue
-from queues.publishing import prepare, publish
 from tests.servers import start_daphne, start_redis
 
 RUN_SECS = 5.0

@@ -8,8 +8,8 @@ import time
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from delivery import subscribing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.servers import redis_db, start_daphne
 

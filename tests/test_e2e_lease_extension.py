@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 from websockets.sync.client import connect
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.servers import eventually, frames_within, start_daphne, start_redis, start_worker
 

@@ -18,9 +18,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 from tests.servers import E2E_REDIS, eventually, start_daphne

@@ -19,9 +19,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from websockets.sync.client import connect
 
-from queues import publishing
+from delivery import publishing, subscribing
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.models import Connection
 from subscribers.provisioning import create_subscriber
 from tests.servers import eventually, start_daphne

@@ -10,9 +10,9 @@ import pytest
 from django.db import connection
 from websockets.sync.client import connect
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.servers import E2E_REDIS, frames_within, start_daphne
 

@@ -18,11 +18,10 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from delivery import publishing, subscribing
 from delivery.frames import CLOSE_BY_OPERATOR
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Connection, Subscription
 from subscribers.provisioning import create_subscriber
 from tests.servers import E2E_REDIS as REDIS

@@ -11,10 +11,9 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from delivery import publishing, subscribing
 from delivery.models import Delivery, DeliveryAttempt, Status
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Receiver
 from tests.servers import eventually, start_daphne, start_redis, start_worker

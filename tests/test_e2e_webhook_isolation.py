@@ -12,10 +12,9 @@ import urllib.request
 import pytest
 import redis
 
-from delivery import ledger
+from delivery import ledger, subscribing
 from delivery.models import Delivery, DeliveryAttempt, Status
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Dripper, Receiver
 from tests.servers import run_command, start_as_make_run, start_daphne, start_redis

@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from delivery import subscribing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 from tests import servers

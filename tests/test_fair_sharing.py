@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from queues import publishing
-from subscribers import subscribing
+from delivery import publishing, subscribing
 
 from .test_websocket import connect, db, publish, recv, setup
 

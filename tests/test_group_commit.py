@@ -1,4 +1,4 @@
-"""Group commit (queues/group_commit.py): concurrent publishes to one queue share a transaction,
+"""Group commit (delivery/group_commit.py): concurrent publishes to one queue share a transaction,
 and each caller still gets its own answer, or its own error. Real threads, real database."""
 
 import threading
@@ -7,10 +7,9 @@ import time
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from delivery import group_commit, publishing, subscribing
 from delivery.models import Delivery
-from queues import group_commit, publishing
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 

@@ -15,11 +15,9 @@ from django.urls import reverse
 from standardwebhooks import Webhook
 
 from dashboard import snapshot
-from delivery import tasks
+from delivery import publishing, subscribing, tasks
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Message
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.conftest import client_for

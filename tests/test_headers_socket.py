@@ -8,9 +8,9 @@ import urllib.request
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.servers import eventually, start_daphne
 

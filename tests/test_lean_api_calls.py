@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from mqsite import rows
-from queues import publishing
+from queues import lookup
 from queues.models import Message, Queue
 from subscribers import auth
 
@@ -84,10 +84,10 @@ def test_a_publish_looks_up_neither_its_subscriber_nor_its_queue_twice(
 
 def test_a_change_is_seen_by_the_next_lookup(logger, db_queue):
     assert auth.subscriber_for_token(logger.token) is not None
-    assert publishing.find_queue("db").ordered is False
+    assert lookup.find_queue("db").ordered is False
     db_queue.ordered = True
     db_queue.save()
-    assert publishing.find_queue("db").ordered is True
+    assert lookup.find_queue("db").ordered is True
     logger.is_active = False
     logger.save()
     assert auth.subscriber_for_token(logger.token) is None

@@ -14,13 +14,11 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from delivery import ledger
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery, Status
 from mqsite import adb
 from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
 

@@ -22,11 +22,9 @@ from hypothesis.stateful import (
 )
 
 from dashboard import snapshot
-from delivery import ledger, tallies
+from delivery import ledger, publishing, subscribing, tallies
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber, Subscription
 from subscribers.provisioning import create_subscriber
 

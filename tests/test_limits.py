@@ -22,12 +22,10 @@ from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from delivery import ledger, wakeups
+from delivery import ledger, publishing, subscribing, wakeups
 from delivery.models import Delivery, Status
 from mqsite.limits import FrameRate
-from queues import publishing
 from queues.models import Event, Message
-from subscribers import subscribing
 from subscribers.models import Connection, Subscription
 from tests.conftest import client_for
 from tests.servers import eventually, redis_db, start_daphne

@@ -12,11 +12,9 @@ import pytest
 from django.utils import timezone
 from websockets.sync.client import connect
 
-from delivery import ledger, liveness
+from delivery import ledger, liveness, presence, publishing, subscribing
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Queue
-from subscribers import presence, subscribing
 from subscribers.models import Connection, ServerProcess
 from subscribers.provisioning import create_subscriber
 from tests.servers import start_daphne

@@ -9,9 +9,8 @@ from functools import partial
 import httpx
 import pytest
 
-from delivery import long_polls
+from delivery import long_polls, subscribing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
 from tests.servers import eventually, start_daphne, start_redis

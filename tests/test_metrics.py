@@ -20,11 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from analytics import load
 from dashboard import metrics, shared
-from delivery import ledger, tallies
+from delivery import ledger, presence, subscribing, tallies
 from delivery.models import Delivery, DeliveryAttempt, Status
+from delivery.publishing import prepare, publish
 from queues.models import Queue
-from queues.publishing import prepare, publish
-from subscribers import presence, subscribing
 from subscribers.provisioning import create_subscriber
 from tests.analytics.run_folders import write_run
 from tests.servers import start_daphne, start_redis

@@ -16,12 +16,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import ledger, reports
+from delivery import ledger, presence, reports, subscribing
 from delivery.models import Delivery, Status
+from delivery.publishing import prepare, publish
 from delivery.querysets import open_in_sql, overdue_sql, ready_sql
 from queues.models import Queue
-from queues.publishing import prepare, publish
-from subscribers import presence, subscribing
 from subscribers.models import STALE_AFTER_SECS, Connection
 from subscribers.provisioning import create_subscriber
 

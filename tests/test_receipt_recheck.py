@@ -9,11 +9,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from delivery import ledger, receipts, tasks
+from delivery import ledger, publishing, receipts, subscribing, tasks
 from delivery.models import ReceiptMove
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 

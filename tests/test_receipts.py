@@ -13,13 +13,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from dashboard import snapshot
-from delivery import ledger, receipts
+from delivery import group_commit, ledger, publishing, receipts, subscribing
 from delivery.models import Delivery, ReceiptMove, Status
 from mqsite import adb
 from mqsite.asgi import application
-from queues import group_commit, publishing
 from queues.models import Message, Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for

@@ -20,11 +20,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import ledger, reports
+from delivery import ledger, publishing, reports, subscribing
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Message
-from subscribers import replay, subscribing
+from subscribers import replay
 from subscribers.models import Subscription
 from tests.conftest import client_for
 

@@ -19,10 +19,10 @@ from django.db import connection
 from django.utils import timezone
 from websockets.sync.client import connect
 
-from delivery import ledger, tasks
+from delivery import ledger, subscribing, tasks
 from delivery.models import Delivery, Status
 from queues.models import Event, Queue
-from subscribers import replay, subscribing
+from subscribers import replay
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
 from tests.backlog import call, fill

@@ -12,12 +12,10 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from delivery import frames, ledger, wakeups
+from delivery import frames, ledger, presence, publishing, subscribing, wakeups
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
-from subscribers import presence, subscribing
 from subscribers.models import Connection, Subscriber, Subscription
 from subscribers.provisioning import create_subscriber, provision_subscriber
 from subscribers.throttling import counters

@@ -6,10 +6,9 @@ import time
 
 import pytest
 
-from delivery import ledger
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery, Status
-from queues import publishing
-from subscribers import auth, subscribing
+from subscribers import auth
 from subscribers.provisioning import provision_subscriber
 from subscribers.throttling import counters
 from tests.conftest import client_for

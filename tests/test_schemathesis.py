@@ -16,9 +16,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance, status_code_conformance
 
-from queues import publishing
-from queues.names import INPUT_RE
-from subscribers import subscribing
+from delivery import publishing, subscribing
+from mqsite.names import INPUT_RE
 from tests.conftest import client_for
 
 

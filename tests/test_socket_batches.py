@@ -6,9 +6,9 @@ import json
 import pytest
 from django.test import override_settings
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Message
-from subscribers import subscribing
 
 from .test_websocket import connect, db, publish, recv, send, setup
 

@@ -1,5 +1,6 @@
-"""The SQLite backend's writer lock (mqsite/sqlite): within a process, a write transaction that
-waits for another starts as soon as that one commits, not after SQLite's busy-handler sleeps."""
+"""The SQLite backend's writer lock (mqsite/workarounds/sqlite): within a process, a write
+transaction that waits for another starts as soon as that one commits, not after SQLite's
+busy-handler sleeps."""
 
 import threading
 import time
@@ -23,7 +24,7 @@ def _race(path):
     handler = ConnectionHandler(
         {
             "default": {
-                "ENGINE": "mqsite.sqlite",
+                "ENGINE": "mqsite.workarounds.sqlite",
                 "NAME": str(path),
                 "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
             }

@@ -15,11 +15,9 @@ from django.db import close_old_connections, connection
 from django.db.models import Count
 from django.utils import timezone
 
-from delivery import ledger, tallies
+from delivery import ledger, publishing, subscribing, tallies
 from delivery.models import Delivery, DeliveryAttempt, Status, Tally, TallyChange
-from queues import publishing
 from queues.models import Message
-from subscribers import subscribing
 
 
 def recount():

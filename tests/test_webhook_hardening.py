@@ -12,11 +12,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import tasks
+from delivery import publishing, subscribing, tasks
 from delivery.models import Delivery, DeliveryAttempt, Status
 from mqsite.celery import app
-from queues import publishing
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Dripper, Receiver
 

@@ -14,10 +14,8 @@ from django.test import override_settings
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from delivery import tasks, webhooks
+from delivery import publishing, subscribing, tasks, webhooks
 from delivery.models import Delivery, DeliveryAttempt, Status
-from queues import publishing
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.receivers import Receiver
 from tests.ssrf_urls import UNSAFE_URLS
@@ -225,7 +223,7 @@ def test_a_redirect_is_not_followed(hooked, db_queue, receiver):
 
 
 def test_a_subscriber_with_a_live_socket_is_not_posted_to(hooked, db_queue, receiver):
-    from subscribers import presence
+    from delivery import presence
 
     presence.open_connection(hooked, "specific.test!1")
     publish(db_queue)

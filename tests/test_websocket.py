@@ -7,11 +7,10 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
+from delivery import publishing, subscribing
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Connection
 from subscribers.provisioning import create_subscriber
 

@@ -11,12 +11,10 @@ from channels.testing import WebsocketCommunicator
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from delivery import consumers
+from delivery import consumers, publishing, subscribing
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Connection
 from subscribers.provisioning import create_subscriber
 from tests.servers import start_daphne

@@ -4,9 +4,10 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 
 from delivery import ledger, liveness, long_polls, receipts
-from mqsite.api import ApiView, errors, is_db_id
+from mqsite.api import errors
+from mqsite.values import is_db_id
 from queues.models import Event
-from subscribers.api.views import SUBSCRIBERS_ONLY
+from subscribers.api.base import CallerView
 from subscribers.auth import IsSubscriber, is_operator, operator_with
 
 from .serializers import (
@@ -20,6 +21,7 @@ from .serializers import (
     NackSerializer,
     ReceiptSerializer,
 )
+from .subscription_views import SUBSCRIBERS_ONLY
 
 
 def release_connection():
@@ -33,7 +35,7 @@ def release_connection():
         connection.close()
 
 
-class DeliveryListView(ApiView):
+class DeliveryListView(CallerView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -82,7 +84,7 @@ class DeliveryListView(ApiView):
         )
 
 
-class AckView(ApiView):
+class AckView(CallerView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -99,7 +101,7 @@ class AckView(ApiView):
         return Response({"acked": acked, "unknown": unknown})
 
 
-class ExtendView(ApiView):
+class ExtendView(CallerView):
     """A worker that needs longer than its queue's ack timeout keeps its deliveries: each of the
     caller's in-flight deliveries among `ids` is leased until now + `seconds`, its attempt
     unchanged. Ids that are pending, acked, dead, expired or another subscriber's are `unknown`
@@ -121,7 +123,7 @@ class ExtendView(ApiView):
         return Response({"extended": len(extended.ids), "unknown": extended.unknown})
 
 
-class NackView(ApiView):
+class NackView(CallerView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -153,7 +155,7 @@ class NackView(ApiView):
         return Response({"id": pk, "status": status, "attempt": attempt, "next_attempt_at": next_attempt_at})
 
 
-class MessageView(ApiView):
+class MessageView(CallerView):
     permission_classes = [operator_with("queues.view_message", subscribers_too=True)]
 
     @extend_schema(

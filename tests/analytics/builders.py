@@ -5,9 +5,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from delivery import ledger
+from delivery import ledger, publishing
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Message
 
 

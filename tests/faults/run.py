@@ -16,9 +16,9 @@ from django.db import OperationalError, connection
 from django.db.models import Count
 from django.test import override_settings
 
+from delivery import subscribing
 from delivery.models import Delivery, Status
 from queues.models import Queue
-from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 
 from .checker import check_history

@@ -21,11 +21,11 @@ from django.db import close_old_connections, connection
 from django.db.models import Q
 from rest_framework.utils.encoders import JSONEncoder
 
-from delivery import ledger, wakeups
-from queues import publishing
+from delivery import ledger, subscribing, wakeups
+from mqsite.names import BadName, clean_name
+from queues import lookup
 from queues.models import Event
-from queues.names import BadName, clean_name
-from subscribers import replay, subscribing
+from subscribers import replay
 from subscribers.models import Subscriber, Subscription
 
 # Wake-ups only cross threads of one process; deliveries published by another process are
@@ -60,7 +60,7 @@ class Command(BaseCommand):
         subscriber = Subscriber.objects.filter(name=options["subscriber"]).first()
         if subscriber is None:
             raise CommandError(f"there is no subscriber named {options['subscriber']!r}")
-        queue = publishing.find_queue(options["queue"])
+        queue = lookup.find_queue(options["queue"])
         if queue is None:
             raise CommandError(f"there is no queue named {options['queue']!r}")
         event_name = None

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from delivery import ledger
 from delivery.models import Delivery, Status
-from queues import publishing
+from queues import lookup
 from subscribers.models import Subscriber
 
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
         else:
             deliveries = deliveries.exclude(status=Status.ACKED)
         if options["queue"] is not None:
-            queue = publishing.find_queue(options["queue"])
+            queue = lookup.find_queue(options["queue"])
             if queue is None:
                 raise CommandError(f"there is no queue named {options['queue']!r}")
             deliveries = deliveries.filter(queue=queue)

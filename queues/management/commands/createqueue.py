@@ -6,8 +6,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from mqsite.names import BadName, clean_name
 from queues.models import Queue
-from queues.names import BadName, clean_name
 
 # Command option -> model field. Only the options given are written, so updating a queue
 # leaves the rest as they were.

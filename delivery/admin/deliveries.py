@@ -6,135 +6,26 @@ actions call. There may be millions of rows, so the list avoids a query per row,
 only what it shows, and does not count a whole unfiltered table exactly.
 """
 
-import json
-
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.template.response import TemplateResponse
-from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from queues.models import Event
-
-from . import ledger
-from .big_lists import BigListAdmin
-from .models import DeadLetter, Delivery, DeliveryAttempt, Status
-from .reports import dead_letters
-
-STATUS_COLOURS = {
-    Status.PENDING: "#8a6d00",
-    Status.INFLIGHT: "#1f5fa8",
-    Status.ACKED: "#2e7d32",
-    Status.DEAD: "#b3261e",
-}
-
-
-def status_badge(status):
-    """A delivery status as a coloured label."""
-    label = Status(status).label if status in Status.values else status
-    return format_html(
-        '<span class="mq-status mq-status-{}" style="background:{};color:#fff;padding:1px 7px;'
-        'border-radius:9px;font-size:11px;white-space:nowrap">{}</span>',
-        status,
-        STATUS_COLOURS.get(status, "#555"),
-        label,
-    )
-
-
-def count_badge(count, status):
-    """A count of deliveries in one status, coloured only when it is not zero."""
-    if not count:
-        return format_html('<span style="color:{}">0</span>', "#999")
-    return format_html(
-        '<span style="color:{};font-weight:bold">{}</span>', STATUS_COLOURS.get(status, "#555"), count
-    )
-
-
-def pretty_json(text):
-    """A stored payload (JSON text) indented for people, as a <pre> block."""
-    try:
-        shown = json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=False)
-    except ValueError:
-        shown = text
-    return format_html('<pre class="mq-payload" style="white-space:pre-wrap;margin:0">{}</pre>', shown)
-
-
-def admin_link(obj, text=None):
-    """A link to an object's change page in the admin."""
-    if obj is None:
-        return "-"
-    opts = obj._meta
-    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
-    return format_html('<a href="{}">{}</a>', url, text if text is not None else str(obj))
-
-
-class EventFilter(admin.SimpleListFilter):
-    """Events by queue/name, in one query (the stock filter asks for each event's queue), and
-    only the chosen queue's events once a queue is chosen."""
-
-    title = "event"
-    parameter_name = "event"
-    queue_parameter = "queue__id__exact"
-
-    def lookups(self, request, model_admin):
-        events = Event.objects.select_related("queue").order_by("queue__name", "name")
-        queue = request.GET.get(self.queue_parameter, "")
-        if queue.isdigit():
-            events = events.filter(queue_id=int(queue))
-        return [(str(e.pk), f"{e.queue.name}/{e.name}") for e in events]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(event_id=int(value))
-
-
-def search_by_id_or_name(queryset, term, id_fields, name_fields):
-    """A number finds by the (indexed) id fields; anything else by the name fields."""
-    term = term.strip()
-    if not term:
-        return queryset
-    if term.isdigit():
-        number = int(term)
-        if number > 2**63 - 1:
-            return queryset.none()
-        q = Q()
-        for field in id_fields:
-            q |= Q(**{field: number})
-        return queryset.filter(q)
-    q = Q()
-    for field in name_fields:
-        q |= Q(**{f"{field}__icontains": term})
-    return queryset.filter(q)
-
-
-class DeliveriesGoWithTheirOwner:
-    """Deleting a queue, event, message or subscriber deletes its deliveries with it. No one
-    may delete a delivery on its own (that is the ledger's business), but that must not
-    forbid deleting what owns it: the delete page would refuse for want of that permission."""
-
-    def get_deleted_objects(self, objs, request):
-        deleted, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
-        perms_needed.discard(Delivery._meta.verbose_name)
-        return deleted, model_count, perms_needed, protected
-
-
-class LedgerOperatorMixin:
-    """Delivery actions need the right to change deliveries, though no form may change one."""
-
-    def has_operate_permission(self, request):
-        return request.user.has_perm("delivery.change_delivery")
-
-
-def may_view_deliveries(request):
-    return request.user.has_perm("delivery.view_delivery") or request.user.has_perm(
-        "delivery.change_delivery"
-    )
+from .. import ledger
+from ..big_lists import BigListAdmin
+from ..models import DeadLetter, Delivery, DeliveryAttempt, Status
+from ..reports import dead_letters
+from .widgets import (
+    EventFilter,
+    LedgerOperatorMixin,
+    admin_link,
+    may_view_deliveries,
+    pretty_json,
+    search_by_id_or_name,
+    status_badge,
+)
 
 
 class DeliveryAttemptInline(admin.TabularInline):

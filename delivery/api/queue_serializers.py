@@ -1,8 +1,9 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from delivery import publishing
 from mqsite.api import STORABLE_PATTERN, BoundedListField, NameField, StorableCharField, TooLarge
-from queues import headers, publishing
+from queues import headers
 
 
 @extend_schema_field(

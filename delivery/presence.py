@@ -8,11 +8,11 @@ ones (Connection.is_stale: not refreshed for STALE_AFTER_SECS), handing back wha
 from django.db import connection, transaction
 from django.utils import timezone
 
-from delivery import ledger, liveness
 from mqsite import limits, rows
+from subscribers.models import HEARTBEAT_SECS as HEARTBEAT_SECS  # the sockets' heartbeat reads it here
+from subscribers.models import Connection, Subscriber, Subscription
 
-from .models import HEARTBEAT_SECS as HEARTBEAT_SECS  # the sockets' heartbeat reads it here
-from .models import Connection, Subscriber, Subscription
+from . import ledger, liveness
 
 
 def open_connection(subscriber, channel_name, remote_addr=""):

@@ -7,7 +7,8 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.utils.encoders import JSONEncoder
 
-from queues import publishing
+from delivery import publishing
+from queues import lookup
 from queues.headers import BadHeaders, headers_of_pairs
 
 
@@ -29,7 +30,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        queue = publishing.find_queue(options["queue"])
+        queue = lookup.find_queue(options["queue"])
         if queue is None:
             raise CommandError(f"there is no queue named {options['queue']!r}")
         text = options["payload"]

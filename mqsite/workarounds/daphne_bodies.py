@@ -5,6 +5,10 @@ the application, so a check in the ASGI handler comes after the upload: a client
 server take in 32 MiB (or, chunked, without end) before hearing no. Here the limit of the route
 (mqsite/bodies.py) is applied when the headers end (a Content-Length over it: 413 at once, the
 body never read) and as each chunk arrives (past it: 413 at once, the rest dropped).
+
+Its tests: tests/test_attacks.py::test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent
+and ::test_api4_a_chunked_body_is_refused_as_it_passes_the_limit. It can go when Daphne checks a
+body's size against a limit as it arrives, before it calls the application.
 """
 
 from io import BytesIO
@@ -12,7 +16,7 @@ from io import BytesIO
 from daphne import http_protocol
 from twisted.internet import reactor
 
-from .bodies import body_limit, raw_target_path, too_large_detail, too_large_json
+from mqsite.bodies import body_limit, raw_target_path, too_large_detail, too_large_json
 
 # After a 413 the connection is half-closed and what the client still sends is dropped for this
 # long: closing at once, with its data unread, would make the kernel reset the connection, and

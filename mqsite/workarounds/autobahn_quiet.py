@@ -1,7 +1,11 @@
 """Autobahn (Daphne's websocket protocol) colours the arguments of a debug log line on every
-frame it sends and every read, with click.style, before the logger decides the line is not wanted: about 5 %
-of Daphne's CPU while a socket streams deliveries (py-spy, bench/PROFILE.md section 8). The
-same arguments, uncoloured, cost a string format."""
+frame it sends and every read, with click.style, before the logger decides the line is not
+wanted: about 5 % of Daphne's CPU while a socket streams deliveries (py-spy, bench/PROFILE.md
+section 8). The same arguments, uncoloured, cost a string format.
+
+Its test: tests/test_workarounds_autobahn.py. It can go when autobahn formats a log line's
+arguments only once the logger has decided to write it (its hltype and hlval calls are eager).
+"""
 
 from autobahn.twisted import websocket as twisted_websocket
 from autobahn.websocket import protocol

@@ -17,95 +17,38 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import display_for_value
 from django.db import transaction
 from django.db.models import F, Prefetch
-from django.forms.models import BaseInlineFormSet, InlineForeignKeyField
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from delivery import wakeups
-from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
-from delivery.models import Status
-from delivery.reports import (
+from mqsite import limits
+from queues.models import Event
+from subscribers import provisioning, replay
+from subscribers.models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
+
+from .. import presence, subscribing, wakeups
+from ..models import Status
+from ..reports import (
     correlated_count,
     oldest_pending_at,
     owed_to_subscriber,
-    status_count,
     subscriber_backlog,
 )
-from mqsite import limits
-from queues.models import Event
-
-from . import presence, provisioning, replay, subscribing
-from .models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
-
-
-def deliveries_url(**filters):
-    """The delivery list filtered by the admin's query parameters."""
-    return reverse("admin:delivery_delivery_changelist") + "?" + urlencode(filters)
-
-
-def age(delta):
-    """A duration in the largest two units that matter: '42 s', '5 min 3 s', '2 h 4 min'."""
-    if delta is None:
-        return "-"
-    secs = max(int(delta.total_seconds()), 0)
-    days, secs = divmod(secs, 86400)
-    hours, secs = divmod(secs, 3600)
-    mins, secs = divmod(secs, 60)
-    parts = [(days, "d"), (hours, "h"), (mins, "min"), (secs, "s")]
-    while len(parts) > 1 and parts[0][0] == 0:
-        parts.pop(0)
-    return " ".join(f"{n} {unit}" for n, unit in parts[:2])
-
-
-def with_delivery_counts(queryset, field):
-    """Annotate n_pending, n_inflight and n_dead: the outer row's deliveries (by `field`)."""
-    return queryset.annotate(
-        n_pending=status_count(field, Status.PENDING),
-        n_inflight=status_count(field, Status.INFLIGHT),
-        n_dead=status_count(field, Status.DEAD),
-    )
-
-
-def owed_links(obj, **filters):
-    """The counts with_delivery_counts annotated on `obj`, each a link to those deliveries."""
-    return format_html_join(
-        " ",
-        '<a href="{}">{} {}</a>',
-        (
-            (deliveries_url(**filters, status__exact=status), count_badge(count, status), status.label)
-            for status, count in (
-                (Status.PENDING, obj.n_pending),
-                (Status.INFLIGHT, obj.n_inflight),
-                (Status.DEAD, obj.n_dead),
-            )
-        ),
-    )
-
-
-class DeliveryCountColumns:
-    """List columns for the counts that with_delivery_counts annotates."""
-
-    @admin.display(description="pending", ordering="n_pending")
-    def pending(self, obj):
-        return count_badge(obj.n_pending, Status.PENDING)
-
-    @admin.display(description="in flight", ordering="n_inflight")
-    def inflight(self, obj):
-        return count_badge(obj.n_inflight, Status.INFLIGHT)
-
-    @admin.display(description="dead", ordering="n_dead")
-    def dead(self, obj):
-        return count_badge(obj.n_dead, Status.DEAD)
-
-    # Youngest first; nothing pending counts as the youngest of all.
-    @admin.display(description="oldest pending", ordering=F("oldest_pending_at").desc(nulls_first=True))
-    def oldest_pending(self, obj):
-        if obj.oldest_pending_at is None:
-            return "-"
-        return age(timezone.now() - obj.oldest_pending_at)
+from .widgets import (
+    DeliveriesGoWithTheirOwner,
+    DeliveryCountColumns,
+    SubscriptionForm,
+    SubscriptionInlineBase,
+    UnsubscribeOnDelete,
+    admin_link,
+    age,
+    count_badge,
+    deliveries_url,
+    owed_links,
+    with_delivery_counts,
+)
 
 
 def heartbeat(connection):
@@ -120,85 +63,6 @@ def heartbeat(connection):
         seen,
         STALE_AFTER_SECS,
     )
-
-
-class SubscriptionForm(forms.ModelForm):
-    """A subscription's event must be of its queue. Once made, a subscription's queue and event
-    stay: its deliveries were fanned out for them. Delete it and make another instead."""
-
-    class Meta:
-        model = Subscription
-        fields = ["subscriber", "queue", "event"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.instance.pk:
-            for name in ("subscriber", "queue", "event"):
-                field = self.fields.get(name)
-                # An inline's own foreign key (InlineForeignKeyField) is fixed already.
-                if field is not None and not isinstance(field, InlineForeignKeyField):
-                    field.disabled = True
-
-    def clean(self):
-        cleaned = super().clean()
-        queue = cleaned.get("queue")
-        if queue is None and self.instance.queue_id:
-            queue = self.instance.queue
-        event = cleaned.get("event")
-        if queue is not None and event is not None and event.queue_id != queue.pk:
-            self.add_error("event", f"{event} is not an event of the queue {queue.name}.")
-        return cleaned
-
-
-class SharedChoicesFormSet(BaseInlineFormSet):
-    """Every row's queue and event selects list the same choices: they are read once for the
-    rows, not once per row and select (a subscriber with 30 subscriptions asked 60 queries)."""
-
-    shared_choices = ("queue", "event")
-
-    def _construct_form(self, i, **kwargs):
-        form = super()._construct_form(i, **kwargs)
-        cache = self.__dict__.setdefault("_choices", {})
-        for name in self.shared_choices:
-            field = form.fields.get(name)
-            if field is None or isinstance(field, InlineForeignKeyField):
-                continue
-            if name not in cache:
-                cache[name] = list(field.choices)
-            field.choices = cache[name]
-        return form
-
-
-class SubscriptionInlineBase(admin.TabularInline):
-    model = Subscription
-    form = SubscriptionForm
-    formset = SharedChoicesFormSet
-    extra = 0
-    show_change_link = True
-    readonly_fields = ["created_at"]
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "event":
-            # Event names print as queue/event: load the queues with them, not one by one.
-            kwargs["queryset"] = Event.objects.select_related("queue").order_by("queue__name", "name")
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).select_related("subscriber", "queue", "event__queue")
-
-
-class UnsubscribeOnDelete:
-    """Subscriptions deleted from an inline are unsubscribed (what they were owed is dropped)."""
-
-    def save_formset(self, request, form, formset, change):
-        if formset.model is not Subscription:
-            return super().save_formset(request, form, formset, change)
-        instances = formset.save(commit=False)
-        for subscription in formset.deleted_objects:
-            subscribing.unsubscribe(subscription)
-        for subscription in instances:
-            subscription.save()
-        formset.save_m2m()
 
 
 class SubscriberSubscriptionInline(SubscriptionInlineBase):

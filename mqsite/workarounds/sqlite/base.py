@@ -9,6 +9,10 @@ transactions now take a lock first, and the next one starts the moment the last 
 the other process (the Celery worker) still meets SQLite's busy handler.
 
 Writes outside a transaction (autocommit statements) take the same lock, through `writing()`.
+
+Its test: tests/test_sqlite_writer.py. It can go when Django's SQLite backend queues a process's
+writers itself, or SQLite's busy handler wakes a waiter when the lock frees instead of sleeping
+on a fixed schedule.
 """
 
 import threading

@@ -12,13 +12,13 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from delivery import ledger, wakeups
-from mqsite import adb, limits, rows
-from mqsite.api import storable_text
+from mqsite import adb, limits
+from mqsite.names import BadName, clean_name
+from mqsite.values import storable_text
+from queues.headers import BadHeaders, encode_headers
+from queues.models import Event, Message, Queue
 
-from .headers import BadHeaders, encode_headers
-from .models import Event, Message, Queue
-from .names import BadName, clean_name
+from . import ledger, wakeups
 
 MAX_BATCH = 1000
 MAX_KEY_LENGTH = 255
@@ -367,31 +367,3 @@ def _answer_of(id_, queue, event, seq, deliveries, created_at):
         "deliveries": deliveries,
         "created_at": created_at,
     }
-
-
-# Queues by name, forgotten in every process at any change of a queue (delivery.revocation).
-_by_name = rows.Cached(Queue, "name = %s")
-
-
-def find_queue(name):
-    """The queue of that name (any case), or None. Names that are not valid find nothing.
-    Its last_seq is not current (publish takes the next seq in the database)."""
-    try:
-        return _by_name.first(clean_name(name, "queue"))
-    except BadName:
-        return None
-
-
-async def afind_queue(name):
-    """find_queue() from the event loop."""
-    if not adb.enabled():
-        return await adb.thread(find_queue)(name)
-    try:
-        return await _by_name.afirst(clean_name(name, "queue"))
-    except BadName:
-        return None
-
-
-def forget_queues():
-    """A queue was made, changed or deleted (here or in another process): look names up again."""
-    _by_name.forget()

@@ -2,11 +2,11 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from mqsite.api import ApiView, BodyRequiredSchema, errors
-from subscribers import presence, replay, subscribing
-from subscribers.auth import IsSubscriber, operator_with
-
-from .serializers import (
+from delivery import presence, subscribing
+from mqsite.api import BodyRequiredSchema, errors
+from subscribers import replay
+from subscribers.api.base import CallerView
+from subscribers.api.serializers import (
     ConnectionListSerializer,
     SeekResultSerializer,
     SubscribedSerializer,
@@ -14,11 +14,12 @@ from .serializers import (
     SubscriptionListSerializer,
     subscription_answer,
 )
+from subscribers.auth import IsSubscriber, operator_with
 
 SUBSCRIBERS_ONLY = "This call acts as a subscriber: an operator's session is refused."
 
 
-class SubscriptionListView(ApiView):
+class SubscriptionListView(CallerView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -72,7 +73,7 @@ class SubscriptionListView(ApiView):
         return Response(answer, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
-class SubscriptionDetailView(ApiView):
+class SubscriptionDetailView(CallerView):
     permission_classes = [IsSubscriber]
 
     @extend_schema(
@@ -92,7 +93,7 @@ class SubscriptionDetailView(ApiView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class SubscriptionSeekView(ApiView):
+class SubscriptionSeekView(CallerView):
     permission_classes = [IsSubscriber]
     schema = BodyRequiredSchema()
 
@@ -136,7 +137,7 @@ class SubscriptionSeekView(ApiView):
         return Response({**subscription_answer(subscription), "replay": replay.answer_of(replayed)})
 
 
-class ConnectionListView(ApiView):
+class ConnectionListView(CallerView):
     permission_classes = [operator_with("subscribers.view_connection")]
 
     @extend_schema(

@@ -2,11 +2,11 @@
 
 from django.db import transaction
 
-from delivery import ledger
 from mqsite import limits
 from queues.models import Event
+from subscribers.models import Subscription
 
-from .models import Subscription
+from . import ledger
 from .presence import lock_subscriber
 
 

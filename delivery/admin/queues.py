@@ -13,34 +13,32 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils.html import format_html, format_html_join
 
-from delivery import ledger, tallies, wakeups
-from delivery.admin import (
+from mqsite.names import BadName, clean_name
+from queues.headers import NAME_RE, stored_pair
+from queues.models import Event, Message, Queue
+from subscribers.models import Subscription
+
+from .. import ledger, tallies, wakeups
+from ..big_lists import BigListAdmin
+from ..models import Delivery, Status
+from ..querysets import UNSETTLED
+from ..reports import correlated_count, not_acked, status_count, status_counts
+from .widgets import (
     DeliveriesGoWithTheirOwner,
+    DeliveryCountColumns,
     EventFilter,
     LedgerOperatorMixin,
+    SubscriptionInlineBase,
+    UnsubscribeOnDelete,
     admin_link,
     count_badge,
+    deliveries_url,
+    owed_links,
     pretty_json,
     search_by_id_or_name,
     status_badge,
-)
-from delivery.big_lists import BigListAdmin
-from delivery.models import Delivery, Status
-from delivery.querysets import UNSETTLED
-from delivery.reports import correlated_count, not_acked, status_count, status_counts
-from subscribers.admin import (
-    DeliveryCountColumns,
-    SubscriptionInlineBase,
-    UnsubscribeOnDelete,
-    deliveries_url,
-    owed_links,
     with_delivery_counts,
 )
-from subscribers.models import Subscription
-
-from .headers import NAME_RE, stored_pair
-from .models import Event, Message, Queue
-from .names import BadName, clean_name
 
 
 def headers_matching(term):

@@ -2,13 +2,14 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from mqsite.api import ApiView, BodyRequiredSchema, errors
-from queues import group_commit
+from delivery import group_commit
+from mqsite.api import BodyRequiredSchema, errors
+from mqsite.names import NAME_HELP, SCHEMA_PATTERN
 from queues.models import Queue
-from queues.names import NAME_HELP, SCHEMA_PATTERN
+from subscribers.api.base import CallerView
 from subscribers.auth import operator_with
 
-from .serializers import (
+from .queue_serializers import (
     PublishBatchSerializer,
     PublishedBatchSerializer,
     PublishedSerializer,
@@ -25,7 +26,7 @@ PUBLISHED = PolymorphicProxySerializer(
 )
 
 
-class MessagesView(ApiView):
+class MessagesView(CallerView):
     schema = BodyRequiredSchema()
     permission_classes = [operator_with("queues.add_message", subscribers_too=True)]
 
@@ -77,7 +78,7 @@ class MessagesView(ApiView):
         return Response(answers[0][0], status=code)
 
 
-class QueueListView(ApiView):
+class QueueListView(CallerView):
     permission_classes = [operator_with("queues.view_queue", subscribers_too=True)]
 
     @extend_schema(

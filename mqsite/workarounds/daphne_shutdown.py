@@ -1,4 +1,5 @@
-"""Stopping Daphne gracefully (SIGTERM), hooked into its Twisted reactor by mqsite/asgi.py.
+"""Stopping Daphne gracefully (SIGTERM), hooked into its Twisted reactor by mqsite/asgi.py,
+which also says what the application stops and hands back (delivery/stopping.py).
 
 Daphne 4.2 does not do it by itself: its cancel of the applications fails on the first
 kept-alive HTTP connection (so the websocket consumers never hear of it and keep their
@@ -12,13 +13,15 @@ the process never exits. Instead, before the reactor stops:
 3. HTTP requests under way get up to SHUTDOWN_SECS to finish and be answered;
 
 and once it has stopped, the process exits at once, whatever thread is still stuck.
+
+Its test: tests/test_e2e_shutdown.py. It can go when Daphne stops gracefully by itself: tells
+every application instance (websockets included) it is stopping, waits for the HTTP requests
+under way, and exits.
 """
 
 import asyncio
 import logging
 import os
-
-from delivery import liveness, socket_loops, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +30,22 @@ SHUTDOWN_SECS = 15
 
 _requests = 0  # HTTP requests under way in this process (counted on its event loop)
 _idle = None  # set when _requests falls to 0
+# What the application does as the server stops, given by install(): stop() at once (and from
+# then on stopping() is true), drain() before the reactor stops, describe() for the log line.
+_stop = _drain_app = _describe = None
 
 
 class CountHTTPRequests:
     """ASGI middleware around the HTTP application: counts requests under way, and answers
     503 to new ones once the server is stopping."""
 
-    def __init__(self, app):
+    def __init__(self, app, stopping):
         self.app = app
+        self.stopping = stopping
 
     async def __call__(self, scope, receive, send):
         global _requests
-        if wakeups.stopping():
+        if self.stopping():
             await send(
                 {
                     "type": "http.response.start",
@@ -68,9 +75,7 @@ def _request_ended(_task):
 
 async def _drain():
     global _idle
-    await socket_loops.release_open_sockets()
-    # A clean stop, not a death: what pulls took stays theirs until their ack deadline.
-    await socket_loops.db(liveness.stop)()
+    await _drain_app()
     _idle = asyncio.Event()
     if _requests:
         await _idle.wait()
@@ -80,10 +85,8 @@ def before_shutdown():
     """A Twisted trigger; Daphne waits for the Deferred it returns before it stops."""
     from twisted.internet.defer import Deferred
 
-    wakeups.stop_waiting()
-    log.info(
-        "stopping: %d HTTP requests under way, %d websockets open", _requests, socket_loops.open_sockets()
-    )
+    _stop()
+    log.info("stopping: %d HTTP requests under way, %s", _requests, _describe())
     return Deferred.fromFuture(asyncio.ensure_future(_bounded(_drain())))
 
 
@@ -101,6 +104,10 @@ def after_shutdown():
     os._exit(0)
 
 
-def install(reactor):
+def install(reactor, stop, drain, describe):
+    """Hook the stop into the reactor; `stop`, `drain` (a coroutine function) and `describe`
+    are the application's (see _stop above)."""
+    global _stop, _drain_app, _describe
+    _stop, _drain_app, _describe = stop, drain, describe
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     reactor.addSystemEventTrigger("after", "shutdown", after_shutdown)

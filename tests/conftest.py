@@ -76,7 +76,7 @@ def announcing(settings):
     """This process announces changes over the end-to-end servers' Redis, as a server or
     worker would (delivery.wakeups.announce)."""
     from delivery import wakeups
-    from tests.servers import E2E_REDIS
+    from tests.support.servers import E2E_REDIS
 
     settings.REDIS_URL = E2E_REDIS
     wakeups._redis.cache_clear()

@@ -8,8 +8,8 @@ import pytest
 
 from queues import publishing
 from subscribers import subscribing
-
-from .test_websocket import connect, db, publish, recv, setup
+from tests.support.publish import apublish
+from tests.support.sockets import connect, db, recv, setup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -33,7 +33,7 @@ async def test_a_stream_of_single_publishes_is_dealt_round_robin():
     comms = [await connect(token) for _ in range(2)]
     await asyncio.sleep(0.3)  # past the resume grace
     for i in range(40):  # nobody acks: each keeps what it got
-        await publish(queue, 1, start=i)
+        await apublish(queue, 1, start=i)
         await asyncio.sleep(0.01)
     got = await drain(comms)
     counts = sorted(len(frames) for frames in got.values())
@@ -48,7 +48,7 @@ async def test_a_backlog_is_dealt_in_shares_to_three_workers():
     await db(lambda: subscribing.subscribe(owner, queue))
     comms = [await connect(token) for _ in range(3)]
     await asyncio.sleep(0.3)
-    await publish(queue, 60)  # one commit: one wake-up for all of it
+    await apublish(queue, 60)  # one commit: one wake-up for all of it
     got = await drain(comms)
     counts = sorted(len(frames) for frames in got.values())
     assert sum(counts) == 60 and counts[0] >= 15, counts  # about a third each
@@ -88,7 +88,7 @@ async def test_workers_that_ack_share_a_steady_stream():
 async def test_a_lone_socket_still_fills_its_window_at_once():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 50)
+    await apublish(queue, 50)
     comm = await connect(token)
     got = await drain([comm])
     assert len(got[0]) == 50

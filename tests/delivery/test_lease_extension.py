@@ -3,13 +3,11 @@ the ack deadline of the caller's in-flight deliveries to now + seconds, so a slo
 its delivery past the queue's ack timeout instead of seeing it handed out again."""
 
 import asyncio
-import json
 import time
 from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -17,16 +15,12 @@ from django.utils.dateparse import parse_datetime
 from delivery import ledger
 from delivery.models import Delivery, Status
 from mqsite import adb
-from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
-
-
-def publish(queue, n):
-    return publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
+from tests.support.publish import publish
+from tests.support.sockets import connect, recv, send
 
 
 def pull(who, query=""):
@@ -274,21 +268,6 @@ def socket_world(ack_timeout=30):
 @database_sync_to_async
 def sync(fn, *args, **kwargs):
     return fn(*args, **kwargs)
-
-
-async def connect(token):
-    comm = WebsocketCommunicator(application, f"/ws/?token={token}")
-    connected, _ = await comm.connect(timeout=5)
-    assert connected
-    return comm
-
-
-async def send(comm, frame):
-    await comm.send_to(text_data=json.dumps(frame))
-
-
-async def recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
 
 
 @pytest.mark.asyncio

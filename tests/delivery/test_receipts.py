@@ -2,12 +2,10 @@
 socket's `"receipt": true`, answered once every delivery of the message is acked or dead, and
 never before (delivery.receipts)."""
 
-import json
 from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -16,13 +14,13 @@ from dashboard import snapshot
 from delivery import ledger, receipts
 from delivery.models import Delivery, ReceiptMove, Status
 from mqsite import adb
-from mqsite.asgi import application
 from queues import group_commit, publishing
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
+from tests.support.sockets import connect, recv, send
 
 ZERO = {"pending": 0, "inflight": 0, "acked": 0, "dead": 0}
 ONE = {"event": "create", "payload": 1}
@@ -163,21 +161,6 @@ def test_an_ack_that_settles_a_receipt_checks_once_after_its_commit(
 
 
 # --- the socket's receipt frame ------------------------------------------------------------------
-
-
-async def connect(token):
-    comm = WebsocketCommunicator(application, f"/ws/?token={token}")
-    connected, _ = await comm.connect(timeout=5)
-    assert connected
-    return comm
-
-
-async def send(comm, frame):
-    await comm.send_to(text_data=json.dumps(frame))
-
-
-async def recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
 
 
 @database_sync_to_async

@@ -9,8 +9,8 @@ from django.test import override_settings
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
-
-from .test_websocket import connect, db, publish, recv, send, setup
+from tests.support.publish import apublish
+from tests.support.sockets import connect, db, recv, send, setup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -122,7 +122,7 @@ async def test_a_batch_subscription_gets_messages_frames_of_message_frames_acked
     comm = await connect(token)
     await send(comm, {"type": "subscribe", "queue": "db", "batch": True})
     assert (await recv(comm))["type"] == "subscribed"
-    await publish(queue, 5)
+    await apublish(queue, 5)
     got = []
     while len(got) < 5:
         frame = await recv(comm)
@@ -151,7 +151,7 @@ async def test_a_batch_subscription_gets_messages_frames_of_message_frames_acked
 async def test_the_window_counts_the_items_of_messages_frames():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 5)  # waiting before the socket comes: the catch-up is batched too
+    await apublish(queue, 5)  # waiting before the socket comes: the catch-up is batched too
     comm = await connect(token)
     await send(comm, {"type": "subscribe", "queue": "db", "batch": True})
     assert (await recv(comm))["type"] == "subscribed"
@@ -172,6 +172,6 @@ async def test_without_batch_a_subscription_gets_message_frames_and_batch_must_b
     assert (error["type"], error["code"]) == ("error", "bad_frame")
     await send(comm, {"type": "subscribe", "queue": "db", "event": "create", "batch": False})
     assert (await recv(comm))["type"] == "subscribed"
-    await publish(queue, 2)
+    await apublish(queue, 2)
     assert [(await recv(comm))["type"] for _ in range(2)] == ["message", "message"]
     await comm.disconnect()

@@ -2,8 +2,6 @@
 window (`prefetch` on the auth or a subscribe frame), `subscribed` echoing the frame's `ref`,
 and `Origin: null` let in on /ws/, which never authenticates by cookie."""
 
-import json
-
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -11,10 +9,11 @@ from django.test import override_settings
 
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
+from tests.support.publish import apublish
+from tests.support.sockets import recv, send
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -28,11 +27,6 @@ def logger_and_queue():
 
 
 @database_sync_to_async
-def publish(queue, n):
-    publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
-
-
-@database_sync_to_async
 def inflight(subscriber):
     return Delivery.objects.filter(subscriber=subscriber, status=Status.INFLIGHT).count()
 
@@ -42,14 +36,6 @@ async def open_socket(path="/ws/", headers=()):
     connected, _ = await comm.connect(timeout=5)
     assert connected
     return comm
-
-
-async def send(comm, frame):
-    await comm.send_to(text_data=json.dumps(frame))
-
-
-async def recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
 
 
 async def messages_until_quiet(comm, quiet=0.5):
@@ -66,7 +52,7 @@ async def test_it_holds_one_delivery_in_flight_on_a_socket_that_asked_for_a_pref
     comm = await open_socket(f"/ws/?token={token}")
     await send(comm, {"type": "subscribe", "queue": "db", "prefetch": 1, "ref": "s1"})
     assert (await recv(comm))["type"] == "subscribed"
-    await publish(queue, 5)
+    await apublish(queue, 5)
     seqs = []
     for _ in range(5):
         (one,) = await messages_until_quiet(comm)  # one, and nothing more until it is acked
@@ -81,13 +67,13 @@ async def test_it_holds_one_delivery_in_flight_on_a_socket_that_asked_for_a_pref
 @override_settings(MQ_PREFETCH=3)
 async def test_a_larger_prefetch_than_the_servers_is_capped_and_the_last_frame_wins():
     queue, logger, token = await logger_and_queue()
-    await publish(queue, 0)
+    await apublish(queue, 0)
     comm = await open_socket(f"/ws/?token={token}")
     await send(comm, {"type": "subscribe", "queue": "db", "event": "create", "prefetch": 1})
     await recv(comm)
     await send(comm, {"type": "subscribe", "queue": "db", "event": "delete", "prefetch": 50})
     await recv(comm)
-    await publish(queue, 6)
+    await apublish(queue, 6)
     got = await messages_until_quiet(comm)
     assert len(got) == 3 and await inflight(logger) == 3  # MQ_PREFETCH, not 50
     await comm.disconnect()
@@ -96,7 +82,7 @@ async def test_a_larger_prefetch_than_the_servers_is_capped_and_the_last_frame_w
 async def test_the_auth_frame_sets_the_window_before_the_resume():
     queue, logger, token = await logger_and_queue()
     await database_sync_to_async(lambda: Subscription.objects.create(subscriber=logger, queue=queue))()
-    await publish(queue, 4)  # waiting: the resume hands them out at once
+    await apublish(queue, 4)  # waiting: the resume hands them out at once
     comm = await open_socket()
     await send(comm, {"type": "auth", "token": token, "prefetch": 2})
     assert (await recv(comm))["type"] == "authenticated"

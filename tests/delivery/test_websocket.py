@@ -1,61 +1,19 @@
 """The /ws/ consumer, frame by frame, through Channels' WebsocketCommunicator."""
 
-import json
-
 import pytest
-from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.models import Connection
 from subscribers.provisioning import create_subscriber
+from tests.support.publish import apublish
+from tests.support.sockets import connect, db, recv, recv_messages, send, setup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@database_sync_to_async
-def setup(ordered=False):
-    queue = Queue.objects.create(name="db", ordered=ordered)
-    Queue.objects.create(name="secret")
-    owner, owner_token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    peer, peer_token = create_subscriber("peer", publish=["db"], subscribe=["db"])
-    return queue, (owner, owner_token), (peer, peer_token)
-
-
-@database_sync_to_async
-def publish(queue, n, event="create", start=0):
-    return publishing.publish(queue, [publishing.prepare(event, {"n": start + i}) for i in range(n)])
-
-
-@database_sync_to_async
-def db(fn):
-    return fn()
-
-
-async def connect(token, headers=None):
-    comm = WebsocketCommunicator(application, f"/ws/?token={token}", headers=headers or [])
-    connected, _ = await comm.connect(timeout=5)
-    assert connected
-    return comm
-
-
-async def send(comm, frame):
-    await comm.send_to(text_data=json.dumps(frame))
-
-
-async def recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
-
-
-async def recv_messages(comm, n, timeout=3):
-    frames = [await recv(comm, timeout) for _ in range(n)]
-    assert all(f["type"] == "message" for f in frames), frames
-    return frames
 
 
 async def test_a_bad_token_is_accepted_then_closed_with_4401():
@@ -82,14 +40,14 @@ async def test_the_token_may_come_in_the_authorization_header():
 
 async def test_subscribe_answers_then_catches_up_then_goes_live():
     queue, (_, token), _ = await setup()
-    await publish(queue, 2)  # before the subscription: not owed
+    await apublish(queue, 2)  # before the subscription: not owed
     comm = await connect(token)
     await send(comm, {"type": "subscribe", "queue": "db", "event": "create"})
     answer = await recv(comm)
     assert answer["type"] == "subscribed" and answer["queue"] == "db" and answer["event"] == "create"
     assert isinstance(answer["subscription"], int)
     assert await comm.receive_nothing(timeout=0.3)
-    await publish(queue, 3)
+    await apublish(queue, 3)
     frames = await recv_messages(comm, 3)
     assert [f["seq"] for f in frames] == [3, 4, 5]
     f = frames[0]
@@ -111,7 +69,7 @@ async def test_subscribe_answers_then_catches_up_then_goes_live():
 async def test_a_reconnecting_subscriber_that_subscribes_again_gets_the_answer_before_the_catch_up():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue, "create"))
-    await publish(queue, 3)  # while away
+    await apublish(queue, 3)  # while away
     comm = await connect(token)
     await send(comm, {"type": "subscribe", "queue": "db", "event": "create"})
     answer = await recv(comm)
@@ -124,11 +82,11 @@ async def test_a_reconnecting_subscriber_that_subscribes_again_gets_the_answer_b
 async def test_a_reconnecting_subscriber_resumes_without_subscribing_again():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 3)  # while away
+    await apublish(queue, 3)  # while away
     comm = await connect(token)
     frames = await recv_messages(comm, 3)
     assert [f["seq"] for f in frames] == [1, 2, 3]
-    await publish(queue, 1, start=3)
+    await apublish(queue, 1, start=3)
     (live,) = await recv_messages(comm, 1)
     assert live["seq"] == 4
     await comm.disconnect()
@@ -138,7 +96,7 @@ async def test_ack_frames_ack_and_unknown_ids_get_an_error_frame():
     queue, (owner, token), (peer, peer_token) = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
     await db(lambda: subscribing.subscribe(peer, queue))
-    await publish(queue, 1)
+    await apublish(queue, 1)
     comm = await connect(token)
     (mine,) = await recv_messages(comm, 1)
     peers = await db(lambda: list(Delivery.objects.filter(subscriber=peer).values_list("id", flat=True)))
@@ -155,7 +113,7 @@ async def test_ack_frames_ack_and_unknown_ids_get_an_error_frame():
 async def test_a_nack_frame_gives_the_delivery_back_for_a_retry():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 1)
+    await apublish(queue, 1)
     comm = await connect(token)
     (first,) = await recv_messages(comm, 1)
     await send(comm, {"type": "nack", "ids": [first["id"]], "retry_in": 0, "error": "disk full"})
@@ -173,7 +131,7 @@ async def test_a_nack_frame_gives_the_delivery_back_for_a_retry():
 async def test_no_more_than_the_prefetch_window_is_in_flight_on_a_connection():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 5)
+    await apublish(queue, 5)
     comm = await connect(token)
     frames = await recv_messages(comm, 3)
     assert await comm.receive_nothing(timeout=0.5)
@@ -186,7 +144,7 @@ async def test_no_more_than_the_prefetch_window_is_in_flight_on_a_connection():
 async def test_an_ordered_queue_is_delivered_one_at_a_time_in_order():
     queue, (owner, token), _ = await setup(ordered=True)
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 4)
+    await apublish(queue, 4)
     comm = await connect(token)
     seqs = []
     for _ in range(4):
@@ -202,7 +160,7 @@ async def test_two_connections_of_one_subscriber_share_its_deliveries():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
     a, b = await connect(token), await connect(token)
-    await publish(queue, 40)
+    await apublish(queue, 40)
     got = {"a": [], "b": []}
     for _ in range(20):  # a receive that times out would end the consumer: look first
         for name, comm in (("a", a), ("b", b)):
@@ -217,7 +175,7 @@ async def test_two_connections_of_one_subscriber_share_its_deliveries():
 async def test_a_closed_socket_hands_back_what_it_held_at_once_its_attempts_spent():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 3)
+    await apublish(queue, 3)
     comm = await connect(token)
     await recv_messages(comm, 3)
     assert await db(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count()) == 3
@@ -236,7 +194,7 @@ async def test_a_message_its_client_dies_on_is_dead_after_max_attempts_and_the_o
     queue, (owner, token), _ = await setup(ordered=True)
     await db(lambda: Queue.objects.filter(pk=queue.pk).update(max_attempts=3))
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 2)
+    await apublish(queue, 2)
     for attempt in (1, 2, 3):
         comm = await connect(token)
         (poison,) = await recv_messages(comm, 1)
@@ -256,7 +214,7 @@ async def test_the_servers_own_shutdown_gives_the_attempts_back():
 
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 2)
+    await apublish(queue, 2)
     comm = await connect(token)
     await recv_messages(comm, 2)
     await release_open_sockets()
@@ -278,7 +236,7 @@ async def test_a_connection_that_fails_under_it_stops_leasing_and_gives_back_wha
 
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
-    await publish(queue, 3)
+    await apublish(queue, 3)
     comm = await connect(token)
     await recv_messages(comm, 3)
     monkeypatch.setattr(DeliveryConsumer, "websocket_receive", broken_transport)
@@ -287,7 +245,7 @@ async def test_a_connection_that_fails_under_it_stops_leasing_and_gives_back_wha
         await comm.receive_output(timeout=3)
     assert await db(lambda: Delivery.objects.filter(status=Status.PENDING).count()) == 3
     assert await db(Connection.objects.count) == 0
-    await publish(queue, 2, start=3)
+    await apublish(queue, 2, start=3)
     await asyncio.sleep(2.5)  # longer than the pump's timer
     assert await db(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count()) == 0
 
@@ -300,7 +258,7 @@ async def test_what_becomes_ready_without_a_wake_up_comes_within_the_recheck():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))
     comm = await connect(token)
-    await publish(queue, 1)
+    await apublish(queue, 1)
     [first] = await recv_messages(comm, 1)
     await send(comm, {"type": "nack", "ids": [first["id"]], "retry_in": 0.3})
     [again] = await recv_messages(comm, 1, timeout=RECHECK_SECS * 2 + 1)
@@ -424,7 +382,7 @@ async def test_unsubscribe_answers_and_stops_deliveries():
         "queue": "db",
         "event": None,
     }
-    await publish(queue, 1)
+    await apublish(queue, 1)
     assert await comm.receive_nothing(timeout=0.5)
     await comm.disconnect()
 

@@ -20,6 +20,7 @@ from subscribers import subscribing
 from subscribers.models import Connection
 from subscribers.provisioning import create_subscriber
 from tests.support.servers import start_daphne
+from tests.support.sockets import recv, send
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,14 +39,6 @@ async def open_without_token():
     connected, _ = await comm.connect(timeout=5)
     assert connected
     return comm
-
-
-async def send(comm, frame):
-    await comm.send_to(text_data=json.dumps(frame))
-
-
-async def recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
 
 
 @pytest.mark.asyncio

@@ -12,8 +12,8 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.delivery.test_websocket import connect, db, recv, send, setup
 from tests.support.servers import eventually, start_daphne
+from tests.support.sockets import connect, db, recv, send, setup
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACESTATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"

@@ -9,18 +9,17 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from delivery import frames, ledger, wakeups
 from delivery.models import Delivery, Status
-from mqsite.asgi import application
-from queues import publishing
 from queues.models import Queue
 from subscribers import presence, subscribing
 from subscribers.models import Connection, Subscriber, Subscription
 from subscribers.provisioning import create_subscriber, provision_subscriber
 from subscribers.throttling import counters
+from tests.support.publish import apublish
+from tests.support.sockets import connect, db, recv
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -33,34 +32,11 @@ def _no_failures_counted():
 
 
 @database_sync_to_async
-def db(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
-@database_sync_to_async
-def setup():
+def subscribed_owner():
     queue = Queue.objects.create(name="db")
     owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
     subscription, _ = subscribing.subscribe(owner, queue)
     return queue, owner, token, subscription
-
-
-@database_sync_to_async
-def publish(queue, n):
-    return publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
-
-
-async def connect(token, client=None):
-    comm = WebsocketCommunicator(application, f"/ws/?token={token}")
-    if client is not None:
-        comm.scope["client"] = client
-    connected, _ = await comm.connect(timeout=5)
-    assert connected
-    return comm
-
-
-async def recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
 
 
 async def closed_with(comm, timeout=3):
@@ -96,8 +72,8 @@ def delete(owner):
 
 @pytest.mark.parametrize("change", [rotate, deactivate, delete])
 async def test_a_revoked_subscribers_socket_is_closed_with_4401_and_what_it_held_goes_back(change):
-    queue, owner, token, _ = await setup()
-    await publish(queue, 2)
+    queue, owner, token, _ = await subscribed_owner()
+    await apublish(queue, 2)
     comm = await connect(token)
     held = [await recv(comm), await recv(comm)]
     assert {f["type"] for f in held} == {"message"}
@@ -113,7 +89,7 @@ async def test_a_revoked_subscribers_socket_is_closed_with_4401_and_what_it_held
 async def test_the_token_check_closes_a_revoked_socket_when_the_announcement_is_lost():
     """A change that bypasses the signals (a queryset update; or Redis losing the word) is
     found by the process's periodic check, well within 2 s."""
-    _, owner, token, _ = await setup()
+    _, owner, token, _ = await subscribed_owner()
     comm = await connect(token)
     await ping(comm)
     await db(lambda: Subscriber.objects.filter(pk=owner.pk).update(token_hash="0" * 64))
@@ -126,8 +102,8 @@ async def test_the_token_check_closes_a_revoked_socket_when_the_announcement_is_
 async def test_the_check_ends_a_withdrawn_subscription_when_the_announcement_is_lost():
     """A right withdrawn without the signals (a queryset delete; or Redis losing the word) is
     found by the same periodic check: the socket is told, within 2 s, and holds nothing of it."""
-    queue, owner, token, subscription = await setup()
-    await publish(queue, 1)
+    queue, owner, token, subscription = await subscribed_owner()
+    await apublish(queue, 1)
     comm = await connect(token)
     assert (await recv(comm))["type"] == "message"
     await asyncio.sleep(0.6)  # a check has seen the rights as they were
@@ -146,7 +122,7 @@ async def test_the_check_ends_a_withdrawn_subscription_when_the_announcement_is_
 
 
 async def test_changes_that_keep_the_token_leave_the_socket_open():
-    _, owner, token, _ = await setup()
+    _, owner, token, _ = await subscribed_owner()
     comm = await connect(token)
     await ping(comm)
 
@@ -162,11 +138,11 @@ async def test_changes_that_keep_the_token_leave_the_socket_open():
 
 
 async def test_withdrawing_a_subscribe_right_ends_the_subscription_on_the_socket():
-    queue, owner, token, subscription = await setup()
+    queue, owner, token, subscription = await subscribed_owner()
     other = await db(Queue.objects.create, name="other")
     await db(owner.subscribe_queues.add, other)
     other_sub, _ = await db(subscribing.subscribe, owner, other)
-    await publish(queue, 2)
+    await apublish(queue, 2)
     comm = await connect(token)
     held = [await recv(comm), await recv(comm)]
     assert [f["queue"] for f in held] == ["db", "db"]
@@ -186,13 +162,13 @@ async def test_withdrawing_a_subscribe_right_ends_the_subscription_on_the_socket
     assert await db(Subscription.objects.filter(pk=subscription.pk).exists)
 
     # No more of its deliveries: none made (fan-out), none leased (socket or pull).
-    await publish(queue, 3)
+    await apublish(queue, 3)
     await no_frame(comm)
     assert await db(Delivery.objects.count) == 2
     assert await db(ledger.lease_deliveries, owner, limit=10) == []
     # Other subscriptions go on, and the socket stays open.
     other_queue = await db(Queue.objects.get, name="other")
-    await publish(other_queue, 1)
+    await apublish(other_queue, 1)
     frame = await recv(comm)
     assert (frame["type"], frame["queue"]) == ("message", "other")
     await comm.disconnect()
@@ -201,7 +177,7 @@ async def test_withdrawing_a_subscribe_right_ends_the_subscription_on_the_socket
 async def test_withdrawing_a_publish_right_answers_the_next_publish_forbidden():
     """The socket keeps its Subscriber (publish_all is not asked again at each frame): the
     announcement refreshes it."""
-    _, owner, token, _ = await setup()
+    _, owner, token, _ = await subscribed_owner()
     await db(lambda: (owner.publish_queues.clear(), setattr(owner, "publish_all", True), owner.save()))
     comm = await connect(token)
     frame = {"type": "publish", "queue": "db", "event": "create", "payload": 1, "ref": "a"}
@@ -217,7 +193,7 @@ async def test_withdrawing_a_publish_right_answers_the_next_publish_forbidden():
 
 
 async def test_an_announced_connection_is_closed_by_its_process():
-    _, _, token, _ = await setup()
+    _, _, token, _ = await subscribed_owner()
     comm = await connect(token)
     await ping(comm)
     (name,) = await db(lambda: list(Connection.objects.values_list("channel_name", flat=True)))
@@ -229,7 +205,7 @@ async def test_an_announced_connection_is_closed_by_its_process():
 async def test_a_connection_whose_row_is_gone_is_closed_at_the_next_heartbeat(monkeypatch):
     """The announcement lost: the heartbeat's UPDATE finds the row gone and closes the socket."""
     monkeypatch.setattr(presence, "HEARTBEAT_SECS", 0.3)
-    _, _, token, _ = await setup()
+    _, _, token, _ = await subscribed_owner()
     comm = await connect(token)
     await ping(comm)
     await db(lambda: Connection.objects.all().delete())  # no announcement
@@ -238,20 +214,20 @@ async def test_a_connection_whose_row_is_gone_is_closed_at_the_next_heartbeat(mo
 
 
 async def test_the_heartbeat_names_the_connections_whose_row_is_gone():
-    _, owner, _, _ = await setup()
+    _, owner, _, _ = await subscribed_owner()
     await db(presence.open_connection, owner, "ws.kept")
     assert await db(presence.heartbeat, ["ws.kept", "ws.gone"]) == {"ws.gone"}
 
 
 @override_settings(MQ_AUTH_FAILURES_PER_MINUTE=2)
 async def test_failed_token_attempts_from_an_address_are_throttled_4429():
-    _, _, token, _ = await setup()
+    _, _, token, _ = await subscribed_owner()
     here, there = ("10.0.0.7", 5000), ("10.0.0.8", 5000)
     for _ in range(2):
-        assert (await closed_with(await connect("mq_wrong", here)))[0] == 4401
-    assert (await closed_with(await connect("mq_wrong", here)))[0] == 4429
-    assert (await closed_with(await connect("mq_wrong", there)))[0] == 4401  # per address
+        assert (await closed_with(await connect("mq_wrong", client=here)))[0] == 4401
+    assert (await closed_with(await connect("mq_wrong", client=here)))[0] == 4429
+    assert (await closed_with(await connect("mq_wrong", client=there)))[0] == 4401  # per address
     # A good token from the throttled address is still let in (decided: see subscribers.auth).
-    comm = await connect(token, here)
+    comm = await connect(token, client=here)
     await ping(comm)
     await comm.disconnect()

@@ -242,18 +242,20 @@ def assert_whole(snapshot):
     return message_ids, per_message
 
 
-def publish(queue, n):
+def publish_numbered(queue, n):
     return publishing.publish(queue, [publishing.prepare("create", {"n": n})])[0][0]["id"]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_publish_committed_during_the_snapshot_is_wholly_out(subscribed):
     # Given a message published before
-    before = publish(subscribed, 1)
+    before = publish_numbered(subscribed, 1)
     published = []
 
     # When another one commits after the messages were read, before the deliveries are
-    with connection.execute_wrapper(between_the_two_reads(lambda: published.append(publish(subscribed, 2)))):
+    with connection.execute_wrapper(
+        between_the_two_reads(lambda: published.append(publish_numbered(subscribed, 2)))
+    ):
         snapshot = extract.hot_snapshot()
 
     # Then the snapshot holds the first with its two deliveries and nothing of the second
@@ -266,7 +268,7 @@ def test_a_publish_committed_during_the_snapshot_is_wholly_out(subscribed):
 @pytest.mark.django_db(transaction=True)
 def test_a_message_archived_during_the_snapshot_is_wholly_in(subscribed, logger, peer, tmp_path):
     # Given two settled messages
-    ids = [publish(subscribed, n) for n in (1, 2)]
+    ids = [publish_numbered(subscribed, n) for n in (1, 2)]
     for message_id in ids:
         settle(message_id, {logger: Status.ACKED, peer: Status.ACKED})
 
@@ -295,7 +297,7 @@ def test_snapshots_beside_a_stream_of_publishes_are_each_whole(subscribed):
     def publish_some():
         try:
             for n in range(300):
-                publish(subscribed, n)
+                publish_numbered(subscribed, n)
                 if n == 149:
                     halfway.set()
                     assert snapped.wait(30), "no snapshot was taken halfway"

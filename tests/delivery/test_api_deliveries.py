@@ -11,17 +11,12 @@ from django.utils.dateparse import parse_datetime
 
 from delivery.models import Delivery, Status
 from tests.conftest import client_for
+from tests.support.rest import pull
 
 
 def publish_many(who, n, event="create", queue="db"):
     msgs = [{"event": event, "payload": {"n": i}} for i in range(n)]
     return client_for(who).post(f"/api/queues/{queue}/messages", {"messages": msgs}, format="json")
-
-
-def pull(who, query=""):
-    r = client_for(who).get(f"/api/deliveries{query}")
-    assert r.status_code == 200, r.content
-    return r.json()["deliveries"]
 
 
 @pytest.fixture

@@ -20,13 +20,8 @@ from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
 from tests.support.publish import publish
+from tests.support.rest import pull
 from tests.support.sockets import connect, recv, send
-
-
-def pull(who, query=""):
-    r = client_for(who).get(f"/api/deliveries{query}")
-    assert r.status_code == 200, r.content
-    return r.json()["deliveries"]
 
 
 def extend(who, body):

@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from delivery import ledger, tallies
 from delivery.models import Delivery, DeliveryAttempt, Status, Tally, TallyChange
-from queues import publishing
 from queues.models import Message
 from subscribers import subscribing
+from tests.support.publish import publish
 
 
 def recount():
@@ -53,10 +53,6 @@ def assert_exact():
     assert not Tally.objects.filter(n=0).exists()  # emptied keys do not pile up
 
 
-def publish(queue, event, n, publisher=None):
-    return publishing.publish(queue, [publishing.prepare(event, {"i": i}) for i in range(n)], publisher)
-
-
 @pytest.fixture
 def two_subscribed(db_queue, logger, peer):
     subscribing.subscribe(logger, db_queue)  # every event
@@ -66,8 +62,8 @@ def two_subscribed(db_queue, logger, peer):
 
 def test_each_change_of_the_ledger_is_counted_exactly(two_subscribed, logger, peer):
     queue = two_subscribed
-    publish(queue, "create", 5, logger)
-    publish(queue, "delete", 3, logger)
+    publish(queue, 5, "create", publisher=logger)
+    publish(queue, 3, "delete", publisher=logger)
     assert_exact()
     assert tallies.counts(["subscriber_id", "status"]) == {
         (logger.pk, Status.PENDING): 8,
@@ -112,7 +108,7 @@ def test_each_change_of_the_ledger_is_counted_exactly(two_subscribed, logger, pe
 
 
 def test_webhook_attempts_are_counted_by_outcome(two_subscribed, logger, peer):
-    publish(two_subscribed, "create", 2, logger)
+    publish(two_subscribed, 2, "create", publisher=logger)
     first, second = Delivery.objects.filter(subscriber=peer).order_by("id")
     now = timezone.now()
     for delivery, ok, code in (
@@ -142,7 +138,7 @@ def test_the_fold_files_publishes_and_acks_by_step_and_not_what_is_taken_away(tw
     acks, by (queue, event) and the acks by subscriber, never a removal counted as either."""
     from delivery.models import TallyActivity
 
-    publish(two_subscribed, "create", 5, logger)
+    publish(two_subscribed, 5, "create", publisher=logger)
     leased = ledger.lease_deliveries(peer, limit=3)
     ledger.ack_deliveries(peer, [d["id"] for d in leased])
     tallies.fold()
@@ -177,7 +173,7 @@ def test_the_fold_files_publishes_and_acks_by_step_and_not_what_is_taken_away(tw
 def test_recount_mends_counts_that_missed_rows_written_with_the_triggers_off(two_subscribed, logger, peer):
     from django.core.management import call_command
 
-    publish(two_subscribed, "create", 4, logger)
+    publish(two_subscribed, 4, "create", publisher=logger)
     leased = ledger.lease_deliveries(peer, limit=2)
     ledger.ack_deliveries(peer, [d["id"] for d in leased[:1]])
     DeliveryAttempt.objects.create(delivery_id=leased[1]["id"], number=1, at=timezone.now(), ok=False)
@@ -194,12 +190,12 @@ def test_recount_mends_counts_that_missed_rows_written_with_the_triggers_off(two
     assert kept() == recount()
     assert "counted again" in out.getvalue()
     # And the triggers go on from there.
-    publish(two_subscribed, "delete", 2, logger)
+    publish(two_subscribed, 2, "delete", publisher=logger)
     assert_exact()
 
 
 def test_counts_filter_and_group(two_subscribed, logger, peer):
-    publish(two_subscribed, "create", 4, logger)
+    publish(two_subscribed, 4, "create", publisher=logger)
     by_event = tallies.counts(["event_id", "status"], queue_id=two_subscribed.pk)
     create = two_subscribed.events.get(name="create")
     assert by_event == {(create.pk, Status.PENDING): 8, (create.pk, tallies.PUBLISHED): 4}
@@ -210,10 +206,10 @@ def test_counts_filter_and_group(two_subscribed, logger, peer):
 def test_an_annotation_counts_per_row_shown(two_subscribed, logger, peer):
     from subscribers.models import Subscriber
 
-    publish(two_subscribed, "create", 2, logger)
-    publish(two_subscribed, "delete", 1, logger)
+    publish(two_subscribed, 2, "create", publisher=logger)
+    publish(two_subscribed, 1, "delete", publisher=logger)
     tallies.fold()
-    publish(two_subscribed, "create", 1, logger)  # not folded: still counted
+    publish(two_subscribed, 1, "create", publisher=logger)  # not folded: still counted
     rows = dict(
         Subscriber.objects.annotate(n=tallies.count_of("subscriber_id", Status.PENDING)).values_list(
             "name", "n"
@@ -226,7 +222,7 @@ def test_an_annotation_counts_per_row_shown(two_subscribed, logger, peer):
 def test_concurrent_writers_and_folds_lose_nothing(two_subscribed, logger, peer):
     """Acks, publishes and folds from several threads at once: the counts stay exact. (On
     PostgreSQL the threads run truly at once; SQLite serializes their writes.)"""
-    publish(two_subscribed, "create", 60, logger)
+    publish(two_subscribed, 60, "create", publisher=logger)
     errors = []
 
     def worker(fn):
@@ -247,7 +243,7 @@ def test_concurrent_writers_and_folds_lose_nothing(two_subscribed, logger, peer)
 
     def publisher():
         for _ in range(10):
-            publish(two_subscribed, "delete", 3, logger)
+            publish(two_subscribed, 3, "delete", publisher=logger)
 
     def folder():
         for _ in range(20):

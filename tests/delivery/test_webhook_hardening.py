@@ -15,9 +15,9 @@ from django.utils import timezone
 from delivery import tasks
 from delivery.models import Delivery, DeliveryAttempt, Status
 from mqsite.celery import app
-from queues import publishing
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.publish import publish
 from tests.support.receivers import Dripper, Receiver
 
 pytestmark = pytest.mark.django_db
@@ -39,10 +39,6 @@ def hook(db_queue, settings):
 
     yield make
     cache.clear()
-
-
-def publish(queue, n=1):
-    return publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
 
 
 def post_threads():

@@ -16,9 +16,9 @@ from standardwebhooks import Webhook
 
 from delivery import tasks, webhooks
 from delivery.models import Delivery, DeliveryAttempt, Status
-from queues import publishing
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.publish import publish
 from tests.support.receivers import Receiver
 from tests.support.ssrf_urls import UNSAFE_URLS
 
@@ -38,10 +38,6 @@ def hooked(db_queue, receiver, settings):
     subscriber, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)
     subscribing.subscribe(subscriber, db_queue)
     return subscriber
-
-
-def publish(queue, n=1):
-    return publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
 
 
 def test_a_2xx_answer_acks_and_the_post_is_signed(hooked, db_queue, receiver):

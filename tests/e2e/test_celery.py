@@ -5,7 +5,6 @@ sweeper; workers killed with SIGKILL and Redis restarted empty."""
 import json
 import signal
 import time
-import urllib.request
 
 import pytest
 
@@ -13,6 +12,7 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.http import publish_over_http
 from tests.support.receivers import Receiver
 from tests.support.servers import start_daphne, start_redis, start_worker
 
@@ -52,17 +52,6 @@ def services(receiver, settings, backoff_base_secs):
         state[name].stop(signal.SIGKILL if name == "redis" else signal.SIGTERM)
 
 
-def publish(services, n, start=0):
-    body = json.dumps({"messages": [{"event": "create", "payload": {"n": start + i}} for i in range(n)]})
-    req = urllib.request.Request(
-        f"{services['web'].http}/api/queues/db/messages",
-        data=body.encode(),
-        headers={"Authorization": f"Bearer {services['token']}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 201
-
-
 def wait_all_acked(n, timeout=40):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -77,7 +66,7 @@ def received_payloads(receiver):
 
 
 def test_a_worker_posts_published_messages_to_the_webhook(services, receiver):
-    publish(services, 5)
+    publish_over_http(services["web"], services["token"], 5)
     assert wait_all_acked(5), services["worker"].output()[-3000:]
     assert set(received_payloads(receiver)) == set(range(5))
 
@@ -89,7 +78,7 @@ def test_failed_posts_are_retried_on_the_backoff_schedule_by_the_beat_sweeper(se
     deadline = time.monotonic() + 30
     while "Sending due task sweep" not in services["worker"].output() and time.monotonic() < deadline:
         time.sleep(0.1)
-    publish(services, 1)
+    publish_over_http(services["web"], services["token"], 1)
     assert wait_all_acked(1, timeout=30), services["worker"].output()[-3000:]
     times = [t for t, *_ in receiver.requests]
     assert len(times) == 3
@@ -108,14 +97,14 @@ def test_failed_posts_are_retried_on_the_backoff_schedule_by_the_beat_sweeper(se
 
 def test_a_worker_killed_mid_post_loses_nothing(services, receiver):
     receiver.script = [(200, 4.0)]  # the first post hangs while we kill the worker
-    publish(services, 1)
+    publish_over_http(services["web"], services["token"], 1)
     deadline = time.monotonic() + 20
     while not receiver.requests and time.monotonic() < deadline:
         time.sleep(0.05)
     assert receiver.requests, services["worker"].output()[-3000:]
     services["worker"].stop(signal.SIGKILL)
     services["worker"] = start_worker(services["env"])
-    publish(services, 2, start=1)
+    publish_over_http(services["web"], services["token"], 2, start=1)
     assert wait_all_acked(3), services["worker"].output()[-3000:]
     assert set(received_payloads(receiver)) == {0, 1, 2}
     assert received_payloads(receiver).count(0) >= 2  # the killed post was tried again
@@ -123,11 +112,13 @@ def test_a_worker_killed_mid_post_loses_nothing(services, receiver):
 
 def test_a_restarted_redis_loses_nothing(services, receiver):
     receiver.default = (200, 0.5)  # slow, so that jobs are still queued when Redis goes
-    publish(services, 4)
+    publish_over_http(services["web"], services["token"], 4)
     time.sleep(0.3)
     redis = services["redis"]
     redis.stop(signal.SIGKILL)  # its queued jobs are gone with it
-    publish(services, 2, start=4)  # committed while Redis is down: the wake-ups are lost
+    publish_over_http(
+        services["web"], services["token"], 2, start=4
+    )  # committed while Redis is down: the wake-ups are lost
     services["redis"] = start_redis(redis.port)
     assert wait_all_acked(6, timeout=60), services["worker"].output()[-3000:]
     assert set(received_payloads(receiver)) == set(range(6))

@@ -19,6 +19,7 @@ from queues.models import Queue
 from subscribers import presence, subscribing
 from subscribers.models import Connection, ServerProcess
 from subscribers.provisioning import create_subscriber
+from tests.support.publish import publish
 from tests.support.servers import start_daphne
 
 # The contract's bound for a killed process's holdings (issue 14, item 9).
@@ -32,10 +33,6 @@ def owner(db):
     subscribing.subscribe(subscriber, queue)
     subscriber.token = token
     return queue, subscriber
-
-
-def publish(queue, n):
-    publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
 
 
 def test_it_hands_back_what_a_process_that_stopped_beating_held_and_nothing_else(owner):

@@ -23,6 +23,7 @@ from queues.models import Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
+from tests.support.http import publish_over_http
 from tests.support.servers import E2E_REDIS, eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -93,13 +94,6 @@ def waiting(server, owner):
         client.close()
 
 
-def publish(server, token):
-    with httpx.Client(base_url=server.http, headers={"Authorization": f"Bearer {token}"}) as c:
-        r = c.post("/api/queues/db/messages", json={"event": "create", "payload": {"n": 1}}, timeout=10)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
 def revoke(server, owner, change):
     """Make the change in this process; the new token, if any."""
     new_token = None
@@ -125,7 +119,7 @@ def test_it_ends_a_waiting_long_poll_of_a_revoked_token_with_401_and_leases_noth
     assert waiting(server, owner)
     started = time.monotonic()
     new_token = revoke(server, owner, change)
-    publish(server, publisher)
+    publish_over_http(server, publisher)
 
     answer["thread"].join(timeout=WAIT_SECS + 15)
     response = answer["response"]

@@ -79,12 +79,12 @@ def first_snapshot(server, cookie):
     return frame, text
 
 
-def publish(c):
+def publish_as_operator(c):
     return c.post("/api/queues/db/messages", json={"event": "create", "payload": {"by": "operator"}})
 
 
 ROUTES = {
-    "publish": publish,
+    "publish": publish_as_operator,
     "queues": lambda c: c.get("/api/queues"),
     "connections": lambda c: c.get("/api/connections"),
     "analytics": lambda c: c.get("/api/analytics"),
@@ -117,7 +117,7 @@ def test_it_serves_each_operator_route_to_a_staff_user_with_its_permission(serve
     with connect(f"{server.ws}?token={token}", close_timeout=1):
         assert eventually(lambda: Connection.objects.count() == 1)
         with operator(server, cookie) as c:
-            assert publish(c).status_code == 201
+            assert publish_as_operator(c).status_code == 201
             assert [q["name"] for q in c.get("/api/queues").json()["queues"]] == ["db"]
             assert [x["subscriber"] for x in c.get("/api/connections").json()["connections"]] == ["logger"]
             assert c.get("/api/analytics").status_code == 200

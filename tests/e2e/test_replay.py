@@ -2,7 +2,6 @@
 
 import json
 import time
-import urllib.request
 from datetime import timedelta
 
 import pytest
@@ -12,6 +11,7 @@ from websockets.sync.client import connect
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.provisioning import create_subscriber
+from tests.support.http import post, publish_over_http
 from tests.support.servers import eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,23 +22,6 @@ def server():
     s = start_daphne()
     yield s
     s.stop()
-
-
-def post(server, token, path, body):
-    req = urllib.request.Request(
-        f"{server.http}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.status, json.loads(r.read())
-
-
-def publish(server, token, n, start=0):
-    messages = [{"event": "create", "payload": {"n": start + i}} for i in range(n)]
-    status, body = post(server, token, "/api/queues/db/messages", {"messages": messages})
-    assert status == 201
-    return body["messages"]
 
 
 def frames(ws, n, timeout=10):
@@ -59,7 +42,7 @@ def nothing_for(ws, seconds):
 def test_a_new_subscription_replays_the_last_hours_messages_in_order_then_live_ones(server):
     Queue.objects.create(name="db")
     _, token = create_subscriber("analytics", publish=["db"], subscribe=["db"])
-    publish(server, token, 30)
+    publish_over_http(server, token, 30)
     # the first ten are older than an hour; the next twenty are of the last hour
     Message.objects.filter(seq__lte=10).update(created_at=timezone.now() - timedelta(hours=2))
     hour_ago = (timezone.now() - timedelta(hours=1)).isoformat()
@@ -74,7 +57,7 @@ def test_a_new_subscription_replays_the_last_hours_messages_in_order_then_live_o
         assert [f["seq"] for f in history] == list(range(11, 31))
         assert [f["payload"] for f in history] == [{"n": i} for i in range(10, 30)]
         ws.send(json.dumps({"type": "ack", "ids": [f["id"] for f in history]}))
-        publish(server, token, 1, start=30)
+        publish_over_http(server, token, 1, start=30)
         [live] = frames(ws, 1)
         assert (live["type"], live["seq"]) == ("message", 31)
         ws.send(json.dumps({"type": "ack", "ids": [live["id"]]}))
@@ -88,7 +71,7 @@ def test_a_seek_on_an_ordered_queue_waits_for_the_one_in_flight_then_goes_in_seq
     with connect(f"{server.ws}?token={token}") as ws:
         ws.send(json.dumps({"type": "subscribe", "queue": "db"}))
         subscription = json.loads(ws.recv(timeout=10))["subscription"]
-        publish(server, token, 3)
+        publish_over_http(server, token, 3)
         first = []
         for _ in range(2):  # seq 1 and 2, one at a time, acked
             [frame] = frames(ws, 1)

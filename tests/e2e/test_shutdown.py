@@ -12,10 +12,10 @@ import pytest
 from websockets.sync.client import connect
 
 from delivery.models import Delivery, DeliveryAttempt, Status
-from queues import publishing
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.publish import publish
 from tests.support.receivers import Receiver
 from tests.support.servers import eventually, start_daphne, start_redis, start_worker
 
@@ -23,10 +23,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 eventually = partial(eventually, timeout=10)
-
-
-def publish(queue, n):
-    publishing.publish(queue, [publishing.prepare("create", {"n": i}) for i in range(n)])
 
 
 def statuses():

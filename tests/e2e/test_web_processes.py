@@ -62,7 +62,7 @@ def call(server, method, path, token=None, body=None, headers=None, conn=None):
             conn.close()
 
 
-def publish(server, token, i=0):
+def publish_status(server, token, i=0):
     return call(server, "POST", "/api/queues/db/messages", token, {"event": "create", "payload": i})[0]
 
 
@@ -78,7 +78,7 @@ def test_several_processes_on_one_port_each_take_requests(world):
         sent = 0
         # Each publish on a new connection: the kernel hands each to one of the processes.
         while sent < 200 and not all(servers.requests_served()):
-            assert publish(servers, token, sent) == 201
+            assert publish_status(servers, token, sent) == 201
             sent += 1
         served = servers.requests_served()
         assert all(n > 0 for n in served), served
@@ -93,7 +93,7 @@ def test_a_token_rotated_through_one_process_is_refused_at_once_by_the_other(two
     owner, token = world
     first, second = two_servers
     for server in two_servers:  # each has looked the token up, and keeps it
-        assert publish(server, token) == 201
+        assert publish_status(server, token) == 201
     old_hash = owner.token_hash
 
     # An operator rotates the token in the first process's admin.
@@ -106,8 +106,8 @@ def test_a_token_rotated_through_one_process_is_refused_at_once_by_the_other(two
     assert owner.token_hash != old_hash
 
     # The next request to either process with the old token is refused.
-    assert publish(second, token) == 401
-    assert publish(first, token) == 401
+    assert publish_status(second, token) == 401
+    assert publish_status(first, token) == 401
 
 
 def test_a_deactivated_subscriber_and_a_deleted_queue_hold_at_once_in_every_process(
@@ -116,19 +116,19 @@ def test_a_deactivated_subscriber_and_a_deleted_queue_hold_at_once_in_every_proc
     owner, token = world
     other, other_token = create_subscriber("other", publish=["db"], subscribe=["db"])
     for server in two_servers:
-        assert publish(server, token) == 201
-        assert publish(server, other_token) == 201
+        assert publish_status(server, token) == 201
+        assert publish_status(server, other_token) == 201
 
     owner.is_active = False
     owner.save()
-    assert [publish(s, token) for s in two_servers] == [401, 401]
-    assert [publish(s, other_token) for s in two_servers] == [201, 201]
+    assert [publish_status(s, token) for s in two_servers] == [401, 401]
+    assert [publish_status(s, other_token) for s in two_servers] == [201, 201]
 
     Queue.objects.get(name="db").delete()
-    assert [publish(s, other_token) for s in two_servers] == [404, 404]
+    assert [publish_status(s, other_token) for s in two_servers] == [404, 404]
     Queue.objects.create(name="db")  # a new queue of that name is found, not the old one
     other.publish_queues.add(Queue.objects.get(name="db"))
-    assert [publish(s, other_token) for s in two_servers] == [201, 201]
+    assert [publish_status(s, other_token) for s in two_servers] == [201, 201]
 
 
 def test_without_the_announcement_a_rotated_token_is_refused_within_the_check_interval(world):
@@ -137,11 +137,11 @@ def test_without_the_announcement_a_rotated_token_is_refused_within_the_check_in
     owner, token = world
     server = start_daphne({"REDIS_URL": REDIS})
     try:
-        assert publish(server, token) == 201
+        assert publish_status(server, token) == 201
         started = time.monotonic()
         owner.issue_token()
         owner.save()
-        assert eventually(lambda: publish(server, token) == 401, timeout=2)
+        assert eventually(lambda: publish_status(server, token) == 401, timeout=2)
         assert time.monotonic() - started < 2
     finally:
         server.stop()

@@ -3,11 +3,9 @@ real Daphne, real HTTP endpoints that drip bytes, and Redis or the filesystem as
 healthy subscriber's posts go out promptly beside a dripping one, sweeps go on while every
 webhook thread is held, and a killed worker's claim lapses within seconds."""
 
-import json
 import signal
 import tempfile
 import time
-import urllib.request
 
 import pytest
 import redis
@@ -17,6 +15,7 @@ from delivery.models import Delivery, DeliveryAttempt, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.http import publish_over_http
 from tests.support.receivers import Dripper, Receiver
 from tests.support.servers import run_command, start_as_make_run, start_daphne, start_redis
 
@@ -77,17 +76,6 @@ def running_jobs(worker):
     return log.count("deliver_webhooks[") - 2 * log.count("succeeded in")
 
 
-def publish(cluster, token, n=1):
-    body = json.dumps({"messages": [{"event": "create", "payload": {"n": i}} for i in range(n)]})
-    req = urllib.request.Request(
-        f"{cluster.daphne.http}/api/queues/db/messages",
-        data=body.encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 201
-
-
 def hooked(queue, name, url):
     subscriber, _ = create_subscriber(name, subscribe=["db"], webhook_url=url)
     subscribing.subscribe(subscriber, queue)
@@ -105,12 +93,12 @@ def test_a_healthy_subscriber_is_posted_to_promptly_beside_a_dripping_one(cluste
         _, token = create_subscriber("app", publish=["db"])
         cluster.web()
         ready(cluster.worker("worker"), cluster.worker("maintenance"))
-        publish(cluster, token)
+        publish_over_http(cluster.daphne, token)
         assert wait_for(lambda: dripper.open == 1 and len(healthy.requests) == 1, 10)
         latencies, answered = [], []
         for _ in range(5):  # each while the slow subscriber's post is under way
             before, sent = len(healthy.requests), time.monotonic()
-            publish(cluster, token)
+            publish_over_http(cluster.daphne, token)
             answered.append(time.monotonic() - sent)
             assert wait_for(lambda b=before: len(healthy.requests) > b, 5)
             latencies.append(healthy.requests[-1][0] - sent)
@@ -143,7 +131,7 @@ def test_sweeps_go_on_while_every_webhook_thread_is_held_by_a_dripping_endpoint(
         _, token = create_subscriber("app", publish=["db"])
         cluster.web()
         ready(cluster.worker("worker"), cluster.worker("maintenance"))
-        publish(cluster, token)
+        publish_over_http(cluster.daphne, token)
         assert wait_for(lambda: dripper.open == threads, 15), dripper.open
         held_since = time.monotonic()
         # A lease whose ack deadline passes in 1 s: only a sweep gives it back.
@@ -170,7 +158,7 @@ def test_a_killed_workers_claim_lapses_within_seconds_and_another_job_takes_the_
         cluster.web()
         workers = [cluster.worker("worker"), cluster.worker("worker")]
         ready(*workers, cluster.worker("maintenance"))
-        publish(cluster, token)
+        publish_over_http(cluster.daphne, token)
         assert wait_for(lambda: dripper.open == 1, 10)
         claims = redis.Redis.from_url(cluster.redis.url)
         key = f":1:webhook-job:{slow.pk}"

@@ -6,7 +6,6 @@ import random
 import socket
 import threading
 import time
-import urllib.request
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -16,6 +15,7 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.http import publish_over_http
 from tests.support.servers import eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,20 +40,6 @@ def owner_on_db():
     return make
 
 
-def publish(server, token, n, start=0):
-    body = json.dumps(
-        {"messages": [{"event": "create", "payload": {"n": start + i}} for i in range(n)]}
-    ).encode()
-    req = urllib.request.Request(
-        f"{server.http}/api/queues/db/messages",
-        data=body,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 201
-        return json.loads(r.read())["messages"]
-
-
 def receive(ws, n, timeout=10, ack=True):
     frames = []
     deadline = time.monotonic() + timeout
@@ -72,19 +58,19 @@ def receive(ws, n, timeout=10, ack=True):
 def test_a_subscriber_that_reconnects_gets_what_it_missed_then_live(server, owner_on_db):
     _, token = owner_on_db()
     with connect(f"{server.ws}?token={token}") as ws:
-        publish(server, token, 3)
+        publish_over_http(server, token, 3)
         assert [f["seq"] for f in receive(ws, 3)] == [1, 2, 3]
-    publish(server, token, 4, start=3)  # while away
+    publish_over_http(server, token, 4, start=3)  # while away
     with connect(f"{server.ws}?token={token}") as ws:
         assert [f["seq"] for f in receive(ws, 4)] == [4, 5, 6, 7]
-        publish(server, token, 1, start=7)
+        publish_over_http(server, token, 1, start=7)
         assert [f["seq"] for f in receive(ws, 1)] == [8]
     assert eventually(lambda: set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED})
 
 
 def test_an_ordered_queue_arrives_in_order_one_at_a_time(server, owner_on_db):
     _, token = owner_on_db(ordered=True)
-    publish(server, token, 5)
+    publish_over_http(server, token, 5)
     seqs = []
     with connect(f"{server.ws}?token={token}") as ws:
         for _ in range(5):
@@ -102,7 +88,7 @@ def test_two_connections_share_one_subscribers_deliveries(server, owner_on_db):
     _, token = owner_on_db()
     with connect(f"{server.ws}?token={token}") as a, connect(f"{server.ws}?token={token}") as b:
         time.sleep(0.2)
-        publish(server, token, 150)
+        publish_over_http(server, token, 150)
         got = {}
 
         def drain(name, ws):
@@ -120,7 +106,7 @@ def test_two_connections_share_one_subscribers_deliveries(server, owner_on_db):
 
 def test_a_killed_socket_returns_what_it_held_at_once(server, owner_on_db):
     _, token = owner_on_db()
-    publish(server, token, 5)
+    publish_over_http(server, token, 5)
     with contextlib.suppress(ConnectionClosed, OSError), connect(f"{server.ws}?token={token}") as ws:
         held = receive(ws, 5, ack=False)
         assert len(held) == 5
@@ -140,7 +126,7 @@ def test_two_daphne_processes_on_one_redis_deliver_to_a_subscriber_on_either(own
         with connect(f"{two.ws}?token={token}") as ws:
             time.sleep(6.5)  # idle past Redis's read timeout: the socket must stay open
             started = time.monotonic()
-            publish(one, token, 1)  # published through the other process
+            publish_over_http(one, token, 1)  # published through the other process
             (frame,) = receive(ws, 1, timeout=5)
             assert frame["seq"] == 1
             # woken through Redis, not by the 2 s safety-net timer
@@ -192,7 +178,7 @@ def test_a_burst_with_subscribers_dropping_mid_burst_loses_nothing(server, owner
         t.start()
     published = []
     for start in range(0, total, 50):
-        published += [m["id"] for m in publish(server, token, 50, start=start)]
+        published += [m["id"] for m in publish_over_http(server, token, 50, start=start)]
         time.sleep(0.02)
     stop.set()
     for t in threads:

@@ -52,7 +52,7 @@ def run(*args, stdin=None):
     return out.getvalue()
 
 
-def publish(queue, event, payload=None):
+def publish_event(queue, event, payload=None):
     return publishing.publish(queue, [publishing.prepare(event, payload)])[0][0]
 
 
@@ -91,7 +91,7 @@ def test_it_creates_a_queue_with_the_contract_defaults(db):
 
 def test_it_updates_only_the_settings_given_and_is_idempotent(db):
     run("createqueue", "audit", "--ordered", "--max-attempts", "3")
-    publish(Queue.objects.get(name="audit"), "create", {"a": 1})
+    publish_event(Queue.objects.get(name="audit"), "create", {"a": 1})
 
     out = run("createqueue", "AUDIT", "--ack-timeout", "9")
     again = run("createqueue", "audit", "--ack-timeout", "9")
@@ -251,7 +251,7 @@ def test_it_prints_a_working_token_alone_on_the_last_line_of_a_real_run(transact
     _user, subscriber = BearerTokenAuthentication().authenticate(request)
     assert subscriber.name == "cli-app"
     subscribing.subscribe(subscriber, db)
-    sent = publish(db, "create", {"hello": "cli"})
+    sent = publish_event(db, "create", {"hello": "cli"})
     leased = ledger.lease_deliveries(subscriber, limit=10)
     assert [(d["message_id"], d["payload"]) for d in leased] == [(sent["id"], {"hello": "cli"})]
     assert ledger.ack_deliveries(subscriber, [leased[0]["id"]]) == (1, [])
@@ -331,7 +331,10 @@ def listen(*args):
 
 def test_it_catches_up_oldest_first_and_acks_each(logger, db_queue):
     subscribing.subscribe(logger, db_queue)
-    sent = [publish(db_queue, event, {"n": i}) for i, event in enumerate(["create", "delete", "create", "x"])]
+    sent = [
+        publish_event(db_queue, event, {"n": i})
+        for i, event in enumerate(["create", "delete", "create", "x"])
+    ]
 
     got = listen("logger", "db", "--count", "3")
 
@@ -347,7 +350,7 @@ def test_it_catches_up_oldest_first_and_acks_each(logger, db_queue):
 def test_it_leaves_deliveries_in_flight_with_no_ack(logger, db_queue):
     subscribing.subscribe(logger, db_queue)
     for i in range(3):
-        publish(db_queue, "create", i)
+        publish_event(db_queue, "create", i)
 
     got = listen("logger", "db", "--count", "2", "--no-ack")
 
@@ -362,7 +365,7 @@ def test_it_walks_an_ordered_queue_by_acking(logger, make_queue):
     logger.subscribe_queues.add(audit)  # without the right it is owed nothing
     subscribing.subscribe(logger, audit)
     for i in range(3):
-        publish(audit, "create", i)
+        publish_event(audit, "create", i)
 
     # An ordered subscription hands out its head only: the third comes only if the acks work.
     got = listen("logger", "audit", "--count", "3")
@@ -377,8 +380,8 @@ def test_it_subscribes_first_and_waits_for_what_comes(logger, db_queue, monkeypa
     def publish_while_waiting(subscriber_id, since, timeout):
         waits.append(timeout)
         if len(waits) == 2:
-            publish(db_queue, "delete", "not this event")
-            publish(db_queue, "create", "this one")
+            publish_event(db_queue, "delete", "not this event")
+            publish_event(db_queue, "create", "this one")
         return False
 
     monkeypatch.setattr(wakeups, "wait", publish_while_waiting)
@@ -394,8 +397,8 @@ def test_it_subscribes_first_and_waits_for_what_comes(logger, db_queue, monkeypa
 
 def test_it_reuses_a_subscription_to_every_event(logger, db_queue):
     subscribing.subscribe(logger, db_queue)
-    publish(db_queue, "delete", 1)
-    publish(db_queue, "create", 2)
+    publish_event(db_queue, "delete", 1)
+    publish_event(db_queue, "create", 2)
 
     got = listen("logger", "db", "create", "--count", "1")
 
@@ -411,7 +414,7 @@ def test_it_reuses_a_subscription_to_every_event_for_an_event_never_published(lo
     def publish_later():
         time.sleep(0.5)  # listen is waiting by then, the event still unknown to the queue
         try:
-            publish(db_queue, "brandnew", 1)
+            publish_event(db_queue, "brandnew", 1)
         finally:
             connection.close()
 
@@ -428,7 +431,7 @@ def test_it_reuses_a_subscription_to_every_event_for_an_event_never_published(lo
 def test_it_never_shows_another_subscribers_deliveries(logger, peer, db_queue):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)
-    publish(db_queue, "create", 1)
+    publish_event(db_queue, "create", 1)
 
     got = listen("logger", "db", "--count", "1")
 
@@ -469,8 +472,8 @@ def test_it_listens_live_across_processes_and_stops_cleanly_on_sigterm(
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "listen did not subscribe"
             time.sleep(0.05)
-        publish(db, "delete", "skipped")
-        sent = publish(db, "create", {"live": True})
+        publish_event(db, "delete", "skipped")
+        sent = publish_event(db, "create", {"live": True})
 
         got = json.loads(lines.get(timeout=30))
 
@@ -499,7 +502,7 @@ def busy(logger, peer, make_queue, make_subscriber):
     subscribing.subscribe(peer, db, "create")
     subscribing.subscribe(make_subscriber("watcher"), fs, "change")
     for event in ("create", "create", "delete"):
-        publish(db, event)
+        publish_event(db, event)
     leased = ledger.lease_deliveries(logger, limit=2)  # seq 1, 2 in flight
     ledger.ack_deliveries(logger, [leased[0]["id"]])  # seq 1 acked
     ledger.kill_deliveries(Delivery.objects.filter(subscriber=peer, seq=2))
@@ -587,7 +590,7 @@ def settled(logger, peer, make_queue):
     subscribing.subscribe(logger, q)
     subscribing.subscribe(peer, q)
     for i in range(4):
-        publish(q, "run", i)
+        publish_event(q, "run", i)
     leased = ledger.lease_deliveries(logger, limit=3)
     ledger.ack_deliveries(logger, [leased[0]["id"]])
     ledger.nack_delivery(logger, leased[1]["id"])  # its last attempt: dead

@@ -9,7 +9,6 @@ import json
 import socket
 import threading
 import time
-import urllib.request
 from datetime import timedelta
 
 import pytest
@@ -30,10 +29,11 @@ from queues.models import Event, Message
 from subscribers import subscribing
 from subscribers.models import Connection, Subscription
 from tests.conftest import client_for
+from tests.support.http import post
 from tests.support.servers import eventually, start_daphne
 
 
-def publish(queue, n, event="create"):
+def publish_in_batches(queue, n, event="create"):
     for start in range(0, n, 1000):
         publishing.publish(
             queue, [publishing.prepare(event, {"n": i}) for i in range(start, min(start + 1000, n))]
@@ -59,8 +59,8 @@ def nack_world(logger, peer, db_queue, make_queue):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(logger, last)
     subscribing.subscribe(peer, db_queue)
-    publish(db_queue, 9000)
-    publish(last, 995)
+    publish_in_batches(db_queue, 9000)
+    publish_in_batches(last, 995)
     leased = lease_all(logger)
     acked = [d["id"] for d in leased if d["queue"] == "db"][:3]
     ledger.ack_deliveries(logger, acked)
@@ -121,7 +121,7 @@ def test_a_nack_waits_its_backoff_by_attempt_and_wakes_only_for_what_is_ready(
     woken = []
     monkeypatch.setattr(wakeups, "notify", lambda ids: woken.append(list(ids)))
     subscribing.subscribe(logger, db_queue)
-    publish(db_queue, 4)
+    publish_in_batches(db_queue, 4)
     ids = [d["id"] for d in lease_all(logger)]
     Delivery.objects.filter(id=ids[1]).update(attempt=2)
     Delivery.objects.filter(id=ids[2]).update(attempt=3)
@@ -135,7 +135,7 @@ def test_a_nack_waits_its_backoff_by_attempt_and_wakes_only_for_what_is_ready(
     }
     assert [waits[i] for i in ids] == [1.0, 2.0, 4.0, 5.0]  # 1, 2, 4, then the cap
     assert woken == []  # nothing is ready now
-    publish(db_queue, 1)
+    publish_in_batches(db_queue, 1)
     (fresh,) = lease_all(logger)
     with django_capture_on_commit_callbacks(execute=True):
         ledger.nack_deliveries(logger, [fresh["id"]], retry_in=0)
@@ -144,7 +144,7 @@ def test_a_nack_waits_its_backoff_by_attempt_and_wakes_only_for_what_is_ready(
     ordered = make_queue("ordered", ordered=True, max_attempts=1)
     logger.subscribe_queues.add(ordered)
     subscribing.subscribe(logger, ordered)
-    publish(ordered, 2)
+    publish_in_batches(ordered, 2)
     (head,) = ledger.lease_deliveries(logger, limit=10, queue=ordered)
     with django_capture_on_commit_callbacks(execute=True):
         nacked = ledger.nack_deliveries(logger, [head["id"]])
@@ -153,7 +153,7 @@ def test_a_nack_waits_its_backoff_by_attempt_and_wakes_only_for_what_is_ready(
 
 def test_the_rest_nack_keeps_its_answers(logger, peer, db_queue):
     subscribing.subscribe(logger, db_queue)
-    publish(db_queue, 2)
+    publish_in_batches(db_queue, 2)
     first, second = lease_all(logger)
     client = client_for(logger)
     r = client.post(f"/api/deliveries/{first['id']}/nack", {"retry_in": 7}, format="json")
@@ -252,16 +252,6 @@ def test_new_event_names_past_the_hourly_cap_are_a_429_and_nothing_is_written(lo
 # --- against real Daphne processes --------------------------------------------------------------
 
 
-def post(server, token, path, body):
-    req = urllib.request.Request(
-        f"{server.http}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.status, json.loads(r.read())
-
-
 def frames_until(ws, stop, timeout=10):
     """Every frame up to and including the first for which stop(frame) holds."""
     got, deadline = [], time.monotonic() + timeout
@@ -327,7 +317,7 @@ def test_a_flooding_socket_is_refused_then_closed_while_another_keeps_receiving(
                 t.start()
             for n in range(10):
                 sent = time.monotonic()
-                post(web, logger.token, "/api/queues/db/messages", {"event": "e", "payload": n})
+                post(web, logger.token, "/api/queues/db/messages", {"event": "e", "payload": n}, timeout=10)
                 frame = json.loads(calm.recv(timeout=5))
                 latencies.append(time.monotonic() - sent)
                 assert frame["type"] == "message" and frame["payload"] == n
@@ -483,7 +473,12 @@ def test_a_publish_body_bomb_is_refused_before_it_is_parsed(logger, db_queue, ca
     the server's memory barely moves, and a full batch of ordinary messages is still taken."""
     web = start_daphne()
     try:
-        assert post(web, logger.token, "/api/queues/db/messages", {"event": "create", "payload": 1})[0] == 201
+        assert (
+            post(web, logger.token, "/api/queues/db/messages", {"event": "create", "payload": 1}, timeout=10)[
+                0
+            ]
+            == 201
+        )
         before = web.rss_bytes()
         text = json.dumps({"event": "create", "payload": "x" * (2 << 20)}).encode()
         bombs = {
@@ -510,9 +505,9 @@ def test_a_publish_body_bomb_is_refused_before_it_is_parsed(logger, db_queue, ca
         # an ordinary full batch is taken: 1000 messages of 3 KB, one at the payload limit
         batch = [{"event": "create", "payload": "x" * 3000} for _ in range(999)]
         batch.append({"event": "create", "payload": "y" * (262144 - 2)})
-        status, answer = post(web, logger.token, "/api/queues/db/messages", {"messages": batch})
+        status, answer = post(web, logger.token, "/api/queues/db/messages", {"messages": batch}, timeout=10)
         assert status == 201 and len(answer["messages"]) == 1000
         single = {"event": "create", "payload": "é" * 131071}  # at the limit, sent as \u00e9: 786 KB
-        assert post(web, logger.token, "/api/queues/db/messages", single)[0] == 201
+        assert post(web, logger.token, "/api/queues/db/messages", single, timeout=10)[0] == 201
     finally:
         web.stop()

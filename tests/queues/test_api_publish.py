@@ -8,10 +8,7 @@ from django.test import override_settings
 from delivery.models import Delivery, Status
 from queues.models import Event, Message
 from tests.conftest import client_for
-
-
-def publish(who, body, queue="db"):
-    return client_for(who).post(f"/api/queues/{queue}/messages", body, format="json")
+from tests.support.rest import post_messages
 
 
 @pytest.fixture
@@ -24,7 +21,7 @@ def subscribed(logger, peer):
 
 def test_it_answers_201_with_the_message_and_its_fan_out(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"event": "create", "payload": {"id": 7, "name": "Ann"}})
+    r = post_messages(logger, {"event": "create", "payload": {"id": 7, "name": "Ann"}})
     assert r.status_code == 201
     body = r.json()
     assert set(body) == {"id", "queue", "event", "seq", "deliveries", "created_at"}
@@ -37,7 +34,7 @@ def test_it_answers_201_with_the_message_and_its_fan_out(subscribed):
 
 def test_it_fans_out_only_to_matching_events(subscribed):
     logger, peer = subscribed
-    r = publish(logger, {"event": "delete", "payload": 1})
+    r = post_messages(logger, {"event": "delete", "payload": 1})
     assert r.json()["deliveries"] == 1
     assert list(Delivery.objects.values_list("subscriber__name", flat=True)) == ["peer"]
 
@@ -47,7 +44,7 @@ def test_it_fans_out_only_to_matching_events(subscribed):
 )
 def test_it_keeps_any_json_payload_as_given(subscribed, payload):
     logger, _ = subscribed
-    r = publish(logger, {"event": "create", "payload": payload})
+    r = post_messages(logger, {"event": "create", "payload": payload})
     assert r.status_code == 201
     leased = client_for(logger).get("/api/deliveries").json()["deliveries"]
     assert leased[0]["payload"] == payload
@@ -56,17 +53,17 @@ def test_it_keeps_any_json_payload_as_given(subscribed, payload):
 def test_it_numbers_messages_in_order_per_queue(subscribed, make_queue):
     logger, _ = subscribed
     make_queue("network")
-    seqs = [publish(logger, {"event": "create", "payload": i}).json()["seq"] for i in range(3)]
+    seqs = [post_messages(logger, {"event": "create", "payload": i}).json()["seq"] for i in range(3)]
     assert seqs == [1, 2, 3]
     r = client_for(logger).post("/api/queues/network/messages", {"event": "up", "payload": 1}, format="json")
     assert r.status_code == 403  # logger may not publish to network
-    r = publish(logger, {"event": "create", "payload": 4})
+    r = post_messages(logger, {"event": "create", "payload": 4})
     assert r.json()["seq"] == 4
 
 
 def test_it_lower_cases_names(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"event": "CREATE", "payload": 1}, queue="DB")
+    r = post_messages(logger, {"event": "CREATE", "payload": 1}, queue="DB")
     assert r.status_code == 201
     assert r.json()["queue"] == "db" and r.json()["event"] == "create"
 
@@ -74,7 +71,7 @@ def test_it_lower_cases_names(subscribed):
 def test_a_batch_is_published_in_order(subscribed):
     logger, _ = subscribed
     messages = [{"event": "create", "payload": i} for i in range(5)] + [{"event": "delete", "payload": "x"}]
-    r = publish(logger, {"messages": messages})
+    r = post_messages(logger, {"messages": messages})
     assert r.status_code == 201
     answers = r.json()["messages"]
     assert [a["seq"] for a in answers] == [1, 2, 3, 4, 5, 6]
@@ -85,7 +82,7 @@ def test_a_batch_is_published_in_order(subscribed):
 
 def test_a_batch_with_one_bad_message_publishes_nothing(subscribed):
     logger, _ = subscribed
-    r = publish(
+    r = post_messages(
         logger, {"messages": [{"event": "create", "payload": 1}, {"event": "bad name!", "payload": 2}]}
     )
     assert r.status_code == 400
@@ -95,7 +92,9 @@ def test_a_batch_with_one_bad_message_publishes_nothing(subscribed):
 
 def test_a_batch_with_a_messages_fields_beside_it_is_a_400_and_publishes_nothing(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"messages": [{"event": "create", "payload": 1}], "event": "create", "payload": 2})
+    r = post_messages(
+        logger, {"messages": [{"event": "create", "payload": 1}], "event": "create", "payload": 2}
+    )
     assert r.status_code == 400
     assert set(r.json()) >= {"event", "payload"}
     assert Message.objects.count() == 0
@@ -103,20 +102,20 @@ def test_a_batch_with_a_messages_fields_beside_it_is_a_400_and_publishes_nothing
 
 def test_a_batch_has_at_most_1000_messages_and_at_least_one(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"messages": [{"event": "create", "payload": i} for i in range(1001)]})
+    r = post_messages(logger, {"messages": [{"event": "create", "payload": i} for i in range(1001)]})
     assert r.status_code == 400
-    r = publish(logger, {"messages": []})
+    r = post_messages(logger, {"messages": []})
     assert r.status_code == 400
-    r = publish(logger, {"messages": [{"event": "create", "payload": i} for i in range(1000)]})
+    r = post_messages(logger, {"messages": [{"event": "create", "payload": i} for i in range(1000)]})
     assert r.status_code == 201 and len(r.json()["messages"]) == 1000
     assert Message.objects.count() == 1000
 
 
 def test_the_same_key_answers_200_with_the_first_message_and_delivers_nothing_new(subscribed):
     logger, peer = subscribed
-    first = publish(logger, {"event": "create", "payload": 1, "key": "order-42"})
+    first = post_messages(logger, {"event": "create", "payload": 1, "key": "order-42"})
     assert first.status_code == 201
-    again = publish(peer, {"event": "create", "payload": 2, "key": "order-42"})
+    again = post_messages(peer, {"event": "create", "payload": 2, "key": "order-42"})
     assert again.status_code == 200
     assert again.json() == first.json()
     assert Message.objects.count() == 1 and Delivery.objects.count() == 2
@@ -125,7 +124,7 @@ def test_the_same_key_answers_200_with_the_first_message_and_delivers_nothing_ne
 def test_keys_are_per_queue(subscribed, make_queue):
     logger, _ = subscribed
     make_queue("fs")
-    assert publish(logger, {"event": "create", "payload": 1, "key": "k"}).status_code == 201
+    assert post_messages(logger, {"event": "create", "payload": 1, "key": "k"}).status_code == 201
     r = client_for(logger).post(
         "/api/queues/fs/messages", {"event": "x", "payload": 1, "key": "k"}, format="json"
     )
@@ -140,8 +139,8 @@ def test_keys_are_per_queue(subscribed, make_queue):
 
 def test_keys_repeat_inside_a_batch_and_across_batches(subscribed):
     logger, _ = subscribed
-    publish(logger, {"event": "create", "payload": 0, "key": "a"})
-    r = publish(
+    post_messages(logger, {"event": "create", "payload": 0, "key": "a"})
+    r = post_messages(
         logger,
         {
             "messages": [
@@ -184,7 +183,7 @@ def test_an_operator_may_publish_to_any_queue(operator_client, db_queue):
 )
 def test_malformed_messages_get_400_with_words(subscribed, body):
     logger, _ = subscribed
-    r = publish(logger, body)
+    r = post_messages(logger, body)
     assert r.status_code == 400, r.content
     assert r.json()  # names the problem
     assert Message.objects.count() == 0
@@ -216,19 +215,19 @@ def test_deeply_nested_json_gets_400(logger):
 @override_settings(MQ_MAX_PAYLOAD_BYTES=100)
 def test_a_payload_over_the_limit_gets_413(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"event": "create", "payload": "x" * 99})  # 101 bytes of JSON with quotes
+    r = post_messages(logger, {"event": "create", "payload": "x" * 99})  # 101 bytes of JSON with quotes
     assert r.status_code == 413
     assert "limit" in r.json()["detail"]
-    r = publish(logger, {"event": "create", "payload": "x" * 98})  # exactly 100 bytes
+    r = post_messages(logger, {"event": "create", "payload": "x" * 98})  # exactly 100 bytes
     assert r.status_code == 201
 
 
 @override_settings(MQ_MAX_PAYLOAD_BYTES=100)
 def test_payload_size_counts_utf8_bytes(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"event": "create", "payload": "é" * 49})  # 98 bytes + 2 quotes
+    r = post_messages(logger, {"event": "create", "payload": "é" * 49})  # 98 bytes + 2 quotes
     assert r.status_code == 201
-    r = publish(logger, {"event": "create", "payload": "é" * 50})
+    r = post_messages(logger, {"event": "create", "payload": "é" * 50})
     assert r.status_code == 413
 
 
@@ -241,7 +240,7 @@ def test_a_body_over_the_limit_gets_413_before_parsing(logger):
 
 def test_an_unknown_queue_is_404_whatever_the_permissions(logger, outsider):
     for who in (logger, outsider):
-        r = publish(who, {"event": "create", "payload": 1}, queue="nope")
+        r = post_messages(who, {"event": "create", "payload": 1}, queue="nope")
         assert r.status_code == 404
         assert "nope" in r.json()["detail"]
 
@@ -267,14 +266,14 @@ def test_a_body_that_is_not_json_is_400_whatever_its_declared_type(logger, db_qu
 
 
 def test_a_queue_name_that_breaks_the_naming_rule_is_400_not_404(logger):
-    r = publish(logger, {"event": "create", "payload": 1}, queue="Bad!name")
+    r = post_messages(logger, {"event": "create", "payload": 1}, queue="Bad!name")
     assert r.status_code == 400
     assert "is not valid" in r.json()["queue"][0]
     assert Message.objects.count() == 0
 
 
 def test_a_subscriber_without_publish_rights_gets_403(outsider, db_queue):
-    r = publish(outsider, {"event": "create", "payload": 1})
+    r = post_messages(outsider, {"event": "create", "payload": 1})
     assert r.status_code == 403
     assert Message.objects.count() == 0
 
@@ -343,7 +342,7 @@ def test_a_publish_to_an_event_deleted_since_it_was_last_used_makes_it_again(db_
 class TestQueueList:
     def test_a_subscriber_sees_the_queues_it_may_use(self, logger, make_queue):
         make_queue("secret")
-        publish(logger, {"event": "create", "payload": 1})
+        post_messages(logger, {"event": "create", "payload": 1})
         r = client_for(logger).get("/api/queues")
         assert r.status_code == 200
         queues = r.json()["queues"]

@@ -24,6 +24,7 @@ from subscribers.provisioning import create_subscriber
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.conftest import client_for
 from tests.support.receivers import Receiver
+from tests.support.rest import post_messages
 
 pytestmark = pytest.mark.django_db
 
@@ -44,11 +45,7 @@ DELIVERY_FIELDS = {
 }
 
 
-def publish(who, body, queue="db"):
-    return client_for(who).post(f"/api/queues/{queue}/messages", body, format="json")
-
-
-def pull(who):
+def pull_answer(who):
     r = client_for(who).get("/api/deliveries?limit=100")
     assert r.status_code == 200, r.content
     return r
@@ -66,7 +63,7 @@ def subscribed(logger, peer, db_queue):
 
 def test_headers_published_over_rest_come_back_on_the_pull_exactly_as_sent(subscribed):
     logger, peer = subscribed
-    r = publish(logger, {"event": "create", "payload": {"id": 7}, "headers": HEADERS})
+    r = post_messages(logger, {"event": "create", "payload": {"id": 7}, "headers": HEADERS})
     assert r.status_code == 201, r.content
     assert set(r.json()) == {
         "id",
@@ -81,7 +78,7 @@ def test_headers_published_over_rest_come_back_on_the_pull_exactly_as_sent(subsc
     assert json.loads(message.headers_json) == HEADERS
     assert list(json.loads(message.headers_json)) == list(HEADERS)  # in the order sent
 
-    raw = pull(peer)
+    raw = pull_answer(peer)
     (delivery,) = raw.json()["deliveries"]
     assert delivery["headers"] == HEADERS and set(delivery) == DELIVERY_FIELDS | {"headers"}
     assert f'"traceparent":"{TRACEPARENT}"' in raw.content.decode().replace(" ", "")
@@ -97,12 +94,12 @@ def test_a_batch_carries_each_messages_own_headers(subscribed):
             {"event": "delete", "payload": 3, "headers": {"tenant": "b"}, "key": "k-3"},
         ]
     }
-    r = publish(logger, body)
+    r = post_messages(logger, body)
     assert r.status_code == 201, r.content
 
     stored = list(Message.objects.order_by("seq").values_list("headers_json", flat=True))
     assert stored == [json.dumps({"traceparent": TRACEPARENT}, separators=(",", ":")), None, '{"tenant":"b"}']
-    pulled = pull(peer).json()["deliveries"]
+    pulled = pull_answer(peer).json()["deliveries"]
     assert [d.get("headers") for d in pulled] == [{"traceparent": TRACEPARENT}, None, {"tenant": "b"}]
     assert "headers" not in pulled[1]
 
@@ -111,11 +108,11 @@ def test_a_batch_carries_each_messages_own_headers(subscribed):
 def test_a_message_without_headers_stores_none_and_its_delivery_has_no_headers_key(subscribed, none):
     logger, peer = subscribed
     body = {"event": "create", "payload": 1} | ({"headers": none} if none is not None else {})
-    assert publish(logger, body).status_code == 201
-    assert publish(logger, {"event": "create", "payload": 2, "headers": None}).status_code == 201
+    assert post_messages(logger, body).status_code == 201
+    assert post_messages(logger, {"event": "create", "payload": 2, "headers": None}).status_code == 201
 
     assert list(Message.objects.values_list("headers_json", flat=True)) == [None, None]
-    for delivery in pull(peer).json()["deliveries"]:
+    for delivery in pull_answer(peer).json()["deliveries"]:
         assert set(delivery) == DELIVERY_FIELDS
 
 
@@ -126,20 +123,20 @@ def test_the_limits_themselves_are_accepted(subscribed):
     full = {"a": "x", "b" * 64: "é" * ((8192 - 1 - 1 - 64) // 2)}
     assert sum(len(k) + len(v.encode()) for k, v in full.items()) == 8192
     for headers in (many, full, {"empty": ""}, {"A-Z.a_z-0.9": "=:; ,\"'\\/\n\t"}):
-        r = publish(logger, {"event": "create", "payload": None, "headers": headers})
+        r = post_messages(logger, {"event": "create", "payload": None, "headers": headers})
         assert r.status_code == 201, r.content
-    assert [d["headers"] for d in pull(peer).json()["deliveries"]][:2] == [many, full]
+    assert [d["headers"] for d in pull_answer(peer).json()["deliveries"]][:2] == [many, full]
 
 
 def test_a_republish_with_the_same_key_answers_the_first_message_and_keeps_its_headers(subscribed):
     logger, peer = subscribed
-    first = publish(logger, {"event": "create", "payload": 1, "key": "k", "headers": {"v": "1"}})
-    again = publish(logger, {"event": "create", "payload": 1, "key": "k", "headers": {"v": "2"}})
+    first = post_messages(logger, {"event": "create", "payload": 1, "key": "k", "headers": {"v": "1"}})
+    again = post_messages(logger, {"event": "create", "payload": 1, "key": "k", "headers": {"v": "2"}})
 
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["id"] == first.json()["id"]
     assert list(Message.objects.values_list("headers_json", flat=True)) == ['{"v":"1"}']
-    assert [d["headers"] for d in pull(peer).json()["deliveries"]] == [{"v": "1"}]
+    assert [d["headers"] for d in pull_answer(peer).json()["deliveries"]] == [{"v": "1"}]
 
 
 BAD_HEADERS = [
@@ -166,7 +163,7 @@ BAD_HEADERS = [
 @pytest.mark.parametrize(("headers", "words"), BAD_HEADERS)
 def test_bad_headers_are_a_400_naming_the_field_and_nothing_is_written(subscribed, headers, words):
     logger, peer = subscribed
-    r = publish(logger, {"event": "create", "payload": 1, "headers": headers})
+    r = post_messages(logger, {"event": "create", "payload": 1, "headers": headers})
 
     assert r.status_code == 400, r.content
     assert list(r.json()) == ["headers"] and words in r.json()["headers"][0]
@@ -179,7 +176,7 @@ def test_a_batch_with_one_bad_headers_is_a_400_naming_its_index_and_publishes_no
 ):
     logger, _ = subscribed
     good = {"event": "create", "payload": 1, "headers": {"ok": "yes"}}
-    r = publish(logger, {"messages": [good, {**good, "headers": headers}, good]})
+    r = post_messages(logger, {"messages": [good, {**good, "headers": headers}, good]})
 
     assert r.status_code == 400, r.content
     assert list(r.json()) == ["messages"] and list(r.json()["messages"]) == ["1"]  # messages[1] ...
@@ -198,7 +195,7 @@ def test_a_lone_surrogate_in_a_value_is_a_400(subscribed):
 
 def test_headers_beside_a_batchs_messages_are_refused_not_dropped(subscribed):
     logger, _ = subscribed
-    r = publish(logger, {"messages": [{"event": "create", "payload": 1}], "headers": {"a": "b"}})
+    r = post_messages(logger, {"messages": [{"event": "create", "payload": 1}], "headers": {"a": "b"}})
     assert r.status_code == 400 and "headers" in r.json(), r.content
     assert Message.objects.count() == 0
 
@@ -294,7 +291,7 @@ def test_the_publish_command_takes_repeated_headers(subscribed):
     message = Message.objects.get()
     assert answer["id"] == message.pk
     assert json.loads(message.headers_json) == {"traceparent": TRACEPARENT, "q": "a=b"}
-    assert pull(peer).json()["deliveries"][0]["headers"] == {"traceparent": TRACEPARENT, "q": "a=b"}
+    assert pull_answer(peer).json()["deliveries"][0]["headers"] == {"traceparent": TRACEPARENT, "q": "a=b"}
 
 
 @pytest.mark.parametrize(

@@ -22,15 +22,12 @@ from django.utils import timezone
 
 from delivery import ledger, reports
 from delivery.models import Delivery, Status
-from queues import publishing
 from queues.models import Message
 from subscribers import replay, subscribing
 from subscribers.models import Subscription
 from tests.conftest import client_for
-
-
-def publish(queue, n, event="create", start=0):
-    return publishing.publish(queue, [publishing.prepare(event, {"n": start + i}) for i in range(n)])
+from tests.support.publish import publish
+from tests.support.rest import pull
 
 
 def subscribe(who, body):
@@ -41,10 +38,8 @@ def seek(who, subscription_id, body):
     return client_for(who).post(f"/api/subscriptions/{subscription_id}/seek", body, format="json")
 
 
-def pull(who, limit=1000):
-    r = client_for(who).get(f"/api/deliveries?limit={limit}")
-    assert r.status_code == 200, r.content
-    return r.json()["deliveries"]
+def pull_all(who, limit=1000):
+    return pull(who, f"?limit={limit}")
 
 
 def ack(who, ids):
@@ -92,7 +87,7 @@ def test_from_all_owes_every_message_in_seq_order_and_a_pull_gives_them_oldest_f
     )
     assert ids == sorted(ids)
     publish(db_queue, 1, start=5)  # and it owes what comes next
-    pulled = pull(logger)
+    pulled = pull_all(logger)
     assert [d["seq"] for d in pulled] == [1, 2, 3, 4, 5, 6]
     assert [d["payload"] for d in pulled] == [{"n": i} for i in range(6)]
     assert all(d["attempt"] == 1 for d in pulled)
@@ -103,7 +98,7 @@ def test_from_a_seq_owes_that_message_and_those_after_it(logger, db_queue):
     r = subscribe(logger, {"queue": "db", "from": {"seq": 7}})
     assert r.status_code == 201
     assert r.json()["replay"] == {"from_seq": 7, "deliveries": 4}
-    assert [d["seq"] for d in pull(logger)] == [7, 8, 9, 10]
+    assert [d["seq"] for d in pull_all(logger)] == [7, 8, 9, 10]
 
 
 def test_from_a_time_owes_what_was_published_at_or_after_it(logger, db_queue):
@@ -115,7 +110,7 @@ def test_from_a_time_owes_what_was_published_at_or_after_it(logger, db_queue):
     r = subscribe(logger, {"queue": "db", "from": {"time": hour_ago.isoformat()}})
     assert r.status_code == 201
     assert r.json()["replay"] == {"from_seq": 3, "deliveries": 3}
-    assert [d["seq"] for d in pull(logger)] == [3, 4, 5]
+    assert [d["seq"] for d in pull_all(logger)] == [3, 4, 5]
 
 
 def test_a_time_without_an_offset_is_utc_and_z_works_too(logger, peer, db_queue):
@@ -159,11 +154,11 @@ def test_a_subscription_to_one_event_replays_only_that_event(logger, peer, db_qu
     publish(db_queue, 1, event="create", start=4)
     r = subscribe(logger, {"queue": "db", "event": "create", "from": "all"})
     assert r.json()["replay"] == {"from_seq": 1, "deliveries": 3}
-    assert [(d["seq"], d["event"]) for d in pull(logger)] == [(1, "create"), (2, "create"), (5, "create")]
+    assert [(d["seq"], d["event"]) for d in pull_all(logger)] == [(1, "create"), (2, "create"), (5, "create")]
     # a subscription to every event replays them all
     r = subscribe(peer, {"queue": "db", "from": {"seq": 2}})
     assert r.json()["replay"] == {"from_seq": 2, "deliveries": 4}
-    assert [d["seq"] for d in pull(peer)] == [2, 3, 4, 5]
+    assert [d["seq"] for d in pull_all(peer)] == [2, 3, 4, 5]
 
 
 def test_replay_reaches_back_as_far_as_the_hot_tables_and_says_from_where(logger, peer, db_queue):
@@ -173,7 +168,7 @@ def test_replay_reaches_back_as_far_as_the_hot_tables_and_says_from_where(logger
     assert r.json()["replay"] == {"from_seq": 5, "deliveries": 6}
     r = subscribe(peer, {"queue": "db", "from": "all"})
     assert r.json()["replay"] == {"from_seq": 5, "deliveries": 6}
-    assert [d["seq"] for d in pull(logger)] == [5, 6, 7, 8, 9, 10]
+    assert [d["seq"] for d in pull_all(logger)] == [5, 6, 7, 8, 9, 10]
 
 
 def test_all_of_a_queue_with_nothing_left_starts_after_its_last_seq(logger, db_queue):
@@ -187,7 +182,7 @@ def test_the_same_subscription_again_with_from_replays_nothing(logger, db_queue)
     # A client sends its subscribe again at each reconnect: it must not get its history again.
     first = subscribe(logger, {"queue": "db", "from": "all"}).json()
     publish(db_queue, 3)
-    ack(logger, [d["id"] for d in pull(logger)])
+    ack(logger, [d["id"] for d in pull_all(logger)])
     again = subscribe(logger, {"queue": "db", "from": "all"})
     assert again.status_code == 200
     assert again.json() == {**first, "replay": {"from_seq": None, "deliveries": 0}}
@@ -210,7 +205,7 @@ def test_a_replay_that_overlaps_live_publishes_owes_each_message_once(logger, db
 def test_a_seek_hands_acked_messages_out_again_with_the_same_ids_and_a_new_attempt(logger, db_queue):
     sub = subscribe(logger, {"queue": "db"}).json()
     publish(db_queue, 5)
-    first = pull(logger)
+    first = pull_all(logger)
     ack(logger, [d["id"] for d in first])
     assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
 
@@ -222,7 +217,7 @@ def test_a_seek_hands_acked_messages_out_again_with_the_same_ids_and_a_new_attem
     assert set(reopened.values_list("acked_at", flat=True)) == {None}
     assert set(Delivery.objects.filter(seq__lt=3).values_list("status", flat=True)) == {Status.ACKED}
 
-    again = pull(logger)
+    again = pull_all(logger)
     assert [(d["id"], d["seq"]) for d in again] == [(d["id"], d["seq"]) for d in first[2:]]
     assert [d["attempt"] for d in again] == [2, 2, 2]
     ack(logger, [d["id"] for d in again])
@@ -236,7 +231,7 @@ def test_a_seek_by_time_adds_what_the_subscription_never_had(logger, db_queue):
     Message.objects.filter(seq=1).update(created_at=timezone.now() - timedelta(days=2))
     r = seek(logger, sub["id"], {"time": (timezone.now() - timedelta(days=1)).isoformat()})
     assert r.json()["replay"] == {"from_seq": 2, "deliveries": 2}
-    assert [d["seq"] for d in pull(logger)] == [2, 3, 4, 5]
+    assert [d["seq"] for d in pull_all(logger)] == [2, 3, 4, 5]
 
 
 def test_a_seek_leaves_in_flight_ones_alone_and_makes_dead_ones_pending_with_a_fresh_count(logger, db_queue):
@@ -244,7 +239,7 @@ def test_a_seek_leaves_in_flight_ones_alone_and_makes_dead_ones_pending_with_a_f
     db_queue.save()
     sub = subscribe(logger, {"queue": "db"}).json()
     publish(db_queue, 3)
-    one, two, three = pull(logger)
+    one, two, three = pull_all(logger)
     ack(logger, [one["id"]])
     ledger.nack_deliveries(logger, [two["id"]])  # its last attempt: dead
     assert Delivery.objects.get(pk=two["id"]).status == Status.DEAD
@@ -254,13 +249,13 @@ def test_a_seek_leaves_in_flight_ones_alone_and_makes_dead_ones_pending_with_a_f
     assert rows[one["id"]].status == Status.PENDING and rows[one["id"]].attempt == 1
     assert rows[two["id"]].status == Status.PENDING and rows[two["id"]].attempt == 0
     assert rows[three["id"]].status == Status.INFLIGHT  # left to be acked or to expire
-    assert [(d["id"], d["attempt"]) for d in pull(logger)] == [(one["id"], 2), (two["id"], 1)]
+    assert [(d["id"], d["attempt"]) for d in pull_all(logger)] == [(one["id"], 2), (two["id"], 1)]
 
 
 def test_a_seek_of_another_subscribers_subscription_is_404_and_moves_nothing(logger, peer, db_queue):
     theirs = subscribe(peer, {"queue": "db"}).json()
     publish(db_queue, 2)
-    ack(peer, [d["id"] for d in pull(peer)])
+    ack(peer, [d["id"] for d in pull_all(peer)])
     for pk in (theirs["id"], 999999, 2**70):
         assert seek(logger, pk, {"seq": 1}).status_code == 404
     assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
@@ -269,7 +264,7 @@ def test_a_seek_of_another_subscribers_subscription_is_404_and_moves_nothing(log
 def test_a_seek_needs_the_right_to_subscribe_still(logger, db_queue):
     sub = subscribe(logger, {"queue": "db"}).json()
     publish(db_queue, 2)
-    ack(logger, [d["id"] for d in pull(logger)])
+    ack(logger, [d["id"] for d in pull_all(logger)])
     logger.subscribe_queues.clear()
     assert seek(logger, sub["id"], {"seq": 1}).status_code == 403
     assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
@@ -298,7 +293,7 @@ def test_a_seek_needs_the_right_to_subscribe_still(logger, db_queue):
 def test_a_bad_seek_is_400_and_moves_nothing(logger, db_queue, body):
     sub = subscribe(logger, {"queue": "db"}).json()
     publish(db_queue, 2)
-    ack(logger, [d["id"] for d in pull(logger)])
+    ack(logger, [d["id"] for d in pull_all(logger)])
     r = seek(logger, sub["id"], body)
     assert r.status_code == 400, (body, r.content)
     assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
@@ -354,21 +349,21 @@ def test_a_replay_on_an_ordered_queue_goes_in_seq_order_one_at_a_time_behind_one
     sub = subscribe(logger, {"queue": "db"}).json()
     publish(db_queue, 3)
     for _ in range(2):  # seq 1 and 2 are processed
-        (d,) = pull(logger)
+        (d,) = pull_all(logger)
         ack(logger, [d["id"]])
-    (in_flight,) = pull(logger)  # seq 3 is in flight
+    (in_flight,) = pull_all(logger)  # seq 3 is in flight
     assert in_flight["seq"] == 3
     publish(db_queue, 1, start=3)
 
     r = seek(logger, sub["id"], {"seq": 1})
     assert r.json()["replay"] == {"from_seq": 1, "deliveries": 2}
     # nothing more while seq 3 is in flight, though seq 1 and 2 are owed again before it
-    assert pull(logger) == []
+    assert pull_all(logger) == []
     ack(logger, [in_flight["id"]])
     seen = []
-    while leased := pull(logger):
+    while leased := pull_all(logger):
         assert len(leased) == 1  # one at a time
-        assert pull(logger) == []  # and nothing else while it is in flight
+        assert pull_all(logger) == []  # and nothing else while it is in flight
         seen.append(leased[0]["seq"])
         ack(logger, [leased[0]["id"]])
     assert seen == [1, 2, 4]
@@ -380,8 +375,8 @@ def test_the_head_of_line_is_the_one_in_flight_when_a_seek_reopened_seqs_behind_
     sub = subscribe(logger, {"queue": "db"}).json()
     publish(db_queue, 3)
     for _ in range(2):
-        ack(logger, [d["id"] for d in pull(logger)])
-    (in_flight,) = pull(logger)
+        ack(logger, [d["id"] for d in pull_all(logger)])
+    (in_flight,) = pull_all(logger)
     seek(logger, sub["id"], {"seq": 1})
     assert reports.head_of(sub["id"]).pk == in_flight["id"]
     (head,) = reports.blocked_heads()
@@ -396,7 +391,7 @@ def test_a_new_subscription_from_all_on_an_ordered_queue_is_handed_out_in_seq_or
     subscribe(logger, {"queue": "db", "from": "all"})
     publish(db_queue, 1, start=4)
     seen = []
-    while leased := pull(logger):
+    while leased := pull_all(logger):
         assert len(leased) == 1
         seen.append(leased[0]["seq"])
         ack(logger, [leased[0]["id"]])
@@ -602,7 +597,7 @@ def staff(operator):
 def test_the_admin_asks_where_from_then_replays_the_selected_subscriptions(staff, operator, logger, db_queue):
     sub, _ = subscribing.subscribe(logger, db_queue)
     publish(db_queue, 4)
-    first = pull(logger)
+    first = pull_all(logger)
     ack(logger, [d["id"] for d in first])
 
     asked = _replay_action(staff, [sub])
@@ -616,7 +611,7 @@ def test_the_admin_asks_where_from_then_replays_the_selected_subscriptions(staff
 
     done = _replay_action(staff, [sub], start="3")
     assert "replayed from seq 3: 2 deliveries owed again" in done.content.decode()
-    assert [(d["id"], d["attempt"]) for d in pull(logger)] == [(d["id"], 2) for d in first[2:]]
+    assert [(d["id"], d["attempt"]) for d in pull_all(logger)] == [(d["id"], 2) for d in first[2:]]
     entry = LogEntry.objects.get(object_id=str(sub.pk))
     assert entry.user == operator and "replayed from seq 3" in entry.get_change_message()
 
@@ -624,7 +619,7 @@ def test_the_admin_asks_where_from_then_replays_the_selected_subscriptions(staff
 def test_the_admin_replay_needs_the_right_to_change_deliveries(django_user_model, logger, db_queue):
     sub, _ = subscribing.subscribe(logger, db_queue)
     publish(db_queue, 1)
-    ack(logger, [d["id"] for d in pull(logger)])
+    ack(logger, [d["id"] for d in pull_all(logger)])
     viewer = django_user_model.objects.create_user("viewer", password="pw-viewer-1", is_staff=True)
     viewer.user_permissions.add(
         *Permission.objects.filter(codename__in=["view_subscription", "view_delivery"])

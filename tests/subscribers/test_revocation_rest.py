@@ -24,29 +24,29 @@ def _no_failures_counted():
     counters().clear()
 
 
-def pull(client):
+def get_deliveries(client):
     return client.get("/api/deliveries")
 
 
 def test_a_rotated_token_is_refused_at_once_and_the_new_one_works(logger, db_queue):
     client = client_for(logger)
-    assert pull(client).status_code == 200
+    assert get_deliveries(client).status_code == 200
     _, new_token, _, _ = provision_subscriber("logger", publish=["db"], subscribe=["db"], update=True)
-    assert pull(client).status_code == 401
+    assert get_deliveries(client).status_code == 401
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {new_token}")
-    assert pull(client).status_code == 200
+    assert get_deliveries(client).status_code == 200
 
 
 @pytest.mark.parametrize("change", ["deactivate", "delete"])
 def test_a_deactivated_or_deleted_subscriber_is_refused_at_once(logger, change):
     client = client_for(logger)
-    assert pull(client).status_code == 200
+    assert get_deliveries(client).status_code == 200
     if change == "deactivate":
         logger.is_active = False
         logger.save()
     else:
         logger.delete()
-    assert pull(client).status_code == 401
+    assert get_deliveries(client).status_code == 401
 
 
 def test_a_withdrawn_publish_right_is_refused_at_once(logger, db_queue):
@@ -64,7 +64,7 @@ def test_a_withdrawn_subscribe_right_stops_its_pulls_and_keeps_what_is_owed(logg
     [held] = ledger.lease_deliveries(logger, limit=1)
     logger.subscribe_queues.remove(db_queue)
 
-    assert pull(client).json() == {"deliveries": []}
+    assert get_deliveries(client).json() == {"deliveries": []}
     answer = client.post("/api/subscriptions", {"queue": "db"}, format="json")
     assert answer.status_code == 403
     publishing.publish(db_queue, [publishing.prepare("create", 9)])  # no fan-out to it
@@ -72,7 +72,7 @@ def test_a_withdrawn_subscribe_right_stops_its_pulls_and_keeps_what_is_owed(logg
     assert Delivery.objects.get(pk=held["id"]).status == Status.INFLIGHT  # until its deadline
 
     logger.subscribe_queues.add(db_queue)  # given back: what it is owed resumes
-    assert len(pull(client).json()["deliveries"]) == 2
+    assert len(get_deliveries(client).json()["deliveries"]) == 2
 
 
 @pytest.fixture

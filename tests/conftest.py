@@ -181,3 +181,13 @@ def subscribed(db_queue, logger, peer):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)
     return db_queue
+
+
+@pytest.fixture
+def server():
+    """A Daphne process serving the test database, stopped after the test."""
+    from tests.support.servers import start_daphne
+
+    s = start_daphne()
+    yield s
+    s.stop()

@@ -88,13 +88,6 @@ def owner():
     return subscriber, token
 
 
-@pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
-
-
 class NodeClient:
     """A Node process running a user's program around the client: commands in, events out."""
 

@@ -53,14 +53,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def world(logger, make_queue):
+def logger_beside_secret(logger, make_queue):
     """The logger may publish to and subscribe to db; `secret` is a queue it may not use."""
     make_queue("secret")
     return logger
@@ -120,8 +113,8 @@ def statuses(**filters):
 # --- REST round trips ------------------------------------------------------------------------------
 
 
-def test_it_publishes_subscribes_pulls_acks_and_nacks_with_the_blocking_client(server, world):
-    with Client(server.http, world.token) as mq:
+def test_it_publishes_subscribes_pulls_acks_and_nacks_with_the_blocking_client(server, logger_beside_secret):
+    with Client(server.http, logger_beside_secret.token) as mq:
         # given a subscription (asking again reuses it)
         sub = mq.subscribe("db", "create")
         assert sub["queue"] == "db" and sub["event"] == "create"
@@ -156,13 +149,13 @@ def test_it_publishes_subscribes_pulls_acks_and_nacks_with_the_blocking_client(s
         assert Delivery.objects.get(id=d3.id).last_error == "nacked by the client: no such customer"
         # and unsubscribing deletes the subscription, and what it was still owed
         mq.unsubscribe(sub["id"])
-    assert not Subscription.objects.filter(subscriber=world).exists()
+    assert not Subscription.objects.filter(subscriber=logger_beside_secret).exists()
     assert statuses() == {d1.id: Status.ACKED, d2.id: Status.ACKED}
 
 
-def test_it_does_the_same_with_the_asyncio_client(server, world):
+def test_it_does_the_same_with_the_asyncio_client(server, logger_beside_secret):
     async def scenario():
-        async with AsyncClient(server.http, world.token) as mq:
+        async with AsyncClient(server.http, logger_beside_secret.token) as mq:
             sub = await mq.subscribe("db")
             assert sub["event"] is None
             await mq.publish("db", "create", {"id": 1})
@@ -182,8 +175,11 @@ def test_it_does_the_same_with_the_asyncio_client(server, world):
     assert not Subscription.objects.exists()
 
 
-def test_a_long_poll_waits_for_a_publish(server, world):
-    with Client(server.http, world.token, timeout=5) as mq, Client(server.http, world.token) as publisher:
+def test_a_long_poll_waits_for_a_publish(server, logger_beside_secret):
+    with (
+        Client(server.http, logger_beside_secret.token, timeout=5) as mq,
+        Client(server.http, logger_beside_secret.token) as publisher,
+    ):
         mq.subscribe("db")
         timer = threading.Timer(0.5, publisher.publish, ("db", "create", "late"))
         timer.start()
@@ -196,12 +192,14 @@ def test_a_long_poll_waits_for_a_publish(server, world):
 # --- errors -----------------------------------------------------------------------------------------
 
 
-def test_the_servers_refusals_are_the_exception_classes_with_status_code_and_words(server, world):
+def test_the_servers_refusals_are_the_exception_classes_with_status_code_and_words(
+    server, logger_beside_secret
+):
     with Client(server.http, "not-a-token") as stranger:
         with pytest.raises(MQAuthError) as exc:
             stranger.publish("db", "create", {})
         assert exc.value.status == 401 and exc.value.detail
-    with Client(server.http, world.token) as mq:
+    with Client(server.http, logger_beside_secret.token) as mq:
         with pytest.raises(MQForbidden) as exc:
             mq.publish("secret", "create", {})
         assert exc.value.status == 403 and exc.value.code == "forbidden" and "secret" in exc.value.detail
@@ -219,18 +217,20 @@ def test_the_servers_refusals_are_the_exception_classes_with_status_code_and_wor
         with pytest.raises(MQForbidden):
             mq.subscribe("secret")
         assert all(isinstance(e, MQError) for e in (MQAuthError(401, "x", "y"), MQThrottled(429, "x", "y")))
-    with Client(f"http://127.0.0.1:{server.port + 1 if server.port < 65535 else 1}", world.token) as nobody:
+    with Client(
+        f"http://127.0.0.1:{server.port + 1 if server.port < 65535 else 1}", logger_beside_secret.token
+    ) as nobody:
         with pytest.raises(MQConnectionError):
             nobody.pull()
     assert not Queue.objects.filter(name="nowhere").exists()
 
 
-def test_the_asyncio_clients_refusals_are_the_same_classes(server, world):
+def test_the_asyncio_clients_refusals_are_the_same_classes(server, logger_beside_secret):
     async def scenario():
         async with AsyncClient(server.http, "bad") as stranger:
             with pytest.raises(MQAuthError):
                 await stranger.pull()
-        async with AsyncClient(server.http, world.token) as mq:
+        async with AsyncClient(server.http, logger_beside_secret.token) as mq:
             with pytest.raises(MQForbidden):
                 await mq.publish("secret", "create", {})
             with pytest.raises(MQNotFound):
@@ -241,10 +241,10 @@ def test_the_asyncio_clients_refusals_are_the_same_classes(server, world):
     asyncio.run(scenario())
 
 
-def test_a_throttled_call_is_mq_throttled_with_retry_after(world):
+def test_a_throttled_call_is_mq_throttled_with_retry_after(logger_beside_secret):
     web = start_daphne({"MQ_THROTTLE_RATE": "3/min"})
     try:
-        with Client(web.http, world.token) as mq:
+        with Client(web.http, logger_beside_secret.token) as mq:
             for _ in range(3):
                 mq.pull()
             with pytest.raises(MQThrottled) as exc:
@@ -252,7 +252,7 @@ def test_a_throttled_call_is_mq_throttled_with_retry_after(world):
             assert exc.value.status == 429 and 0 < exc.value.retry_after <= 60
 
         async def again():
-            async with AsyncClient(web.http, world.token) as mq:
+            async with AsyncClient(web.http, logger_beside_secret.token) as mq:
                 with pytest.raises(MQThrottled) as exc:
                     await mq.publish("db", "create", {})
                 return exc.value.retry_after
@@ -265,7 +265,7 @@ def test_a_throttled_call_is_mq_throttled_with_retry_after(world):
 # --- listen ---------------------------------------------------------------------------------------
 
 
-def test_listen_acks_each_delivery_only_after_its_handler_returned(server, world):
+def test_listen_acks_each_delivery_only_after_its_handler_returned(server, logger_beside_secret):
     release = threading.Event()
     handled = []
 
@@ -274,9 +274,9 @@ def test_listen_acks_each_delivery_only_after_its_handler_returned(server, world
             release.wait(10)  # the first one is slow
         handled.append((delivery.id, delivery.payload))
 
-    with Client(server.http, world.token) as mq:
+    with Client(server.http, logger_beside_secret.token) as mq:
         listening = Listening(mq, handler)
-        assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+        assert eventually(lambda: Subscription.objects.filter(subscriber=logger_beside_secret).exists())
         mq.publish_many("db", [("create", {"n": i}) for i in range(5)])
         # given the handler is still working on the first delivery
         assert eventually(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count() == 5)
@@ -291,10 +291,10 @@ def test_listen_acks_each_delivery_only_after_its_handler_returned(server, world
     assert len({i for i, _ in handled}) == 5
 
 
-def test_listen_with_prefetch_1_holds_one_delivery_in_flight_at_a_time(server, world):
+def test_listen_with_prefetch_1_holds_one_delivery_in_flight_at_a_time(server, logger_beside_secret):
     """prefetch rides on the auth frame: the server hands the socket one delivery until it is
     acked, the resume's first lease included (the others stay pending for other workers)."""
-    with Client(server.http, world.token) as mq:
+    with Client(server.http, logger_beside_secret.token) as mq:
         mq.subscribe("db", "create")
         mq.publish_many("db", [("create", {"n": i}) for i in range(4)])  # waiting before it connects
         most = []
@@ -308,17 +308,19 @@ def test_listen_with_prefetch_1_holds_one_delivery_in_flight_at_a_time(server, w
         listening.stop()
     assert most == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="prefetch"):
-        Client(server.http, world.token).listen(lambda d: None, [("db", None)], prefetch=0)
+        Client(server.http, logger_beside_secret.token).listen(lambda d: None, [("db", None)], prefetch=0)
 
 
-def test_listen_authenticates_with_the_auth_frame_so_no_token_is_in_the_handshake(server, world):
+def test_listen_authenticates_with_the_auth_frame_so_no_token_is_in_the_handshake(
+    server, logger_beside_secret
+):
     """A proxy's or the server's access log never sees the token: it goes in the first frame."""
     assert mqclient._listener.AUTH_BY_FRAME
-    headers, first = mqclient._listener.socket_auth(world.token, 3)
-    assert headers == {} and first == [{"type": "auth", "token": world.token, "prefetch": 3}]
+    headers, first = mqclient._listener.socket_auth(logger_beside_secret.token, 3)
+    assert headers == {} and first == [{"type": "auth", "token": logger_beside_secret.token, "prefetch": 3}]
 
 
-def test_a_handler_that_raises_is_nacked_with_its_words_and_handled_again(server, world):
+def test_a_handler_that_raises_is_nacked_with_its_words_and_handled_again(server, logger_beside_secret):
     calls = collections.defaultdict(list)
     errors_seen = []
 
@@ -329,9 +331,9 @@ def test_a_handler_that_raises_is_nacked_with_its_words_and_handled_again(server
         if delivery.payload == "poison":
             errors_seen.append(Delivery.objects.get(id=delivery.id).last_error)
 
-    with Client(server.http, world.token) as mq:
+    with Client(server.http, logger_beside_secret.token) as mq:
         listening = Listening(mq, handler)
-        assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+        assert eventually(lambda: Subscription.objects.filter(subscriber=logger_beside_secret).exists())
         mq.publish("db", "create", "fine")
         poison = mq.publish("db", "create", "poison")
         # redelivered after the server's backoff (1 s), then acked
@@ -343,13 +345,15 @@ def test_a_handler_that_raises_is_nacked_with_its_words_and_handled_again(server
     assert sorted(len(c) for c in calls.values()) == [1, 2]
 
 
-def test_a_delivery_handed_out_again_after_its_handler_returned_is_acked_not_handled_again(server, world):
+def test_a_delivery_handed_out_again_after_its_handler_returned_is_acked_not_handled_again(
+    server, logger_beside_secret
+):
     """The ack of a handled delivery can be lost with its connection; the server then hands it
     out again (same id). Here the redelivery is made by hand: the row is put back to pending."""
     handled = []
-    with Client(server.http, world.token) as mq:
+    with Client(server.http, logger_beside_secret.token) as mq:
         listening = Listening(mq, lambda d: handled.append(d.id))
-        assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+        assert eventually(lambda: Subscription.objects.filter(subscriber=logger_beside_secret).exists())
         mq.publish("db", "create", 1)
         assert eventually(lambda: set(statuses().values()) == {Status.ACKED})
         (delivery_id,) = handled
@@ -370,7 +374,7 @@ def test_a_delivery_handed_out_again_after_its_handler_returned_is_acked_not_han
     ids=["blocking-killed", "asyncio-killed", "blocking-stopped"],
 )
 def test_a_server_killed_and_started_again_mid_stream_loses_nothing_and_handles_each_id_once(
-    world, kind, stop_signal
+    logger_beside_secret, kind, stop_signal
 ):
     """Killed (SIGKILL: what it held comes back once the new process sees it dead), or
     stopped as a restart stops it (SIGTERM: it hands back what its sockets held)."""
@@ -385,7 +389,7 @@ def test_a_server_killed_and_started_again_mid_stream_loses_nothing_and_handles_
             handled[delivery.id] += 1
 
     total = 600
-    publisher = Client(web.http, world.token)
+    publisher = Client(web.http, logger_beside_secret.token)
 
     def publish_batch(start, n):
         deadline = time.monotonic() + 60
@@ -403,10 +407,10 @@ def test_a_server_killed_and_started_again_mid_stream_loses_nothing_and_handles_
 
     try:
         if kind == "blocking":
-            listening = Listening(Client(web.http, world.token), handler)
+            listening = Listening(Client(web.http, logger_beside_secret.token), handler)
         else:
-            listening = AsyncListening(web.http, world.token, handler)
-        assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+            listening = AsyncListening(web.http, logger_beside_secret.token, handler)
+        assert eventually(lambda: Subscription.objects.filter(subscriber=logger_beside_secret).exists())
         for start in range(0, total // 2, 50):
             publish_batch(start, 50)
         assert eventually(lambda: sum(handled.values()) > 50, timeout=20)
@@ -430,15 +434,15 @@ def test_a_server_killed_and_started_again_mid_stream_loses_nothing_and_handles_
     assert not twice, f"handled more than once: {twice}"
 
 
-def test_listen_backs_off_on_4429_and_recovers_when_a_socket_is_free(world, caplog):
+def test_listen_backs_off_on_4429_and_recovers_when_a_socket_is_free(logger_beside_secret, caplog):
     web = start_daphne({"MQ_MAX_CONNECTIONS_PER_SUBSCRIBER": "1"})
     handled = []
     caplog.set_level(logging.INFO, logger="mqclient")
     try:
-        with Client(web.http, world.token) as mq:
+        with Client(web.http, logger_beside_secret.token) as mq:
             mq.subscribe("db", "create")
             # given another socket of the subscriber holds its only place
-            with connect(f"{web.ws}?token={world.token}") as other:
+            with connect(f"{web.ws}?token={logger_beside_secret.token}") as other:
                 time.sleep(0.3)
                 listening = Listening(mq, lambda d: handled.append(d.payload))
                 time.sleep(3)
@@ -455,23 +459,23 @@ def test_listen_backs_off_on_4429_and_recovers_when_a_socket_is_free(world, capl
         web.stop()
 
 
-def test_listen_with_a_bad_token_raises_mq_auth_error(server, world):
+def test_listen_with_a_bad_token_raises_mq_auth_error(server, logger_beside_secret):
     with Client(server.http, "bad-token") as mq:
         with pytest.raises(MQAuthError):
             mq.listen(lambda d: None, [("db", "create")])
 
 
-def test_listen_on_a_queue_it_may_not_use_raises_mq_forbidden(server, world):
-    with Client(server.http, world.token) as mq:
+def test_listen_on_a_queue_it_may_not_use_raises_mq_forbidden(server, logger_beside_secret):
+    with Client(server.http, logger_beside_secret.token) as mq:
         with pytest.raises(MQForbidden):
             mq.listen(lambda d: None, [("db", "create"), ("secret", None)])
 
 
-def test_the_asyncio_listen_handles_acks_nacks_and_stops_acking_what_finished(server, world):
+def test_the_asyncio_listen_handles_acks_nacks_and_stops_acking_what_finished(server, logger_beside_secret):
     handled = collections.Counter()
 
     async def scenario():
-        async with AsyncClient(server.http, world.token) as mq:
+        async with AsyncClient(server.http, logger_beside_secret.token) as mq:
 
             async def handler(delivery):
                 handled[delivery.id] += 1
@@ -510,13 +514,13 @@ LISTENER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
-def test_sigterm_stops_listen_cleanly_acking_what_was_handled(server, world, stop_signal):
-    with Client(server.http, world.token) as mq:
+def test_sigterm_stops_listen_cleanly_acking_what_was_handled(server, logger_beside_secret, stop_signal):
+    with Client(server.http, logger_beside_secret.token) as mq:
         mq.subscribe("db", "create")
         mq.publish_many("db", [("create", i) for i in range(200)])
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         proc = subprocess.Popen(
-            [sys.executable, "-c", LISTENER, server.http, world.token],
+            [sys.executable, "-c", LISTENER, server.http, logger_beside_secret.token],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -539,16 +543,16 @@ def test_sigterm_stops_listen_cleanly_acking_what_was_handled(server, world, sto
     )
 
 
-def test_a_handler_may_settle_its_delivery_itself(server, world):
+def test_a_handler_may_settle_its_delivery_itself(server, logger_beside_secret):
     def handler(delivery):
         if delivery.payload == "later":
             delivery.nack(retry_in=600, error="not now")
         else:
             delivery.ack()
 
-    with Client(server.http, world.token) as mq:
+    with Client(server.http, logger_beside_secret.token) as mq:
         listening = Listening(mq, handler)
-        assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+        assert eventually(lambda: Subscription.objects.filter(subscriber=logger_beside_secret).exists())
         done = mq.publish("db", "create", "now")
         later = mq.publish("db", "create", "later")
         nacked = Delivery.objects.filter(message_id=later["id"], last_error="nacked by the client: not now")
@@ -561,7 +565,7 @@ def test_a_handler_may_settle_its_delivery_itself(server, world):
     assert nacked.get().status == Status.PENDING and nacked.get().attempt == 1
 
 
-def test_listen_sends_again_the_acks_the_socket_refused_over_its_frame_rate(world, caplog):
+def test_listen_sends_again_the_acks_the_socket_refused_over_its_frame_rate(logger_beside_secret, caplog):
     web = start_daphne({"MQ_WS_FRAME_RATE": "5", "MQ_WS_FRAME_BURST": "5", "MQ_WS_ABUSE_SECS": "30"})
     caplog.set_level(logging.DEBUG, logger="mqclient")
     handled = collections.Counter()
@@ -571,7 +575,7 @@ def test_listen_sends_again_the_acks_the_socket_refused_over_its_frame_rate(worl
         handled[delivery.id] += 1
 
     try:
-        with Client(web.http, world.token) as mq:
+        with Client(web.http, logger_beside_secret.token) as mq:
             mq.subscribe("db", "create")
             listening = Listening(mq, handler)
             mq.publish_many("db", [("create", i) for i in range(150)])
@@ -584,7 +588,7 @@ def test_listen_sends_again_the_acks_the_socket_refused_over_its_frame_rate(worl
     assert any("ack frame refused (rate_limited)" in r.getMessage() for r in caplog.records)
 
 
-def test_a_4429_with_no_word_before_it_waits_a_minute(world, caplog):
+def test_a_4429_with_no_word_before_it_waits_a_minute(logger_beside_secret, caplog):
     """The throttle of failed tokens from one address closes with 4429 and says nothing more;
     its window is a minute, so the listener does not knock again before then."""
     web = start_daphne({"MQ_AUTH_FAILURES_PER_MINUTE": "1"})
@@ -656,15 +660,15 @@ def refused_listen(listening, elsewhere, token):
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
 def test_listen_refuses_a_socket_redirect_to_another_origin_and_never_sends_it_the_token(
-    world, elsewhere, status
+    logger_beside_secret, elsewhere, status
 ):
     """A server (or whoever holds its name) answering the handshake with a redirect to another
     host does not get the token: websockets follows it and the client would send its auth frame
     there. listen() ends with MQRedirectError instead, which says where it pointed."""
     redirector = Redirector(elsewhere, status)
-    mq = Client(redirector.url, world.token, timeout=5)
+    mq = Client(redirector.url, logger_beside_secret.token, timeout=5)
     try:
-        refused = refused_listen(Listening(mq, lambda d: None), elsewhere, world.token)
+        refused = refused_listen(Listening(mq, lambda d: None), elsewhere, logger_beside_secret.token)
         assert isinstance(refused, MQRedirectError), repr(refused)
         assert (refused.status, refused.code) == (status, "cross_origin_redirect")
         assert elsewhere.ws in refused.detail and "not followed" in refused.detail
@@ -674,12 +678,12 @@ def test_listen_refuses_a_socket_redirect_to_another_origin_and_never_sends_it_t
         redirector.close()
 
 
-def test_the_asyncio_listen_refuses_it_too(world, elsewhere):
+def test_the_asyncio_listen_refuses_it_too(logger_beside_secret, elsewhere):
     redirector = Redirector(elsewhere, 302)
     try:
-        listening = AsyncListening(redirector.url, world.token, lambda d: None)
+        listening = AsyncListening(redirector.url, logger_beside_secret.token, lambda d: None)
         try:
-            refused = refused_listen(listening, elsewhere, world.token)
+            refused = refused_listen(listening, elsewhere, logger_beside_secret.token)
         finally:
             listening.client.stop()
         assert isinstance(refused, MQRedirectError) and refused.code == "cross_origin_redirect"
@@ -688,12 +692,12 @@ def test_the_asyncio_listen_refuses_it_too(world, elsewhere):
 
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
-def test_rest_calls_follow_no_redirect_and_say_so(world, elsewhere, status):
+def test_rest_calls_follow_no_redirect_and_say_so(logger_beside_secret, elsewhere, status):
     """httpx would follow a 307 with the body (it drops only the Authorization header on another
     origin): the client follows none, and tells why rather than a bare `HTTP 307`."""
     redirector = Redirector(elsewhere, status)
     try:
-        with Client(redirector.url, world.token, timeout=5) as mq:
+        with Client(redirector.url, logger_beside_secret.token, timeout=5) as mq:
             for call in (
                 lambda: mq.publish("db", "create", {"secret": 1}),
                 lambda: mq.pull(),
@@ -705,19 +709,19 @@ def test_rest_calls_follow_no_redirect_and_say_so(world, elsewhere, status):
                 assert elsewhere.http in refused.value.detail
 
         async def scenario():
-            async with AsyncClient(redirector.url, world.token, timeout=5) as mq:
+            async with AsyncClient(redirector.url, logger_beside_secret.token, timeout=5) as mq:
                 await mq.publish("db", "create", {"secret": 1})
 
         with pytest.raises(MQRedirectError, match="cross_origin_redirect"):
             asyncio.run(scenario())
         assert [method for method, _ in redirector.asked] == ["POST", "GET", "POST", "POST"]
-        assert elsewhere.requests == [] and not elsewhere.saw(world.token)
+        assert elsewhere.requests == [] and not elsewhere.saw(logger_beside_secret.token)
     finally:
         redirector.close()
 
 
 @pytest.mark.parametrize("kind", ["blocking", "asyncio"])
-def test_listen_connects_again_when_the_server_closes_the_socket_cleanly(world, caplog, kind):
+def test_listen_connects_again_when_the_server_closes_the_socket_cleanly(logger_beside_secret, caplog, kind):
     """Daphne closes every socket in good order (1000) once it is --websocket_timeout old (a day
     by default), as a proxy's idle timeout or a server going away does: listen() opens another
     and goes on handling, rather than dying with an AttributeError."""
@@ -726,11 +730,15 @@ def test_listen_connects_again_when_the_server_closes_the_socket_cleanly(world, 
     handled = []
     try:
         if kind == "blocking":
-            listening = Listening(Client(web.http, world.token), lambda d: handled.append(d.payload))
+            listening = Listening(
+                Client(web.http, logger_beside_secret.token), lambda d: handled.append(d.payload)
+            )
         else:
-            listening = AsyncListening(web.http, world.token, lambda d: handled.append(d.payload))
-        with Client(web.http, world.token) as publisher:
-            assert eventually(lambda: Subscription.objects.filter(subscriber=world).exists())
+            listening = AsyncListening(
+                web.http, logger_beside_secret.token, lambda d: handled.append(d.payload)
+            )
+        with Client(web.http, logger_beside_secret.token) as publisher:
+            assert eventually(lambda: Subscription.objects.filter(subscriber=logger_beside_secret).exists())
             publisher.publish("db", "create", "before")
             assert eventually(lambda: handled == ["before"])
 

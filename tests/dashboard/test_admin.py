@@ -48,7 +48,7 @@ def publish_one(queue, event="create", payload=None):
 
 
 @pytest.fixture
-def world(db_queue, logger, peer):
+def acked_and_owed(db_queue, logger, peer):
     logger_sub, _ = subscribing.subscribe(logger, db_queue)
     peer_sub, _ = subscribing.subscribe(peer, db_queue)
     message = publish_one(db_queue, payload={"table": "users", "row": 7})
@@ -78,14 +78,14 @@ def act(client, model, action, objs):
 # --- every page answers ------------------------------------------------------------------------
 
 
-def test_it_answers_every_changelist_and_change_page_with_the_data(staff, world):
+def test_it_answers_every_changelist_and_change_page_with_the_data(staff, acked_and_owed):
     pages = [
-        (world["queue"], "db"),
-        (world["event"], "create"),
-        (world["message"], "create"),
-        (world["peer"], "peer"),
-        (world["peer_sub"], "peer"),
-        (world["owed"], "peer"),
+        (acked_and_owed["queue"], "db"),
+        (acked_and_owed["event"], "create"),
+        (acked_and_owed["message"], "create"),
+        (acked_and_owed["peer"], "peer"),
+        (acked_and_owed["peer_sub"], "peer"),
+        (acked_and_owed["owed"], "peer"),
     ]
     for obj, text in pages:
         r = staff.get(changelist(type(obj)))
@@ -98,9 +98,9 @@ def test_it_answers_every_changelist_and_change_page_with_the_data(staff, world)
     assert staff.get(reverse("admin:index")).status_code == 200
 
 
-def test_it_counts_what_each_queue_subscriber_and_subscription_is_owed(staff, world):
-    ledger.kill_deliveries(Delivery.objects.filter(pk=world["owed"].pk))
-    publish_one(world["queue"], "delete")  # one more pending for each of the two
+def test_it_counts_what_each_queue_subscriber_and_subscription_is_owed(staff, acked_and_owed):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=acked_and_owed["owed"].pk))
+    publish_one(acked_and_owed["queue"], "delete")  # one more pending for each of the two
 
     [queue] = staff.get(changelist(Queue)).context["cl"].result_list
     assert (queue.n_messages, queue.n_subscriptions) == (2, 2)
@@ -118,7 +118,7 @@ def test_it_counts_what_each_queue_subscriber_and_subscription_is_owed(staff, wo
     assert (msg_new.n_deliveries, msg_new.n_unacked) == (2, 2)
 
 
-def test_it_asks_no_query_per_row_on_list_pages(staff, world, make_subscriber, make_queue):
+def test_it_asks_no_query_per_row_on_list_pages(staff, acked_and_owed, make_subscriber, make_queue):
     models = [Queue, Event, Message, Subscriber, Subscription, Delivery]
 
     def queries():
@@ -133,9 +133,9 @@ def test_it_asks_no_query_per_row_on_list_pages(staff, world, make_subscriber, m
     for i in range(4):
         make_queue(f"q{i}")
         s = make_subscriber(f"extra{i}")
-        subscribing.subscribe(s, world["queue"], "update")
+        subscribing.subscribe(s, acked_and_owed["queue"], "update")
     for i in range(5):
-        publish_one(world["queue"], ["create", "update", "delete"][i % 3])
+        publish_one(acked_and_owed["queue"], ["create", "update", "delete"][i % 3])
     assert Delivery.objects.count() > 10
     assert queries() == before
 
@@ -207,18 +207,23 @@ def test_it_rotates_a_token_with_the_action(staff, logger):
     assert client_for(logger).get("/api/subscriptions").status_code == 200
 
 
-def test_it_shows_what_a_subscriber_is_owed(staff, world):
-    publish_one(world["queue"], "delete")
-    [owed] = owed_to_subscriber(world["peer"])
-    assert (owed.subscription, owed.pending, owed.inflight, owed.dead) == (world["peer_sub"], 2, 0, 0)
-    assert owed.oldest_pending_at == world["owed"].created_at
+def test_it_shows_what_a_subscriber_is_owed(staff, acked_and_owed):
+    publish_one(acked_and_owed["queue"], "delete")
+    [owed] = owed_to_subscriber(acked_and_owed["peer"])
+    assert (owed.subscription, owed.pending, owed.inflight, owed.dead) == (
+        acked_and_owed["peer_sub"],
+        2,
+        0,
+        0,
+    )
+    assert owed.oldest_pending_at == acked_and_owed["owed"].created_at
 
-    table = section(staff.get(change(world["peer"])).content.decode(), "mq-owed")
+    table = section(staff.get(change(acked_and_owed["peer"])).content.decode(), "mq-owed")
     assert "db/*" in table
-    assert f"subscription__id__exact={world['peer_sub'].pk}" in table
+    assert f"subscription__id__exact={acked_and_owed['peer_sub'].pk}" in table
     assert ">2</span>" in table  # the pending count, linked to those deliveries
 
-    [owed] = owed_to_subscriber(world["logger"])
+    [owed] = owed_to_subscriber(acked_and_owed["logger"])
     assert (owed.pending, owed.inflight, owed.dead) == (1, 0, 0)
 
 
@@ -236,9 +241,9 @@ def why_cell(staff, subscriber):
     return re.findall(r'<ul class="mq-why">(.*?)</ul>', table, re.S)
 
 
-def test_it_says_why_what_a_subscriber_is_owed_waits(staff, world, django_assert_num_queries):
-    peer, sub = world["peer"], world["peer_sub"]
-    publish_one(world["queue"], "delete")
+def test_it_says_why_what_a_subscriber_is_owed_waits(staff, acked_and_owed, django_assert_num_queries):
+    peer, sub = acked_and_owed["peer"], acked_and_owed["peer_sub"]
+    publish_one(acked_and_owed["queue"], "delete")
 
     # Two ready, and nothing would push them: they wait for the peer to pull.
     assert reasons(peer) == {
@@ -261,7 +266,7 @@ def test_it_says_why_what_a_subscriber_is_owed_waits(staff, world, django_assert
 
     # A ready one, with a websocket open: it is pushed; with a webhook and none, posted.
     ledger.ack_deliveries(peer, [first["id"]])
-    publish_one(world["queue"], "update")
+    publish_one(acked_and_owed["queue"], "update")
     presence.open_connection(peer, "ws.peer.1")
     assert [r[0] for r in reasons(peer)[sub]] == ["retrying", "pushed"]
     presence.close_connection("ws.peer.1")
@@ -273,7 +278,7 @@ def test_it_says_why_what_a_subscriber_is_owed_waits(staff, world, django_assert
     )
 
     # A paused queue, an inactive subscriber: nothing is handed out, whatever the transport.
-    Queue.objects.filter(pk=world["queue"].pk).update(paused=True)
+    Queue.objects.filter(pk=acked_and_owed["queue"].pk).update(paused=True)
     Subscriber.objects.filter(pk=peer.pk).update(is_active=False)
     peer.refresh_from_db()
     assert [r[0] for r in reasons(peer)[sub]] == ["inactive", "paused", "retrying"]
@@ -281,16 +286,17 @@ def test_it_says_why_what_a_subscriber_is_owed_waits(staff, world, django_assert
     # What is dead says so; the logger, owed nothing more once it acks, has no reasons.
     ledger.kill_deliveries(Delivery.objects.filter(pk=retried.pk))
     assert reasons(peer)[sub][-1][0] == "dead"
-    Queue.objects.filter(pk=world["queue"].pk).update(paused=False)
+    Queue.objects.filter(pk=acked_and_owed["queue"].pk).update(paused=False)
     ledger.ack_deliveries(
-        world["logger"], [d["id"] for d in ledger.lease_deliveries(world["logger"], limit=10)]
+        acked_and_owed["logger"],
+        [d["id"] for d in ledger.lease_deliveries(acked_and_owed["logger"], limit=10)],
     )
-    assert reasons(world["logger"]) == {world["logger_sub"]: []}
-    assert "nothing owed" in section(staff.get(change(world["logger"])).content.decode(), "mq-owed")
+    assert reasons(acked_and_owed["logger"]) == {acked_and_owed["logger_sub"]: []}
+    assert "nothing owed" in section(staff.get(change(acked_and_owed["logger"])).content.decode(), "mq-owed")
 
 
-def test_it_says_what_blocks_an_ordered_subscription_and_links_its_head(staff, world, make_queue):
-    peer = world["peer"]
+def test_it_says_what_blocks_an_ordered_subscription_and_links_its_head(staff, acked_and_owed, make_queue):
+    peer = acked_and_owed["peer"]
     orders = make_queue("orders", ordered=True)
     Subscriber.objects.get(pk=peer.pk).subscribe_queues.add(orders)
     sub, _ = subscribing.subscribe(peer, orders)
@@ -311,32 +317,34 @@ def test_it_says_what_blocks_an_ordered_subscription_and_links_its_head(staff, w
     assert [(r[0], r[3]) for r in reasons(peer)[sub]] == [("blocked", ""), ("retrying", "shop: 503")]
 
 
-def test_it_unsubscribes_a_subscription_deleted_in_the_admin(staff, world):
+def test_it_unsubscribes_a_subscription_deleted_in_the_admin(staff, acked_and_owed):
     r = staff.post(
-        reverse("admin:subscribers_subscription_delete", args=[world["peer_sub"].pk]),
+        reverse("admin:subscribers_subscription_delete", args=[acked_and_owed["peer_sub"].pk]),
         {"post": "yes"},
     )
     assert r.status_code == 302
-    assert not Subscription.objects.filter(pk=world["peer_sub"].pk).exists()
+    assert not Subscription.objects.filter(pk=acked_and_owed["peer_sub"].pk).exists()
     # What it was owed is dropped, not left behind without a subscription.
-    assert not Delivery.objects.filter(pk=world["owed"].pk).exists()
-    assert Delivery.objects.filter(pk=world["acked"].pk, status=Status.ACKED).exists()
+    assert not Delivery.objects.filter(pk=acked_and_owed["owed"].pk).exists()
+    assert Delivery.objects.filter(pk=acked_and_owed["acked"].pk, status=Status.ACKED).exists()
 
 
-def test_it_deletes_a_subscriber_with_its_deliveries(staff, world):
-    r = staff.post(reverse("admin:subscribers_subscriber_delete", args=[world["peer"].pk]), {"post": "yes"})
+def test_it_deletes_a_subscriber_with_its_deliveries(staff, acked_and_owed):
+    r = staff.post(
+        reverse("admin:subscribers_subscriber_delete", args=[acked_and_owed["peer"].pk]), {"post": "yes"}
+    )
     assert r.status_code == 302
-    assert not Subscriber.objects.filter(pk=world["peer"].pk).exists()
-    assert not Delivery.objects.filter(subscriber_id=world["peer"].pk).exists()
-    assert Delivery.objects.filter(pk=world["acked"].pk).exists()
+    assert not Subscriber.objects.filter(pk=acked_and_owed["peer"].pk).exists()
+    assert not Delivery.objects.filter(subscriber_id=acked_and_owed["peer"].pk).exists()
+    assert Delivery.objects.filter(pk=acked_and_owed["acked"].pk).exists()
 
 
-def test_it_refuses_a_subscription_to_an_event_of_another_queue(staff, world, make_queue):
+def test_it_refuses_a_subscription_to_an_event_of_another_queue(staff, acked_and_owed, make_queue):
     other = make_queue("network")
     foreign = Event.objects.create(queue=other, name="down")
     r = staff.post(
         reverse("admin:subscribers_subscription_add"),
-        {"subscriber": world["peer"].pk, "queue": world["queue"].pk, "event": foreign.pk},
+        {"subscriber": acked_and_owed["peer"].pk, "queue": acked_and_owed["queue"].pk, "event": foreign.pk},
     )
     assert r.status_code == 200
     assert "is not an event of the queue db" in r.content.decode()
@@ -346,27 +354,27 @@ def test_it_refuses_a_subscription_to_an_event_of_another_queue(staff, world, ma
 # --- deliveries: read-only, moved only by the actions -------------------------------------------
 
 
-def test_it_redelivers_deliveries_with_the_action(staff, world):
-    ledger.kill_deliveries(Delivery.objects.filter(pk=world["owed"].pk))
-    r = act(staff, Delivery, "redeliver", [world["owed"], world["acked"]])
+def test_it_redelivers_deliveries_with_the_action(staff, acked_and_owed):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=acked_and_owed["owed"].pk))
+    r = act(staff, Delivery, "redeliver", [acked_and_owed["owed"], acked_and_owed["acked"]])
     assert "1 deliveries put back to pending" in r.content.decode()
-    owed = Delivery.objects.get(pk=world["owed"].pk)
+    owed = Delivery.objects.get(pk=acked_and_owed["owed"].pk)
     assert (owed.status, owed.attempt) == (Status.PENDING, 0)
-    assert Delivery.objects.get(pk=world["acked"].pk).status == Status.ACKED
-    assert [d["id"] for d in ledger.lease_deliveries(world["peer"], limit=10)] == [owed.pk]
+    assert Delivery.objects.get(pk=acked_and_owed["acked"].pk).status == Status.ACKED
+    assert [d["id"] for d in ledger.lease_deliveries(acked_and_owed["peer"], limit=10)] == [owed.pk]
 
 
-def test_it_kills_deliveries_with_the_action(staff, world):
-    r = act(staff, Delivery, "kill", [world["owed"], world["acked"]])
+def test_it_kills_deliveries_with_the_action(staff, acked_and_owed):
+    r = act(staff, Delivery, "kill", [acked_and_owed["owed"], acked_and_owed["acked"]])
     assert "1 deliveries marked dead" in r.content.decode()
-    owed = Delivery.objects.get(pk=world["owed"].pk)
+    owed = Delivery.objects.get(pk=acked_and_owed["owed"].pk)
     assert (owed.status, owed.last_error) == (Status.DEAD, "killed by an operator")
-    assert Delivery.objects.get(pk=world["acked"].pk).status == Status.ACKED
-    assert ledger.lease_deliveries(world["peer"], limit=10) == []
+    assert Delivery.objects.get(pk=acked_and_owed["acked"].pk).status == Status.ACKED
+    assert ledger.lease_deliveries(acked_and_owed["peer"], limit=10) == []
 
 
-def test_it_never_edits_a_delivery_in_a_form(staff, world):
-    owed = world["owed"]
+def test_it_never_edits_a_delivery_in_a_form(staff, acked_and_owed):
+    owed = acked_and_owed["owed"]
     page = staff.get(change(owed)).content.decode()
     assert 'name="status"' not in page
     assert 'name="attempt"' not in page
@@ -383,10 +391,10 @@ def test_it_never_edits_a_delivery_in_a_form(staff, world):
     assert (owed.status, owed.attempt) == (Status.PENDING, 0)
 
 
-def test_it_filters_and_searches_deliveries(staff, world, make_queue):
+def test_it_filters_and_searches_deliveries(staff, acked_and_owed, make_queue):
     other = make_queue("network")
-    world["peer"].subscribe_queues.add(other)  # a subscription is owed only what its right allows
-    subscribing.subscribe(world["peer"], other)
+    acked_and_owed["peer"].subscribe_queues.add(other)  # a subscription is owed only what its right allows
+    subscribing.subscribe(acked_and_owed["peer"], other)
     publish_one(other, "down")
     down = Event.objects.get(queue=other, name="down")
 
@@ -398,8 +406,11 @@ def test_it_filters_and_searches_deliveries(staff, world, make_queue):
     assert listed(status__exact="acked") == {("logger", "db", "acked")}
     assert listed(queue__id__exact=other.pk) == {("peer", "network", "pending")}
     assert listed(event=down.pk) == {("peer", "network", "pending")}
-    assert listed(subscriber__id__exact=world["logger"].pk) == {("logger", "db", "acked")}
-    assert listed(q=str(world["message"].pk)) == {("logger", "db", "acked"), ("peer", "db", "pending")}
+    assert listed(subscriber__id__exact=acked_and_owed["logger"].pk) == {("logger", "db", "acked")}
+    assert listed(q=str(acked_and_owed["message"].pk)) == {
+        ("logger", "db", "acked"),
+        ("peer", "db", "pending"),
+    }
     assert listed(q="logg") == {("logger", "db", "acked")}
     assert listed(q="99999999999999999999999") == set()
     assert listed(event="nonsense") == set()
@@ -408,28 +419,28 @@ def test_it_filters_and_searches_deliveries(staff, world, make_queue):
 # --- messages -------------------------------------------------------------------------------------
 
 
-def test_it_shows_which_subscriptions_have_not_acked_a_message(staff, world):
-    page = staff.get(change(world["message"])).content.decode()
+def test_it_shows_which_subscriptions_have_not_acked_a_message(staff, acked_and_owed):
+    page = staff.get(change(acked_and_owed["message"])).content.decode()
     table = section(page, "mq-not-acked")
     assert "peer" in table
     assert "logger" not in table
     assert "&quot;table&quot;: &quot;users&quot;" in page  # the payload, pretty-printed
 
-    ledger.ack_deliveries(world["peer"], [world["owed"].pk])
-    page = staff.get(change(world["message"])).content.decode()
+    ledger.ack_deliveries(acked_and_owed["peer"], [acked_and_owed["owed"].pk])
+    page = staff.get(change(acked_and_owed["message"])).content.decode()
     assert 'class="mq-not-acked"' not in page
     assert "Every subscription has acknowledged it." in page
 
 
-def test_it_redelivers_a_message_to_those_that_have_not_acked_it(staff, world):
-    ledger.kill_deliveries(Delivery.objects.filter(pk=world["owed"].pk))
-    act(staff, Message, "redeliver_unacked", [world["message"]])
-    assert Delivery.objects.get(pk=world["owed"].pk).status == Status.PENDING
-    assert Delivery.objects.get(pk=world["acked"].pk).status == Status.ACKED
+def test_it_redelivers_a_message_to_those_that_have_not_acked_it(staff, acked_and_owed):
+    ledger.kill_deliveries(Delivery.objects.filter(pk=acked_and_owed["owed"].pk))
+    act(staff, Message, "redeliver_unacked", [acked_and_owed["message"]])
+    assert Delivery.objects.get(pk=acked_and_owed["owed"].pk).status == Status.PENDING
+    assert Delivery.objects.get(pk=acked_and_owed["acked"].pk).status == Status.ACKED
 
 
-def test_it_never_makes_or_edits_a_message_in_a_form(staff, world, django_user_model):
-    message = world["message"]
+def test_it_never_makes_or_edits_a_message_in_a_form(staff, acked_and_owed, django_user_model):
+    message = acked_and_owed["message"]
     assert staff.get(reverse("admin:queues_message_add")).status_code == 403
     assert staff.post(change(message), {"payload_json": "{}"}).status_code == 403
     message.refresh_from_db()
@@ -540,8 +551,8 @@ def test_it_creates_a_queue_with_its_name_lower_cased(staff, db):
     assert Queue.objects.count() == 1
 
 
-def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, world, outsider, make_queue):
-    queue, event = world["queue"], world["event"]
+def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, acked_and_owed, outsider, make_queue):
+    queue, event = acked_and_owed["queue"], acked_and_owed["event"]
     foreign = Event.objects.create(queue=make_queue("network"), name="down")
     form = {
         "ordered": "",
@@ -552,9 +563,9 @@ def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, world, outsi
         "events-0-id": event.pk,
         "events-0-queue": queue.pk,
         **inline_management("subscriptions", total=3, initial=2),
-        "subscriptions-0-id": world["logger_sub"].pk,
+        "subscriptions-0-id": acked_and_owed["logger_sub"].pk,
         "subscriptions-0-queue": queue.pk,
-        "subscriptions-1-id": world["peer_sub"].pk,
+        "subscriptions-1-id": acked_and_owed["peer_sub"].pk,
         "subscriptions-1-queue": queue.pk,
         "subscriptions-2-queue": queue.pk,
         "subscriptions-2-subscriber": outsider.pk,
@@ -585,33 +596,40 @@ def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, world, outsi
     }
 
 
-def test_it_pauses_and_resumes_queues(staff, world):
-    act(staff, Queue, "pause", [world["queue"]])
-    assert Queue.objects.get(pk=world["queue"].pk).paused
-    assert ledger.lease_deliveries(world["peer"], limit=10) == []
+def test_it_pauses_and_resumes_queues(staff, acked_and_owed):
+    act(staff, Queue, "pause", [acked_and_owed["queue"]])
+    assert Queue.objects.get(pk=acked_and_owed["queue"].pk).paused
+    assert ledger.lease_deliveries(acked_and_owed["peer"], limit=10) == []
 
-    act(staff, Queue, "resume", [world["queue"]])
-    assert not Queue.objects.get(pk=world["queue"].pk).paused
-    assert [d["id"] for d in ledger.lease_deliveries(world["peer"], limit=10)] == [world["owed"].pk]
+    act(staff, Queue, "resume", [acked_and_owed["queue"]])
+    assert not Queue.objects.get(pk=acked_and_owed["queue"].pk).paused
+    assert [d["id"] for d in ledger.lease_deliveries(acked_and_owed["peer"], limit=10)] == [
+        acked_and_owed["owed"].pk
+    ]
 
 
 # --- who may come in ---------------------------------------------------------------------------------
 
 
-def test_it_keeps_everyone_but_staff_out(world, django_user_model):
+def test_it_keeps_everyone_but_staff_out(acked_and_owed, django_user_model):
     user = django_user_model.objects.create_user("someone", password="pw-someone-1")
     plain = Client()
     plain.force_login(user)
-    bearer = Client(HTTP_AUTHORIZATION=f"Bearer {world['peer'].token}")
-    urls = [reverse("admin:index"), changelist(Delivery), change(world["owed"]), changelist(Subscriber)]
+    bearer = Client(HTTP_AUTHORIZATION=f"Bearer {acked_and_owed['peer'].token}")
+    urls = [
+        reverse("admin:index"),
+        changelist(Delivery),
+        change(acked_and_owed["owed"]),
+        changelist(Subscriber),
+    ]
     for client in (Client(), plain, bearer):
         for url in urls:
             r = client.get(url)
             assert r.status_code == 302, url
             assert r["Location"].startswith(reverse("admin:login"))
-    r = plain.post(changelist(Delivery), {"action": "kill", "_selected_action": [world["owed"].pk]})
+    r = plain.post(changelist(Delivery), {"action": "kill", "_selected_action": [acked_and_owed["owed"].pk]})
     assert r.status_code == 302
-    assert Delivery.objects.get(pk=world["owed"].pk).status == Status.PENDING
+    assert Delivery.objects.get(pk=acked_and_owed["owed"].pk).status == Status.PENDING
 
 
 # --- who is connected now ----------------------------------------------------------------------
@@ -629,10 +647,10 @@ def row_of(html, text):
 
 
 @pytest.fixture
-def connected(world, make_queue):
+def connected(acked_and_owed, make_queue):
     """The peer, also subscribed to network/down, has one socket open holding its db delivery;
     two network messages wait for it, the first published two and a half minutes ago."""
-    peer = world["peer"]
+    peer = acked_and_owed["peer"]
     network = make_queue("network")
     peer.subscribe_queues.add(network)  # a subscription is owed only what its right allows
     subscribing.subscribe(peer, network, "down")
@@ -640,10 +658,10 @@ def connected(world, make_queue):
         oldest = publish_one(network, "down")
     publish_one(network, "down")
     connection = presence.open_connection(peer, "ws.peer.1", "10.0.0.7")
-    [held] = ledger.lease_deliveries(peer, limit=10, queue=world["queue"], holder="ws.peer.1")
-    assert held["id"] == world["owed"].pk
+    [held] = ledger.lease_deliveries(peer, limit=10, queue=acked_and_owed["queue"], holder="ws.peer.1")
+    assert held["id"] == acked_and_owed["owed"].pk
     return {
-        **world,
+        **acked_and_owed,
         "connection": connection,
         "oldest": Delivery.objects.get(message=oldest, subscriber=peer),
     }

@@ -65,7 +65,7 @@ def receiver():
 
 
 @pytest.fixture
-def world(db_queue, make_queue, logger, peer, outsider, receiver, settings):
+def dead_letters(db_queue, make_queue, logger, peer, outsider, receiver, settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     db = db_queue
     db.max_attempts = 1
@@ -109,32 +109,34 @@ def world(db_queue, make_queue, logger, peer, outsider, receiver, settings):
 ALL_DEAD = {("logger", "db", 1), ("logger", "network", 1), ("peer", "db", 1), ("monitor", "db", 1)}
 
 
-def test_the_world_died_through_the_ledger(world):
+def test_the_world_died_through_the_ledger(dead_letters):
     dead = set(
         Delivery.objects.filter(status=Status.DEAD).values_list("subscriber__name", "queue__name", "seq")
     )
     assert dead == ALL_DEAD
-    assert world["logger_acked"].status == Status.ACKED
-    assert (world["peer_pending"].status, world["monitor_pending"].status) == (Status.PENDING,) * 2
-    assert "HTTP 500" in world["monitor_dead"].last_error
-    assert len(world["receiver"].requests) == 1
+    assert dead_letters["logger_acked"].status == Status.ACKED
+    assert (dead_letters["peer_pending"].status, dead_letters["monitor_pending"].status) == (
+        Status.PENDING,
+    ) * 2
+    assert "HTTP 500" in dead_letters["monitor_dead"].last_error
+    assert len(dead_letters["receiver"].requests) == 1
 
 
 # --- the list ------------------------------------------------------------------------------------
 
 
-def test_it_lists_only_dead_letters_by_queue_and_subscriber(staff, world):
+def test_it_lists_only_dead_letters_by_queue_and_subscriber(staff, dead_letters):
     assert listed(staff) == ALL_DEAD
-    assert listed(staff, queue__id__exact=world["network"].pk) == {("logger", "network", 1)}
-    assert listed(staff, subscriber__id__exact=world["peer"].pk) == {("peer", "db", 1)}
-    assert listed(staff, queue__id__exact=world["db"].pk, subscriber__id__exact=world["logger"].pk) == {
-        ("logger", "db", 1)
-    }
-    assert listed(staff, subscriber__id__exact=world["outsider"].pk) == set()
+    assert listed(staff, queue__id__exact=dead_letters["network"].pk) == {("logger", "network", 1)}
+    assert listed(staff, subscriber__id__exact=dead_letters["peer"].pk) == {("peer", "db", 1)}
+    assert listed(
+        staff, queue__id__exact=dead_letters["db"].pk, subscriber__id__exact=dead_letters["logger"].pk
+    ) == {("logger", "db", 1)}
+    assert listed(staff, subscriber__id__exact=dead_letters["outsider"].pk) == set()
 
 
 def test_it_offers_as_filters_only_the_queues_and_subscribers_that_have_dead_letters(
-    staff, world, make_queue
+    staff, dead_letters, make_queue
 ):
     make_queue("quiet")
     r = staff.get(changelist(DeadLetter))
@@ -146,19 +148,19 @@ def test_it_offers_as_filters_only_the_queues_and_subscribers_that_have_dead_let
     assert choices["subscriber"] == {"All", "logger", "peer", "monitor"}
 
 
-def test_it_shows_the_last_error_when_it_died_and_its_tries(staff, world):
+def test_it_shows_the_last_error_when_it_died_and_its_tries(staff, dead_letters):
     r = staff.get(changelist(DeadLetter))
     rows = {(d.subscriber.name, d.queue.name): d for d in r.context["cl"].result_list}
 
     monitor = rows[("monitor", "db")]
-    [attempt] = DeliveryAttempt.objects.filter(delivery=world["monitor_dead"])
+    [attempt] = DeliveryAttempt.objects.filter(delivery=dead_letters["monitor_dead"])
     assert (monitor.attempt, monitor.n_tries, monitor.died_at) == (1, 1, attempt.at)
     assert "HTTP 500" in monitor.last_error and "dead after 1 attempts" in monitor.last_error
 
     # Died of a nack, never posted: no tries, and it died about when it was last handed out.
     logger = rows[("logger", "db")]
     assert (logger.attempt, logger.n_tries) == (1, 0)
-    assert logger.died_at == world["logger_dead"].delivered_at
+    assert logger.died_at == dead_letters["logger_dead"].delivered_at
     assert logger.last_error == "nacked by the client; dead after 1 attempts"
 
     page = r.content.decode()
@@ -178,13 +180,13 @@ def test_it_shows_the_last_error_when_it_died_and_its_tries(staff, world):
     assert "HTTP 500" in page and "nacked by the client" in page
 
 
-def test_it_sorts_dead_letters_by_when_they_died(staff, world):
+def test_it_sorts_dead_letters_by_when_they_died(staff, dead_letters):
     r = staff.get(changelist(DeadLetter), {"o": "9"})  # the 9th column: died, ascending
     times = [d.died_at for d in r.context["cl"].result_list]
     assert len(times) == 4 and times == sorted(times)
 
 
-def test_it_asks_no_query_per_row_on_the_dead_letters_list(staff, world, make_subscriber):
+def test_it_asks_no_query_per_row_on_the_dead_letters_list(staff, dead_letters, make_subscriber):
     def queries():
         with CaptureQueriesContext(connection) as ctx:
             assert staff.get(changelist(DeadLetter)).status_code == 200
@@ -193,16 +195,16 @@ def test_it_asks_no_query_per_row_on_the_dead_letters_list(staff, world, make_su
     before = queries()
     for i in range(3):
         s = make_subscriber(f"extra{i}")
-        subscribing.subscribe(s, world["db"])
-        subscribing.subscribe(s, world["network"])
-    publish_to(world["db"], "update", 2)
-    publish_to(world["network"], "down", 2)
+        subscribing.subscribe(s, dead_letters["db"])
+        subscribing.subscribe(s, dead_letters["network"])
+    publish_to(dead_letters["db"], "update", 2)
+    publish_to(dead_letters["network"], "down", 2)
     for i in range(3):
-        s = world["db"].subscriptions.get(subscriber__name=f"extra{i}").subscriber
+        s = dead_letters["db"].subscriptions.get(subscriber__name=f"extra{i}").subscriber
         for _ in range(2):
-            die_by_nack(s, world["db"])
-            die_by_nack(s, world["network"])
-    tasks.deliver_webhooks(world["monitor"].pk)  # another try and death, with its attempt row
+            die_by_nack(s, dead_letters["db"])
+            die_by_nack(s, dead_letters["network"])
+    tasks.deliver_webhooks(dead_letters["monitor"].pk)  # another try and death, with its attempt row
     assert Delivery.objects.filter(status=Status.DEAD).count() > 15
     assert queries() == before
 
@@ -210,13 +212,13 @@ def test_it_asks_no_query_per_row_on_the_dead_letters_list(staff, world, make_su
 # --- the attempt history -----------------------------------------------------------------------
 
 
-def test_it_shows_the_attempt_history_on_the_delivery_page(staff, world):
-    dead = world["monitor_dead"]
-    receiver = world["receiver"]
+def test_it_shows_the_attempt_history_on_the_delivery_page(staff, dead_letters):
+    dead = dead_letters["monitor_dead"]
+    receiver = dead_letters["receiver"]
     # The operator redelivers; the endpoint is fixed; the second try is acked.
     ledger.redeliver(Delivery.objects.filter(pk=dead.pk))
     receiver.default = (200, 0)
-    tasks.deliver_webhooks(world["monitor"].pk)
+    tasks.deliver_webhooks(dead_letters["monitor"].pk)
     dead.refresh_from_db()
     assert dead.status == Status.ACKED
 
@@ -232,40 +234,42 @@ def test_it_shows_the_attempt_history_on_the_delivery_page(staff, world):
     assert 'name="attempts-0-error"' not in page  # read-only: no form fields
 
 
-def test_it_shows_the_attempt_history_on_the_dead_letter_page(staff, world):
-    r = staff.get(change(DeadLetter, world["monitor_dead"].pk))
+def test_it_shows_the_attempt_history_on_the_dead_letter_page(staff, dead_letters):
+    r = staff.get(change(DeadLetter, dead_letters["monitor_dead"].pk))
     assert r.status_code == 200
     [inline] = r.context["inline_admin_formsets"]
     assert [(f.original.ok, f.original.status_code) for f in inline] == [(False, 500)]
     assert "HTTP 500" in r.content.decode()
     # A delivery that is not dead is not a dead letter.
-    assert staff.get(change(DeadLetter, world["peer_pending"].pk), follow=True).redirect_chain
+    assert staff.get(change(DeadLetter, dead_letters["peer_pending"].pk), follow=True).redirect_chain
 
 
 # --- redeliver ---------------------------------------------------------------------------------
 
 
-def test_it_redelivers_dead_letters_to_pending(staff, world):
-    dead = [world["logger_dead"], world["peer_dead"]]
-    r = act(staff, DeadLetter, "redeliver", [d.pk for d in dead] + [world["logger_acked"].pk])
+def test_it_redelivers_dead_letters_to_pending(staff, dead_letters):
+    dead = [dead_letters["logger_dead"], dead_letters["peer_dead"]]
+    r = act(staff, DeadLetter, "redeliver", [d.pk for d in dead] + [dead_letters["logger_acked"].pk])
     assert "2 deliveries put back to pending" in r.content.decode()
     for d in dead:
         d.refresh_from_db()
         assert (d.status, d.attempt, d.last_error) == (Status.PENDING, 0, "redelivered by an operator")
     # The acked one was never a dead letter: untouched.
-    assert Delivery.objects.get(pk=world["logger_acked"].pk).status == Status.ACKED
+    assert Delivery.objects.get(pk=dead_letters["logger_acked"].pk).status == Status.ACKED
     assert listed(staff) == ALL_DEAD - {("logger", "db", 1), ("peer", "db", 1)}
     # Ready now: the next lease hands it out.
-    assert [d["id"] for d in ledger.lease_deliveries(world["logger"], limit=10)] == [world["logger_dead"].pk]
+    assert [d["id"] for d in ledger.lease_deliveries(dead_letters["logger"], limit=10)] == [
+        dead_letters["logger_dead"].pk
+    ]
 
 
-def test_it_redelivers_every_dead_letter_of_a_filtered_list(staff, world):
+def test_it_redelivers_every_dead_letter_of_a_filtered_list(staff, dead_letters):
     r = act(
         staff,
         DeadLetter,
         "redeliver",
-        [world["monitor_dead"].pk],
-        query=f"?queue__id__exact={world['db'].pk}",
+        [dead_letters["monitor_dead"].pk],
+        query=f"?queue__id__exact={dead_letters['db'].pk}",
         select_across="1",
     )
     assert "3 deliveries put back to pending" in r.content.decode()
@@ -275,8 +279,8 @@ def test_it_redelivers_every_dead_letter_of_a_filtered_list(staff, world):
 # --- purge ----------------------------------------------------------------------------------------
 
 
-def test_it_asks_before_purging_and_says_what_would_go(staff, world):
-    pks = [world["monitor_dead"].pk, world["peer_dead"].pk, world["peer_pending"].pk]
+def test_it_asks_before_purging_and_says_what_would_go(staff, dead_letters):
+    pks = [dead_letters["monitor_dead"].pk, dead_letters["peer_dead"].pk, dead_letters["peer_pending"].pk]
     r = act(staff, Delivery, "purge", pks)
     page = r.content.decode()
     assert r.status_code == 200 and not r.redirect_chain
@@ -286,8 +290,8 @@ def test_it_asks_before_purging_and_says_what_would_go(staff, world):
     assert Delivery.objects.filter(pk__in=pks).count() == 3  # nothing deleted yet
 
 
-def test_it_purges_dead_deliveries_only(staff, world):
-    everyone = [world[k].pk for k in world if k.endswith(("_dead", "_acked", "_pending"))]
+def test_it_purges_dead_deliveries_only(staff, dead_letters):
+    everyone = [dead_letters[k].pk for k in dead_letters if k.endswith(("_dead", "_acked", "_pending"))]
     messages = Message.objects.count()
     r = act(staff, Delivery, "purge", everyone, post="yes")
     assert "4 dead deliveries purged" in r.content.decode()
@@ -302,12 +306,14 @@ def test_it_purges_dead_deliveries_only(staff, world):
     assert listed(staff) == set()
 
 
-def test_it_purges_the_dead_letters_of_one_queue_through_the_confirmation(staff, world):
-    query = f"?queue__id__exact={world['network'].pk}"
+def test_it_purges_the_dead_letters_of_one_queue_through_the_confirmation(staff, dead_letters):
+    query = f"?queue__id__exact={dead_letters['network'].pk}"
     form = {"select_across": "1"}
-    asked = act(staff, DeadLetter, "purge", [world["logger_network_dead"].pk], query=query, **form)
+    asked = act(staff, DeadLetter, "purge", [dead_letters["logger_network_dead"].pk], query=query, **form)
     assert "Purge 1 dead delivery?" in asked.content.decode()
-    r = act(staff, DeadLetter, "purge", [world["logger_network_dead"].pk], query=query, post="yes", **form)
+    r = act(
+        staff, DeadLetter, "purge", [dead_letters["logger_network_dead"].pk], query=query, post="yes", **form
+    )
     assert "1 dead deliveries purged" in r.content.decode()
     assert listed(staff) == ALL_DEAD - {("logger", "network", 1)}
 
@@ -328,28 +334,28 @@ def staff_with(django_user_model, *codenames):
 
 
 def test_it_lets_only_those_who_may_change_redeliver_and_only_those_who_may_delete_purge(
-    world, django_user_model
+    dead_letters, django_user_model
 ):
     viewer = staff_with(django_user_model, "view_delivery")
     assert listed(viewer) == ALL_DEAD  # no grant of its own is needed to see dead letters
     r = viewer.get(changelist(DeadLetter))
     assert set(r.context["cl"].model_admin.get_actions(r.wsgi_request)) == set()
-    act(viewer, DeadLetter, "redeliver", [world["peer_dead"].pk])
-    act(viewer, Delivery, "purge", [world["peer_dead"].pk], post="yes")
-    assert Delivery.objects.get(pk=world["peer_dead"].pk).status == Status.DEAD
+    act(viewer, DeadLetter, "redeliver", [dead_letters["peer_dead"].pk])
+    act(viewer, Delivery, "purge", [dead_letters["peer_dead"].pk], post="yes")
+    assert Delivery.objects.get(pk=dead_letters["peer_dead"].pk).status == Status.DEAD
 
     operator = staff_with(django_user_model, "view_delivery", "change_delivery")
-    act(operator, Delivery, "purge", [world["peer_dead"].pk], post="yes")
-    assert Delivery.objects.filter(pk=world["peer_dead"].pk).exists()
-    act(operator, DeadLetter, "redeliver", [world["peer_dead"].pk])
-    assert Delivery.objects.get(pk=world["peer_dead"].pk).status == Status.PENDING
+    act(operator, Delivery, "purge", [dead_letters["peer_dead"].pk], post="yes")
+    assert Delivery.objects.filter(pk=dead_letters["peer_dead"].pk).exists()
+    act(operator, DeadLetter, "redeliver", [dead_letters["peer_dead"].pk])
+    assert Delivery.objects.get(pk=dead_letters["peer_dead"].pk).status == Status.PENDING
 
     purger = staff_with(django_user_model, "view_delivery", "change_delivery", "delete_delivery")
-    act(purger, DeadLetter, "purge", [world["logger_dead"].pk], post="yes")
-    assert not Delivery.objects.filter(pk=world["logger_dead"].pk).exists()
+    act(purger, DeadLetter, "purge", [dead_letters["logger_dead"].pk], post="yes")
+    assert not Delivery.objects.filter(pk=dead_letters["logger_dead"].pk).exists()
 
 
-def test_it_keeps_everyone_but_staff_out_of_the_dead_letters(world, django_user_model):
+def test_it_keeps_everyone_but_staff_out_of_the_dead_letters(dead_letters, django_user_model):
     user = django_user_model.objects.create_user("someone", password="pw-someone-1")
     plain = Client()
     plain.force_login(user)
@@ -358,7 +364,7 @@ def test_it_keeps_everyone_but_staff_out_of_the_dead_letters(world, django_user_
         assert r.status_code == 302 and r["Location"].startswith(reverse("admin:login"))
         r = client.post(
             changelist(DeadLetter),
-            {"action": "purge", "_selected_action": [world["peer_dead"].pk], "post": "yes"},
+            {"action": "purge", "_selected_action": [dead_letters["peer_dead"].pk], "post": "yes"},
         )
         assert r.status_code == 302
-    assert Delivery.objects.get(pk=world["peer_dead"].pk).status == Status.DEAD
+    assert Delivery.objects.get(pk=dead_letters["peer_dead"].pk).status == Status.DEAD

@@ -44,39 +44,39 @@ def publish_many(queue, n, event="create"):
 
 
 @pytest.fixture
-def world(db_queue, logger, peer):
+def both_subscribed(db_queue, logger, peer):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)
     return {"queue": db_queue, "logger": logger, "peer": peer}
 
 
-def grow(world, n):
+def grow(both_subscribed, n):
     """n more messages: 2n more deliveries, some in flight, some dead, one retrying."""
-    publish_many(world["queue"], n)
-    leased = ledger.lease_deliveries(world["peer"], limit=max(n // 5, 2))
+    publish_many(both_subscribed["queue"], n)
+    leased = ledger.lease_deliveries(both_subscribed["peer"], limit=max(n // 5, 2))
     ledger.kill_deliveries(Delivery.objects.filter(pk=leased[0]["id"]))
-    ledger.nack_delivery(world["peer"], leased[1]["id"], retry_in=60, error="busy")
+    ledger.nack_delivery(both_subscribed["peer"], leased[1]["id"], retry_in=60, error="busy")
 
 
-def pages(world):
+def pages(both_subscribed):
     message = Message.objects.order_by("id").first()
-    delivery = Delivery.objects.filter(subscriber=world["peer"]).order_by("id").first()
+    delivery = Delivery.objects.filter(subscriber=both_subscribed["peer"]).order_by("id").first()
     dead = DeadLetter.objects.filter(status=Status.DEAD).first()
-    event = Event.objects.get(queue=world["queue"], name="create")
+    event = Event.objects.get(queue=both_subscribed["queue"], name="create")
     return [
         changelist(model)
         for model in (Delivery, DeadLetter, Message, Subscriber, Subscription, Connection, Queue, Event)
     ] + [
-        changelist(Delivery) + f"?status__exact=pending&subscriber__id__exact={world['peer'].pk}",
-        changelist(Message) + f"?queue__id__exact={world['queue'].pk}",
-        change(world["peer"]),
-        change(world["logger"]),
+        changelist(Delivery) + f"?status__exact=pending&subscriber__id__exact={both_subscribed['peer'].pk}",
+        changelist(Message) + f"?queue__id__exact={both_subscribed['queue'].pk}",
+        change(both_subscribed["peer"]),
+        change(both_subscribed["logger"]),
         change(message),
         change(delivery),
         change(dead),
-        change(world["queue"]),
+        change(both_subscribed["queue"]),
         change(event),
-        change(Subscription.objects.get(subscriber=world["peer"])),
+        change(Subscription.objects.get(subscriber=both_subscribed["peer"])),
     ]
 
 
@@ -92,27 +92,27 @@ def count_queries(client, urls):
     return counts
 
 
-def test_it_asks_as_many_queries_of_every_page_for_200_messages_as_for_10(staff, world):
-    grow(world, 10)
-    urls = pages(world)
+def test_it_asks_as_many_queries_of_every_page_for_200_messages_as_for_10(staff, both_subscribed):
+    grow(both_subscribed, 10)
+    urls = pages(both_subscribed)
     before = count_queries(staff, urls)
-    grow(world, 190)
+    grow(both_subscribed, 190)
     assert Delivery.objects.count() == 400
     assert count_queries(staff, urls) == before
 
 
 def test_it_asks_as_many_queries_of_a_message_page_for_ten_subscribers_as_for_two(
-    staff, world, make_subscriber
+    staff, both_subscribed, make_subscriber
 ):
     def page_queries():
         message = Message.objects.order_by("-id").first()
         return count_queries(staff, [change(message)])[change(message)]
 
-    publish_many(world["queue"], 1)
+    publish_many(both_subscribed["queue"], 1)
     before = page_queries()
     for k in range(8):
-        subscribing.subscribe(make_subscriber(f"extra{k}"), world["queue"])
-    publish_many(world["queue"], 1)
+        subscribing.subscribe(make_subscriber(f"extra{k}"), both_subscribed["queue"])
+    publish_many(both_subscribed["queue"], 1)
     assert Delivery.objects.filter(message=Message.objects.order_by("-id").first()).count() == 10
     assert page_queries() == before
 
@@ -121,15 +121,15 @@ def top_level_counts(sqls):
     return [sql for sql in sqls if re.match(r"\s*SELECT\s+COUNT\(", sql, re.I)]
 
 
-def test_it_never_counts_a_whole_big_table_on_its_list(staff, world):
-    grow(world, 30)
+def test_it_never_counts_a_whole_big_table_on_its_list(staff, both_subscribed):
+    grow(both_subscribed, 30)
     for url in [
         changelist(Delivery),
         changelist(Delivery) + "?status__exact=pending",
-        changelist(Delivery) + f"?queue__id__exact={world['queue'].pk}",
+        changelist(Delivery) + f"?queue__id__exact={both_subscribed['queue'].pk}",
         changelist(DeadLetter),
         changelist(Message),
-        changelist(Message) + f"?queue__id__exact={world['queue'].pk}",
+        changelist(Message) + f"?queue__id__exact={both_subscribed['queue'].pk}",
     ]:
         with CaptureQueriesContext(connection) as ctx:
             assert staff.get(url).status_code == 200
@@ -139,8 +139,8 @@ def test_it_never_counts_a_whole_big_table_on_its_list(staff, world):
         assert re.search(rf"LIMIT {big_lists.COUNT_AT_MOST + 1}\b", counts[0]), (url, counts[0])
 
 
-def test_it_shows_a_bounded_count_as_more_than_and_pages_up_to_it(staff, world):
-    grow(world, 30)  # 60 deliveries
+def test_it_shows_a_bounded_count_as_more_than_and_pages_up_to_it(staff, both_subscribed):
+    grow(both_subscribed, 30)  # 60 deliveries
     with (
         patch.object(big_lists, "COUNT_AT_MOST", 25),
         patch("delivery.admin.DeliveryAdmin.list_per_page", 10),
@@ -163,8 +163,8 @@ def test_it_shows_a_bounded_count_as_more_than_and_pages_up_to_it(staff, world):
     assert "more than" not in r.content.decode() and "about" not in r.content.decode()
 
 
-def test_it_shows_the_planners_estimate_of_an_unfiltered_big_table_labelled(staff, world):
-    grow(world, 30)
+def test_it_shows_the_planners_estimate_of_an_unfiltered_big_table_labelled(staff, both_subscribed):
+    grow(both_subscribed, 30)
     paginator = BoundedCountPaginator(Delivery.objects.order_by("-id"), 100)
     with patch.object(big_lists, "ESTIMATE_ABOVE", 1):
         if connection.vendor == "postgresql":
@@ -184,8 +184,8 @@ def test_it_shows_the_planners_estimate_of_an_unfiltered_big_table_labelled(staf
 
 
 @pytest.mark.parametrize("model", [Delivery, Message])
-def test_it_sorts_a_big_list_only_by_indexed_columns(staff, world, model):
-    grow(world, 5)
+def test_it_sorts_a_big_list_only_by_indexed_columns(staff, both_subscribed, model):
+    grow(both_subscribed, 5)
     model_admin = admin.site._registry[model]
     r = staff.get(changelist(model))
     cl = r.context["cl"]
@@ -215,13 +215,15 @@ def test_it_would_edit_foreign_keys_of_big_tables_by_id_not_in_a_select(operator
             assert isinstance(formfield.widget, ForeignKeyRawIdWidget), field.name
 
 
-def test_it_finds_a_subscribers_oldest_pending_delivery_across_its_subscriptions(staff, world, make_queue):
-    peer = world["peer"]
+def test_it_finds_a_subscribers_oldest_pending_delivery_across_its_subscriptions(
+    staff, both_subscribed, make_queue
+):
+    peer = both_subscribed["peer"]
     network = make_queue("network")
     peer.subscribe_queues.add(network)
     subscribing.subscribe(peer, network)
     now = timezone.now()
-    for queue, secs_ago in [(world["queue"], 300), (network, 200), (world["queue"], 100)]:
+    for queue, secs_ago in [(both_subscribed["queue"], 300), (network, 200), (both_subscribed["queue"], 100)]:
         with patch("django.utils.timezone.now", return_value=now - timedelta(seconds=secs_ago)):
             publish_many(queue, 1)
 
@@ -238,20 +240,20 @@ def test_it_finds_a_subscribers_oldest_pending_delivery_across_its_subscriptions
 
     assert listed() == now - timedelta(seconds=300)
     # Once the oldest (db #1) is acked, the oldest is the network one, older than db #2.
-    [first] = ledger.lease_deliveries(peer, limit=1, queue=world["queue"])
+    [first] = ledger.lease_deliveries(peer, limit=1, queue=both_subscribed["queue"])
     ledger.ack_deliveries(peer, [first["id"]])
     assert listed() == now - timedelta(seconds=200)
     ledger.ack_deliveries(peer, [d["id"] for d in ledger.lease_deliveries(peer, limit=10)])
     assert listed() is None
 
 
-def test_it_counts_what_a_subscriber_is_owed_without_its_subscription(world):
+def test_it_counts_what_a_subscriber_is_owed_without_its_subscription(both_subscribed):
     """Pending deliveries whose subscription was deleted outside unsubscribe (which drops
     them) are counted apart, and said to be never handed out."""
-    publish_many(world["queue"], 3)
-    Subscription.objects.filter(subscriber=world["peer"]).delete()
-    [orphaned] = owed_to_subscriber(world["peer"])
-    oldest = Delivery.objects.filter(subscriber=world["peer"]).aggregate(at=Min("created_at"))["at"]
+    publish_many(both_subscribed["queue"], 3)
+    Subscription.objects.filter(subscriber=both_subscribed["peer"]).delete()
+    [orphaned] = owed_to_subscriber(both_subscribed["peer"])
+    oldest = Delivery.objects.filter(subscriber=both_subscribed["peer"]).aggregate(at=Min("created_at"))["at"]
     assert (orphaned.subscription, orphaned.pending, orphaned.oldest_pending_at) == (None, 3, oldest)
     assert [r.code for r in orphaned.reasons] == ["orphaned"]
 
@@ -281,9 +283,9 @@ def test_it_finds_the_heads_of_line_in_as_many_queries_for_200_messages_as_for_3
 
 
 def test_it_asks_as_many_queries_of_a_subscribers_page_for_six_subscriptions_as_for_one(
-    staff, world, make_queue
+    staff, both_subscribed, make_queue
 ):
-    peer = world["peer"]
+    peer = both_subscribed["peer"]
     before = count_queries(staff, [change(peer)])[change(peer)]
     for k in range(5):
         queue = make_queue(f"more{k}")

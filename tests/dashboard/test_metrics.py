@@ -62,7 +62,7 @@ def value(samples, name, **labels):
 
 
 @pytest.fixture
-def world(db, settings):
+def traffic(db, settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     db_queue = Queue.objects.create(name="db")
     network = Queue.objects.create(name="network")
@@ -87,7 +87,7 @@ def world(db, settings):
     return {"db": db_queue, "network": network, "logger": logger, "hook": hook}
 
 
-def test_it_reports_what_the_database_holds(client, world):
+def test_it_reports_what_the_database_holds(client, traffic):
     samples = scrape(client)
 
     assert value(samples, "mq_messages_published_total", queue="db") == 5
@@ -121,7 +121,7 @@ def test_it_reports_what_the_database_holds(client, world):
     assert value(samples, "mq_queue_paused", queue="db") == 0
 
 
-def test_it_reports_the_last_analytics_run_and_nothing_before_one(client, world, tmp_path):
+def test_it_reports_the_last_analytics_run_and_nothing_before_one(client, traffic, tmp_path):
     # Given no analytics run yet: no mq_analytics_* at all
     assert not [name for name, _ in scrape(client) if name.startswith("mq_analytics")]
 
@@ -171,20 +171,20 @@ def test_it_reports_the_last_analytics_run_and_nothing_before_one(client, world,
     assert not [k for k in samples if k[0] == "mq_analytics_latency_ms" and ("queue", "network") in k[1]]
 
 
-def test_the_oldest_pending_age_grows_with_time(client, world):
-    Delivery.objects.filter(subscriber=world["logger"], status=Status.PENDING).update(
+def test_the_oldest_pending_age_grows_with_time(client, traffic):
+    Delivery.objects.filter(subscriber=traffic["logger"], status=Status.PENDING).update(
         created_at=timezone.now() - timedelta(minutes=10)
     )
     age = value(scrape(client), "mq_oldest_pending_age_seconds", queue="db", subscriber="logger")
     assert 600 <= age < 660
 
 
-def test_the_publish_counter_survives_messages_leaving_the_hot_tables(client, world):
-    world["db"].messages.all().delete()  # as the archive would, for acked history
+def test_the_publish_counter_survives_messages_leaving_the_hot_tables(client, traffic):
+    traffic["db"].messages.all().delete()  # as the archive would, for acked history
     assert value(scrape(client), "mq_messages_published_total", queue="db") == 5
 
 
-def test_it_is_private_by_default(client, world, settings, django_user_model):
+def test_it_is_private_by_default(client, traffic, settings, django_user_model):
     """Without credentials 401 with a JSON body that says what to send; a logged-in user who is
     not staff 403; a staff login or the token 200; MQ_METRICS_PUBLIC opens it."""
     r = client.get("/metrics")
@@ -213,7 +213,7 @@ def one_computation_queries():
     return len(one.captured_queries)
 
 
-def test_a_loop_of_scrapes_costs_the_database_one_computation(client, world):
+def test_a_loop_of_scrapes_costs_the_database_one_computation(client, traffic):
     """Fifty scrapes within MQ_METRICS_MAX_AGE_SECS (5): the queries of one computation, then
     none (no session, no token lookup: the token is a setting)."""
     per_computation = one_computation_queries()
@@ -225,11 +225,11 @@ def test_a_loop_of_scrapes_costs_the_database_one_computation(client, world):
     assert len(scrapes.captured_queries) == per_computation
 
 
-def test_a_snapshot_older_than_max_age_is_computed_again(client, world, settings):
+def test_a_snapshot_older_than_max_age_is_computed_again(client, traffic, settings):
     settings.MQ_METRICS_MAX_AGE_SECS = 0.3
     first = scrape(client)
     assert value(first, "mq_messages_published_total", queue="db") == 5
-    publish(world["db"], [prepare("create", i) for i in range(10)])
+    publish(traffic["db"], [prepare("create", i) for i in range(10)])
     same = scrape(client)
     assert same == first  # the snapshot, not the database
     time.sleep(0.35)
@@ -240,7 +240,7 @@ def test_a_snapshot_older_than_max_age_is_computed_again(client, world, settings
     assert abs(time.time() - taken) < 2
 
 
-def test_while_another_process_computes_the_older_snapshot_is_served_at_once(client, world):
+def test_while_another_process_computes_the_older_snapshot_is_served_at_once(client, traffic):
     older = (time.time() - 60, shared.compute()[1])
     cache.set(shared.KEY, older, 60)
     assert cache.add(shared.LOCK_KEY, 1, 60)  # another process is computing
@@ -251,7 +251,7 @@ def test_while_another_process_computes_the_older_snapshot_is_served_at_once(cli
     assert time.monotonic() - started < 0.5 and not queries.captured_queries
 
 
-def test_with_no_snapshot_yet_a_scrape_waits_for_the_process_computing_it(client, world):
+def test_with_no_snapshot_yet_a_scrape_waits_for_the_process_computing_it(client, traffic):
     theirs = (time.time(), shared.compute()[1])
     cache.clear()
     assert cache.add(shared.LOCK_KEY, 1, 60)
@@ -282,7 +282,7 @@ def test_concurrent_scrapes_compute_one_snapshot(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_servers_share_one_snapshot_per_window_through_redis(world):
+def test_two_servers_share_one_snapshot_per_window_through_redis(traffic):
     """Two Daphne processes on one Redis, scraped in turn for 4 s with a 2 s max age: the same
     snapshots from both, at most one computation per window, none older than the max age plus a
     computation when it was asked for; without the token each answers 401."""
@@ -321,15 +321,15 @@ def test_two_servers_share_one_snapshot_per_window_through_redis(world):
 
 
 def test_it_asks_the_same_number_of_queries_however_many_rows(
-    client, world, settings, django_assert_max_num_queries
+    client, traffic, settings, django_assert_max_num_queries
 ):
     settings.MQ_METRICS_MAX_AGE_SECS = 0  # every scrape computes
     with django_assert_max_num_queries(30) as first:
         scrape(client)
-    publish(world["db"], [prepare(f"e{i}", i) for i in range(10)])
+    publish(traffic["db"], [prepare(f"e{i}", i) for i in range(10)])
     for i in range(3):
         s, _ = create_subscriber(f"more{i}", subscribe=["db"])
-        subscribing.subscribe(s, world["db"])
+        subscribing.subscribe(s, traffic["db"])
         presence.open_connection(s, f"specific.more-{i}")
     with django_assert_max_num_queries(len(first.captured_queries)):
         scrape(client)

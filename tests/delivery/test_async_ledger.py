@@ -62,7 +62,7 @@ def no_threads(monkeypatch, way):
 
 
 @pytest.fixture
-def world(db_queue, logger, peer):
+def both_subscribed_warm(db_queue, logger, peer):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)
     # The event is made (and remembered) once: a publish that makes one goes by the sync path.
@@ -79,8 +79,8 @@ async def published(queue, n, publisher=None):
     return await database_sync_to_async(publishing.publish)(queue, messages(n, "warm"), publisher=publisher)
 
 
-async def test_it_publishes_the_same_answers_and_rows(world, way, no_threads):
-    queue, logger, _ = world
+async def test_it_publishes_the_same_answers_and_rows(both_subscribed_warm, way, no_threads):
+    queue, logger, _ = both_subscribed_warm
     publish = way(publishing, "publish")
     answers = await publish(queue, messages(2, "warm"), publisher=logger)
     assert [(a["queue"], a["event"], a["seq"], a["deliveries"], created) for a, created in answers] == [
@@ -102,8 +102,8 @@ async def test_it_publishes_the_same_answers_and_rows(world, way, no_threads):
     )
 
 
-async def test_it_leases_the_same_deliveries(world, way, no_threads):
-    queue, logger, _ = world
+async def test_it_leases_the_same_deliveries(both_subscribed_warm, way, no_threads):
+    queue, logger, _ = both_subscribed_warm
     await published(queue, 3)
     now = timezone.now()
     leased = await way(ledger, "lease_deliveries")(logger, limit=2, holder="h", now=now)
@@ -120,8 +120,8 @@ async def test_it_leases_the_same_deliveries(world, way, no_threads):
     assert await way(ledger, "lease_deliveries")(logger, limit=0) == []
 
 
-async def test_it_acks_the_same_way(world, way, no_threads):
-    queue, logger, peer = world
+async def test_it_acks_the_same_way(both_subscribed_warm, way, no_threads):
+    queue, logger, peer = both_subscribed_warm
     await published(queue, 3)
     mine = [d["id"] for d in await database_sync_to_async(ledger.lease_deliveries)(logger, limit=3)]
     theirs = await database_sync_to_async(lambda: Delivery.objects.filter(subscriber=peer).first().pk)()
@@ -135,8 +135,8 @@ async def test_it_acks_the_same_way(world, way, no_threads):
     assert statuses == {**dict.fromkeys(mine, Status.ACKED), theirs: Status.PENDING}
 
 
-async def test_it_nacks_the_same_way_and_wakes_after(world, way, no_threads):
-    queue, logger, peer = world
+async def test_it_nacks_the_same_way_and_wakes_after(both_subscribed_warm, way, no_threads):
+    queue, logger, peer = both_subscribed_warm
     await database_sync_to_async(Queue.objects.filter(pk=queue.pk).update)(max_attempts=2)
     await published(queue, 3)
     first, second, third = [
@@ -161,8 +161,8 @@ async def test_it_nacks_the_same_way_and_wakes_after(world, way, no_threads):
     assert rows == {first: "no", second: "no; dead after 2 attempts"}
 
 
-async def test_a_publish_is_answered_and_wakes_only_after_its_commit(world, way):
-    queue, logger, peer = world
+async def test_a_publish_is_answered_and_wakes_only_after_its_commit(both_subscribed_warm, way):
+    queue, logger, peer = both_subscribed_warm
     lock = QueueLock(queue)
     lock.start()
     assert lock.held.wait(10)
@@ -187,8 +187,8 @@ async def test_a_publish_is_answered_and_wakes_only_after_its_commit(world, way)
     wakeups.unwatch(peer.pk, waiter)
 
 
-async def test_publishes_waiting_together_share_a_commit_each_with_its_own_answer(world, way):
-    queue, logger, _ = world
+async def test_publishes_waiting_together_share_a_commit_each_with_its_own_answer(both_subscribed_warm, way):
+    queue, logger, _ = both_subscribed_warm
     lock = QueueLock(queue)
     lock.start()
     assert lock.held.wait(10)
@@ -216,8 +216,8 @@ async def test_publishes_waiting_together_share_a_commit_each_with_its_own_answe
 
 
 @on_postgres
-async def test_a_failed_transaction_on_the_async_connection_leaves_nothing(world):
-    queue, logger, _ = world
+async def test_a_failed_transaction_on_the_async_connection_leaves_nothing(both_subscribed_warm):
+    queue, logger, _ = both_subscribed_warm
     await published(queue, 1)
     [leased] = await ledger.alease_deliveries(logger, limit=1)
     with pytest.raises(RuntimeError):

@@ -36,7 +36,7 @@ def now():
 
 
 @pytest.fixture
-def world(db):
+def db_and_orders(db):
     db_queue = Queue.objects.create(name="db")
     orders = Queue.objects.create(name="orders", ordered=True)
     logger, _ = create_subscriber("logger", subscribe=["db", "orders"])
@@ -74,10 +74,10 @@ def ids_where(sql_condition, now):
         return {row[0] for row in cursor.fetchall()}
 
 
-def test_a_pending_delivery_due_exactly_now_is_ready_and_one_a_tick_later_is_retrying(world, now):
+def test_a_pending_delivery_due_exactly_now_is_ready_and_one_a_tick_later_is_retrying(db_and_orders, now):
     # Given: the logger's db deliveries, pending due a second ago, exactly now and a tick from
     # now, and others in flight (due long ago), acked and dead
-    seqs = deliveries(world["logger"], world["db"])
+    seqs = deliveries(db_and_orders["logger"], db_and_orders["db"])
     put(seqs[1], Status.PENDING, next_attempt_at=now - timedelta(seconds=1))
     put(seqs[2], Status.PENDING, next_attempt_at=now)
     put(seqs[3], Status.PENDING, next_attempt_at=now + TICK)
@@ -89,7 +89,7 @@ def test_a_pending_delivery_due_exactly_now_is_ready_and_one_a_tick_later_is_ret
     )
     put(seqs[5], Status.ACKED, next_attempt_at=now - timedelta(hours=1))
     put(seqs[6], Status.DEAD, next_attempt_at=now - timedelta(hours=1))
-    mine = Delivery.objects.filter(subscriber=world["logger"], queue=world["db"])
+    mine = Delivery.objects.filter(subscriber=db_and_orders["logger"], queue=db_and_orders["db"])
 
     # Then: ready and retrying split the pending ones at `now`, in each spelling
     assert ids(mine.ready(now)) == {seqs[1], seqs[2]}
@@ -100,20 +100,20 @@ def test_a_pending_delivery_due_exactly_now_is_ready_and_one_a_tick_later_is_ret
         assert d.is_retrying(now) == (d.pk == seqs[3]), d
 
     # And: a lease at `now` hands out exactly the ready ones, oldest first
-    leased = ledger.lease_deliveries(world["logger"], limit=10, queue=world["db"], now=now)
+    leased = ledger.lease_deliveries(db_and_orders["logger"], limit=10, queue=db_and_orders["db"], now=now)
     assert [d["id"] for d in leased] == [seqs[1], seqs[2]]
 
 
-def test_a_lease_whose_deadline_is_exactly_now_is_overdue_and_one_a_tick_later_is_not(world, now):
+def test_a_lease_whose_deadline_is_exactly_now_is_overdue_and_one_a_tick_later_is_not(db_and_orders, now):
     # Given: the logger's db deliveries in flight until a second ago, exactly now and a tick
     # from now; a pending one (no deadline); an acked one whose old deadline was left behind
-    seqs = deliveries(world["logger"], world["db"])
+    seqs = deliveries(db_and_orders["logger"], db_and_orders["db"])
     put(seqs[1], Status.INFLIGHT, ack_deadline=now - timedelta(seconds=1), attempt=1)
     put(seqs[2], Status.INFLIGHT, ack_deadline=now, attempt=1)
     put(seqs[3], Status.INFLIGHT, ack_deadline=now + TICK, attempt=1)
     put(seqs[4], Status.PENDING, ack_deadline=None)
     put(seqs[5], Status.ACKED, ack_deadline=now - timedelta(hours=1))
-    mine = Delivery.objects.filter(subscriber=world["logger"], queue=world["db"])
+    mine = Delivery.objects.filter(subscriber=db_and_orders["logger"], queue=db_and_orders["db"])
 
     # Then: overdue takes the first two, in each spelling
     assert ids(mine.overdue(now)) == {seqs[1], seqs[2]}
@@ -127,15 +127,15 @@ def test_a_lease_whose_deadline_is_exactly_now_is_overdue_and_one_a_tick_later_i
     assert Delivery.objects.get(pk=seqs[1]).last_error == "ack deadline passed"
 
 
-def test_open_is_pending_or_in_flight_and_unsettled_adds_dead(world, now):
+def test_open_is_pending_or_in_flight_and_unsettled_adds_dead(db_and_orders, now):
     # Given: one of the peer's deliveries in each status
-    seqs = deliveries(world["peer"], world["db"])
+    seqs = deliveries(db_and_orders["peer"], db_and_orders["db"])
     put(seqs[1], Status.PENDING)
     put(seqs[2], Status.INFLIGHT, ack_deadline=now)
     put(seqs[3], Status.ACKED, acked_at=now)
     put(seqs[4], Status.DEAD)
     Delivery.objects.filter(pk__in=[seqs[5], seqs[6]]).delete()
-    peers = Delivery.objects.filter(subscriber=world["peer"])
+    peers = Delivery.objects.filter(subscriber=db_and_orders["peer"])
 
     # Then
     assert ids(peers.open()) == {seqs[1], seqs[2]}
@@ -144,10 +144,10 @@ def test_open_is_pending_or_in_flight_and_unsettled_adds_dead(world, now):
     assert "OR" in str(peers.open().query)  # one term per status, for the partial indexes
 
 
-def test_the_head_is_the_one_in_flight_even_with_a_lower_seq_reopened_behind_it(world, now):
+def test_the_head_is_the_one_in_flight_even_with_a_lower_seq_reopened_behind_it(db_and_orders, now):
     # Given: the logger's orders line: 1 acked, 2 reopened (pending again, as a seek leaves it),
     # 3 in flight, 4 and 5 pending
-    seqs = deliveries(world["logger"], world["orders"])
+    seqs = deliveries(db_and_orders["logger"], db_and_orders["orders"])
     put(seqs[1], Status.ACKED, acked_at=now)
     put(seqs[2], Status.PENDING, next_attempt_at=now - timedelta(seconds=1))
     put(seqs[3], Status.INFLIGHT, ack_deadline=now + timedelta(minutes=5), attempt=1)
@@ -156,27 +156,32 @@ def test_the_head_is_the_one_in_flight_even_with_a_lower_seq_reopened_behind_it(
     assert ids(Delivery.objects.heads()) == {seqs[3]}
     assert reports.head_of(Delivery.objects.get(pk=seqs[3]).subscription_id).pk == seqs[3]
     # And: the lease hands out nothing of it while its head is in flight
-    assert ledger.lease_deliveries(world["logger"], limit=10, queue=world["orders"], now=now) == []
+    assert (
+        ledger.lease_deliveries(db_and_orders["logger"], limit=10, queue=db_and_orders["orders"], now=now)
+        == []
+    )
 
     # When: the head is acked
-    ledger.ack_deliveries(world["logger"], [seqs[3]])
+    ledger.ack_deliveries(db_and_orders["logger"], [seqs[3]])
 
     # Then: the head is the lowest open seq, 2, and it is what the next lease hands out
     assert ids(Delivery.objects.heads()) == {seqs[2]}
-    [leased] = ledger.lease_deliveries(world["logger"], limit=10, queue=world["orders"], now=now)
+    [leased] = ledger.lease_deliveries(
+        db_and_orders["logger"], limit=10, queue=db_and_orders["orders"], now=now
+    )
     assert leased["id"] == seqs[2]
     assert ids(Delivery.objects.heads()) == {seqs[2]}  # now in flight, still the head
 
 
-def test_a_dead_delivery_does_not_hold_its_line(world, now):
-    seqs = deliveries(world["logger"], world["orders"])
+def test_a_dead_delivery_does_not_hold_its_line(db_and_orders, now):
+    seqs = deliveries(db_and_orders["logger"], db_and_orders["orders"])
     put(seqs[1], Status.DEAD, last_error="skipped by op")
 
     assert ids(Delivery.objects.heads()) == {seqs[2]}
     assert reports.head_of(Delivery.objects.get(pk=seqs[2]).subscription_id).pk == seqs[2]
 
 
-def test_the_backlog_groups_what_is_unsettled_as_a_recount_does(world, now):
+def test_the_backlog_groups_what_is_unsettled_as_a_recount_does(db_and_orders, now):
     # Given: a mix of states over both subscribers and queues
     states = [
         (Status.PENDING, {"next_attempt_at": now - timedelta(seconds=5)}),
@@ -223,16 +228,16 @@ def test_the_backlog_groups_what_is_unsettled_as_a_recount_does(world, now):
             assert row["inflight_until"] == max(until[key], default=None)
 
     # And: without `now`, only the counts and the oldest pending
-    [row] = Delivery.objects.filter(subscriber=world["peer"]).backlog("subscriber")
+    [row] = Delivery.objects.filter(subscriber=db_and_orders["peer"]).backlog("subscriber")
     assert set(row) == {"subscriber_id", "pending", "inflight", "dead", "oldest_pending_at"}
 
 
-def test_the_owed_report_splits_ready_from_retrying_as_the_read_model_does(world, now):
-    seqs = deliveries(world["peer"], world["db"])
+def test_the_owed_report_splits_ready_from_retrying_as_the_read_model_does(db_and_orders, now):
+    seqs = deliveries(db_and_orders["peer"], db_and_orders["db"])
     put(seqs[1], Status.PENDING, next_attempt_at=now)
     put(seqs[2], Status.PENDING, next_attempt_at=now + TICK, last_error="nacked by the client: busy")
 
-    [owed] = reports.owed_to_subscriber(world["peer"], now=now)
+    [owed] = reports.owed_to_subscriber(db_and_orders["peer"], now=now)
 
     assert (owed.pending, owed.ready, owed.retrying) == (6, 5, 1)
     assert owed.next_retry_at == now + TICK
@@ -240,7 +245,7 @@ def test_the_owed_report_splits_ready_from_retrying_as_the_read_model_does(world
 
 
 @pytest.fixture
-def sockets(world, now):
+def sockets(db_and_orders, now):
     """Three of the peer's sockets: seen just inside the stale limit, exactly at it, and a tick
     past it."""
     made = {}
@@ -249,7 +254,9 @@ def sockets(world, now):
         ("ws.at", now - timedelta(seconds=STALE_AFTER_SECS)),
         ("ws.past", now - timedelta(seconds=STALE_AFTER_SECS) - TICK),
     ):
-        made[name] = Connection.objects.create(subscriber=world["peer"], channel_name=name, last_seen=seen)
+        made[name] = Connection.objects.create(
+            subscriber=db_and_orders["peer"], channel_name=name, last_seen=seen
+        )
     return made
 
 
@@ -259,9 +266,9 @@ def test_a_connection_is_stale_only_once_unseen_for_longer_than_the_limit(socket
     assert set(Connection.objects.live(now).values_list("channel_name", flat=True)) == {"ws.inside", "ws.at"}
 
 
-def test_the_sweep_closes_the_stale_connections_and_hands_back_what_they_held(world, sockets, now):
+def test_the_sweep_closes_the_stale_connections_and_hands_back_what_they_held(db_and_orders, sockets, now):
     # Given: the stale socket holds a delivery
-    [held] = ledger.lease_deliveries(world["peer"], limit=1, holder="ws.past", now=now)
+    [held] = ledger.lease_deliveries(db_and_orders["peer"], limit=1, holder="ws.past", now=now)
 
     # When
     assert presence.sweep_stale_connections(now) == 1
@@ -271,14 +278,14 @@ def test_the_sweep_closes_the_stale_connections_and_hands_back_what_they_held(wo
     assert Delivery.objects.get(pk=held["id"]).status == Status.PENDING
 
 
-def test_the_admins_heartbeat_filter_and_badge_follow_the_same_rule(world, operator):
+def test_the_admins_heartbeat_filter_and_badge_follow_the_same_rule(db_and_orders, operator):
     # Given: sockets seen a minute inside the limit and a minute past it (the admin reads the clock)
     real_now = timezone.now()
     for name, seen in (
         ("ws.live", real_now - timedelta(seconds=STALE_AFTER_SECS - 60)),
         ("ws.stale", real_now - timedelta(seconds=STALE_AFTER_SECS + 60)),
     ):
-        Connection.objects.create(subscriber=world["peer"], channel_name=name, last_seen=seen)
+        Connection.objects.create(subscriber=db_and_orders["peer"], channel_name=name, last_seen=seen)
     staff = Client()
     staff.force_login(operator)
     url = reverse("admin:subscribers_connection_changelist")

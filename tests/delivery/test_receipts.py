@@ -164,7 +164,7 @@ def test_an_ack_that_settles_a_receipt_checks_once_after_its_commit(
 
 
 @database_sync_to_async
-def world(subscribers=3, max_attempts=10):
+def publisher_and_subscribers(subscribers=3, max_attempts=10):
     """The publisher (no subscription of its own) and `subscribers` subscribers of db."""
     queue = Queue.objects.create(name="db", max_attempts=max_attempts)
     publisher, token = create_subscriber("publisher", publish=["db"], subscribe=[])
@@ -195,7 +195,7 @@ def counts_of(message_id):
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_the_receipt_comes_when_the_last_subscriber_acks_and_not_before():
-    _, token, (a, b, c) = await world()
+    _, token, (a, b, c) = await publisher_and_subscribers()
     publisher = await connect(token)
     await send(
         publisher,
@@ -230,7 +230,7 @@ async def test_the_receipt_comes_when_the_last_subscriber_acks_and_not_before():
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_a_delivery_that_dies_settles_the_receipt_too():
-    _, token, (a, b) = await world(subscribers=2, max_attempts=1)
+    _, token, (a, b) = await publisher_and_subscribers(subscribers=2, max_attempts=1)
     publisher = await connect(token)
     await send(publisher, ONE_WITH_RECEIPT)
     published = await recv(publisher)
@@ -254,7 +254,7 @@ async def test_a_delivery_that_dies_settles_the_receipt_too():
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_a_batch_gets_one_receipt_per_message():
-    _, token, (a,) = await world(subscribers=1)
+    _, token, (a,) = await publisher_and_subscribers(subscribers=1)
     publisher = await connect(token)
     items = [{"event": "create", "payload": i} for i in range(3)]
     await send(publisher, {"type": "publish", "queue": "db", "messages": items, "receipt": True, "ref": "b"})
@@ -277,7 +277,7 @@ async def test_a_batch_gets_one_receipt_per_message():
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_no_receipt_is_sent_unless_asked():
-    _, token, (a,) = await world(subscribers=1)
+    _, token, (a,) = await publisher_and_subscribers(subscribers=1)
     publisher = await connect(token)
     await send(publisher, {"type": "publish", "queue": "db", "event": "create", "payload": 1})
     published = await recv(publisher)
@@ -292,7 +292,7 @@ async def test_no_receipt_is_sent_unless_asked():
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_a_message_owed_to_nobody_gets_its_receipt_right_after_published():
-    _, token, _ = await world(subscribers=0)
+    _, token, _ = await publisher_and_subscribers(subscribers=0)
     publisher = await connect(token)
     await send(publisher, ONE_WITH_RECEIPT)
     published = await recv(publisher)
@@ -305,7 +305,7 @@ async def test_a_message_owed_to_nobody_gets_its_receipt_right_after_published()
 @pytest.mark.django_db(transaction=True)
 async def test_a_bad_receipt_flag_or_too_many_waiting_is_refused_and_nothing_published(settings):
     settings.MQ_MAX_RECEIPTS_PER_SUBSCRIBER = 2
-    _, token, _ = await world(subscribers=1)
+    _, token, _ = await publisher_and_subscribers(subscribers=1)
     publisher = await connect(token)
     await send(publisher, {**ONE_WITH_RECEIPT, "receipt": "yes"})
     error = await recv(publisher)
@@ -325,7 +325,7 @@ async def test_a_settlement_nobody_announced_is_found_by_the_recheck(monkeypatch
     it): the sockets' periodic recheck finds the message settled in its full pass (every
     FULL_RECHECK_SECS, 3 s here)."""
     monkeypatch.setattr(receipts, "FULL_RECHECK_SECS", 3)
-    _, token, (a,) = await world(subscribers=1)
+    _, token, (a,) = await publisher_and_subscribers(subscribers=1)
     publisher = await connect(token)
     await send(publisher, ONE_WITH_RECEIPT)
     published = await recv(publisher)
@@ -339,7 +339,7 @@ async def test_a_settlement_nobody_announced_is_found_by_the_recheck(monkeypatch
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_a_closed_socket_forgets_the_receipts_it_waited_for():
-    _, token, (a,) = await world(subscribers=1)
+    _, token, (a,) = await publisher_and_subscribers(subscribers=1)
     publisher = await connect(token)
     await send(publisher, ONE_WITH_RECEIPT)
     await recv(publisher)

@@ -19,7 +19,7 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.support.servers import ROOT, start_daphne
+from tests.support.servers import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -38,13 +38,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # browser test would hide whatever the dashboard broke.
 if not Path(CHROMIUM).exists():
     raise RuntimeError(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
-
-
-@pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

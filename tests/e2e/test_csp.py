@@ -9,18 +9,10 @@ import httpx
 import pytest
 
 from subscribers.provisioning import create_subscriber
-from tests.support.servers import start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|<[^>]*\son(?:click|submit|load|change)\s*=", re.I)
-
-
-@pytest.fixture
-def server():
-    web = start_daphne()
-    yield web
-    web.stop()
 
 
 def policy(response):

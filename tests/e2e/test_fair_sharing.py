@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 REDIS = {"REDIS_URL": "redis://127.0.0.1:6379/7"}
 
 
-def world():
+def worker_and_api():
     """(the workers' token, the publisher's token): a subscriber "worker" of queue db, whose
     sockets are the workers, and "api", which only publishes (its socket gets nothing)."""
     queue = Queue.objects.create(name="db")
@@ -29,7 +29,7 @@ def world():
 def test_workers_on_two_daphne_processes_share_a_stream_published_on_one():
     """The publisher's own process wakes its socket at the commit, before Redis carries the
     word to the other: unless it waits for its echo, its worker takes everything."""
-    token, api_token = world()
+    token, api_token = worker_and_api()
     one, two = start_daphne(REDIS), start_daphne(REDIS)
     got = {"one": 0, "two": 0}
     stop = threading.Event()
@@ -75,7 +75,7 @@ def test_workers_on_two_daphne_processes_share_a_stream_published_on_one():
 def test_a_burst_published_right_after_two_workers_connected_to_two_processes_is_split():
     """The held-out check of issue 15: 40 messages, two connections, and nothing waits for a
     periodic loop to learn that the subscriber is shared."""
-    token, api_token = world()
+    token, api_token = worker_and_api()
     one, two = start_daphne(REDIS), start_daphne(REDIS)
     try:
         with ws_connect(f"{one.ws}?token={token}") as a, ws_connect(f"{two.ws}?token={token}") as b:

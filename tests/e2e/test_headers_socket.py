@@ -12,7 +12,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.support.servers import eventually, start_daphne
+from tests.support.servers import eventually
 from tests.support.sockets import connect, db, recv, send, setup
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -105,13 +105,6 @@ async def test_bad_headers_on_a_socket_are_an_error_frame_and_nothing_is_publish
 
 
 # --- end to end: a real Daphne, its websocket and its REST API ------------------------------------
-
-
-@pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -41,7 +41,7 @@ def _print_timings():
 
 
 @pytest.fixture(scope="module", params=["services", "embedded"])
-def server(request, django_db_setup, django_db_blocker):
+def server_per_mode(request, django_db_setup, django_db_blocker):
     if request.param == "services":
         env = {"REDIS_URL": E2E_REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}
     else:
@@ -54,8 +54,8 @@ def server(request, django_db_setup, django_db_blocker):
 
 
 @pytest.fixture
-def world(server, request):
-    if server.mode == "services":
+def owner_and_publisher(server_per_mode, request):
+    if server_per_mode.mode == "services":
         request.getfixturevalue("announcing")  # this process's changes go over Redis, as a server's
     queue = Queue.objects.create(name="db")
     owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
@@ -64,12 +64,12 @@ def world(server, request):
     return owner, token, publisher
 
 
-def start_poll(server, token):
+def start_poll(server_per_mode, token):
     """A long poll in a thread; its answer (and when it came) lands in the returned dict."""
     answer = {}
 
     def poll():
-        with httpx.Client(base_url=server.http, headers={"Authorization": f"Bearer {token}"}) as c:
+        with httpx.Client(base_url=server_per_mode.http, headers={"Authorization": f"Bearer {token}"}) as c:
             answer["response"] = c.get(f"/api/deliveries?wait={WAIT_SECS}", timeout=WAIT_SECS + 10)
             answer["at"] = time.monotonic()
 
@@ -79,10 +79,10 @@ def start_poll(server, token):
     return answer
 
 
-def waiting(server, owner):
+def waiting(server_per_mode, owner):
     """Whether the poll is waiting in the server: in the services mode its slot is in Redis;
     without Redis nothing outside shows it, so give it a generous moment."""
-    if server.mode == "embedded":
+    if server_per_mode.mode == "embedded":
         time.sleep(1.0)
         return True
     import redis
@@ -94,7 +94,7 @@ def waiting(server, owner):
         client.close()
 
 
-def revoke(server, owner, change):
+def revoke(server_per_mode, owner, change):
     """Make the change in this process; the new token, if any."""
     new_token = None
     if change == "rotate":
@@ -107,38 +107,44 @@ def revoke(server, owner, change):
         owner.save()
     else:
         owner.delete()
-    if server.mode == "embedded":
+    if server_per_mode.mode == "embedded":
         time.sleep(EMBEDDED_AGE_SECS + 0.5)  # no announcement reaches the server: its rows age out
     return new_token
 
 
 @pytest.mark.parametrize("change", ["rotate", "deactivate", "delete"])
-def test_it_ends_a_waiting_long_poll_of_a_revoked_token_with_401_and_leases_nothing(server, world, change):
-    owner, token, publisher = world
-    answer = start_poll(server, token)
-    assert waiting(server, owner)
+def test_it_ends_a_waiting_long_poll_of_a_revoked_token_with_401_and_leases_nothing(
+    server_per_mode, owner_and_publisher, change
+):
+    owner, token, publisher = owner_and_publisher
+    answer = start_poll(server_per_mode, token)
+    assert waiting(server_per_mode, owner)
     started = time.monotonic()
-    new_token = revoke(server, owner, change)
-    publish_over_http(server, publisher)
+    new_token = revoke(server_per_mode, owner, change)
+    publish_over_http(server_per_mode, publisher, 1, start=1)
 
     answer["thread"].join(timeout=WAIT_SECS + 15)
     response = answer["response"]
     assert response.status_code == 401, response.text
     assert "revoked" in response.json()["detail"]
     took = answer["at"] - started
-    timings.append((f"{server.mode} ({connection.vendor}), {change}: change to 401", took))
-    assert took < WITHIN + (EMBEDDED_AGE_SECS + 0.5 if server.mode == "embedded" else 0)
+    timings.append((f"{server_per_mode.mode} ({connection.vendor}), {change}: change to 401", took))
+    assert took < WITHIN + (EMBEDDED_AGE_SECS + 0.5 if server_per_mode.mode == "embedded" else 0)
 
     # Nothing was leased to the poll: what was published waits for the new token.
     assert Delivery.objects.filter(status=Status.INFLIGHT).count() == 0
     if change == "rotate":
         [(status, attempt)] = Delivery.objects.values_list("status", "attempt")
         assert (status, attempt) == (Status.PENDING, 0)
-        with httpx.Client(base_url=server.http, headers={"Authorization": f"Bearer {new_token}"}) as c:
+        with httpx.Client(
+            base_url=server_per_mode.http, headers={"Authorization": f"Bearer {new_token}"}
+        ) as c:
             pulled = c.get("/api/deliveries", timeout=10)
         assert pulled.status_code == 200
         assert [d["payload"] for d in pulled.json()["deliveries"]] == [{"n": 1}]
-        old = httpx.get(f"{server.http}/api/deliveries", headers={"Authorization": f"Bearer {token}"})
+        old = httpx.get(
+            f"{server_per_mode.http}/api/deliveries", headers={"Authorization": f"Bearer {token}"}
+        )
         assert old.status_code == 401
     elif change == "deactivate":
         assert not Delivery.objects.exists()  # an inactive subscriber is owed nothing

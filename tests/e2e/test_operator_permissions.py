@@ -31,7 +31,7 @@ SECRET = "payload-only-message-viewers-see"
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup, django_db_blocker):
+def shared_server(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         started = start_daphne({"REDIS_URL": ""})
     yield started
@@ -39,7 +39,7 @@ def server(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture
-def world(django_user_model):
+def staff_session(django_user_model):
     queue = Queue.objects.create(name="db")
     logger, token = create_subscriber("logger", publish=["db"], subscribe=["db"])
     subscribing.subscribe(logger, queue)
@@ -52,10 +52,12 @@ def world(django_user_model):
 
 
 @contextlib.contextmanager
-def operator(server, cookie):
+def operator(shared_server, cookie):
     """The staff user's browser: its session, and the CSRF token a page of the admin gives it
     (an unsafe call with a session needs one: its 403 must not be mistaken for the refusal)."""
-    with httpx.Client(base_url=server.http, cookies={settings.SESSION_COOKIE_NAME: cookie}, timeout=10) as c:
+    with httpx.Client(
+        base_url=shared_server.http, cookies={settings.SESSION_COOKIE_NAME: cookie}, timeout=10
+    ) as c:
         c.get("/admin/", follow_redirects=True)
         c.headers["X-CSRFToken"] = c.cookies[settings.CSRF_COOKIE_NAME]
         yield c
@@ -67,10 +69,13 @@ def grant(user, *perms):
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
 
 
-def first_snapshot(server, cookie):
+def first_snapshot(shared_server, cookie):
     with connect(
-        f"{server.ws}dashboard/",
-        additional_headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}", "Origin": server.http},
+        f"{shared_server.ws}dashboard/",
+        additional_headers={
+            "Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}",
+            "Origin": shared_server.http,
+        },
         open_timeout=10,
     ) as ws:
         text = ws.recv(timeout=10)
@@ -92,11 +97,11 @@ ROUTES = {
 }
 
 
-def test_it_refuses_a_staff_user_without_model_permissions_every_operator_route(server, world):
-    staff, message_id, token, cookie = world
-    with connect(f"{server.ws}?token={token}", close_timeout=1):  # a connection to list
+def test_it_refuses_a_staff_user_without_model_permissions_every_operator_route(shared_server, staff_session):
+    staff, message_id, token, cookie = staff_session
+    with connect(f"{shared_server.ws}?token={token}", close_timeout=1):  # a connection to list
         assert eventually(lambda: Connection.objects.count() == 1)
-        with operator(server, cookie) as c:
+        with operator(shared_server, cookie) as c:
             answers = {name: call(c) for name, call in ROUTES.items()}
             answers["receipt"] = c.get(f"/api/messages/{message_id}")
     for name, answer in answers.items():
@@ -105,18 +110,18 @@ def test_it_refuses_a_staff_user_without_model_permissions_every_operator_route(
         assert "logger" not in answer.text and SECRET not in answer.text and '"db"' not in answer.text
     assert Message.objects.count() == 1  # the refused publish left nothing
 
-    frame, text = first_snapshot(server, cookie)  # the overview, without any message
+    frame, text = first_snapshot(shared_server, cookie)  # the overview, without any message
     assert frame["feed"] == [] and frame["feed_status"] == {}
     assert SECRET not in text
 
 
-def test_it_serves_each_operator_route_to_a_staff_user_with_its_permission(server, world):
-    staff, message_id, token, cookie = world
+def test_it_serves_each_operator_route_to_a_staff_user_with_its_permission(shared_server, staff_session):
+    staff, message_id, token, cookie = staff_session
     grant(staff, "queues.add_message", "queues.view_queue", "subscribers.view_connection")
     grant(staff, "analytics.view_analyticsrun", "analytics.view_eventstats", "analytics.view_subscriberstats")
-    with connect(f"{server.ws}?token={token}", close_timeout=1):
+    with connect(f"{shared_server.ws}?token={token}", close_timeout=1):
         assert eventually(lambda: Connection.objects.count() == 1)
-        with operator(server, cookie) as c:
+        with operator(shared_server, cookie) as c:
             assert publish_as_operator(c).status_code == 201
             assert [q["name"] for q in c.get("/api/queues").json()["queues"]] == ["db"]
             assert [x["subscriber"] for x in c.get("/api/connections").json()["connections"]] == ["logger"]
@@ -136,5 +141,5 @@ def test_it_serves_each_operator_route_to_a_staff_user_with_its_permission(serve
             assert [s["subscriber"] for s in receipt["subscriptions"]] == ["logger"]
     assert Message.objects.count() == 2
 
-    frame, text = first_snapshot(server, cookie)
+    frame, text = first_snapshot(shared_server, cookie)
     assert SECRET in text and any(m["id"] == message_id for m in frame["feed"])

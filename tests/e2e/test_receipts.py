@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def world():
+def publisher_and_two_subscribers():
     """A publisher without subscriptions, and two subscribers of db."""
     queue = Queue.objects.create(name="db")
     _, publisher = create_subscriber("publisher", publish=["db"], subscribe=[])
@@ -59,8 +59,8 @@ def publish_with_receipt(ws):
     return published["id"]
 
 
-def test_a_receipt_after_a_socket_ack_and_a_rest_ack_on_the_server(world):
-    publisher, (first, second) = world
+def test_a_receipt_after_a_socket_ack_and_a_rest_ack_on_the_server(publisher_and_two_subscribers):
+    publisher, (first, second) = publisher_and_two_subscribers
     server = start_daphne()
     try:
         with connect(f"{server.ws}?token={publisher}") as ws, connect(f"{server.ws}?token={first}") as sub:
@@ -85,13 +85,13 @@ def test_a_receipt_after_a_socket_ack_and_a_rest_ack_on_the_server(world):
     assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
 
 
-def test_a_rest_ack_in_another_process_reaches_the_publishers_socket(world):
+def test_a_rest_ack_in_another_process_reaches_the_publishers_socket(publisher_and_two_subscribers):
     if connection.vendor != "postgresql":
         pytest.skip(
             "two web processes are the services mode's (PostgreSQL and Redis): "
             "the PostgreSQL pass of make test runs it"
         )
-    publisher, (first, second) = world
+    publisher, (first, second) = publisher_and_two_subscribers
     servers = [start_daphne({"REDIS_URL": E2E_REDIS}), start_daphne({"REDIS_URL": E2E_REDIS})]
     try:
         with connect(f"{servers[0].ws}?token={publisher}") as ws:
@@ -116,9 +116,9 @@ def test_a_rest_ack_in_another_process_reaches_the_publishers_socket(world):
 
 
 @pytest.fixture
-def two_publishers(world):
+def two_publishers(publisher_and_two_subscribers):
     """The publisher of `world` and a second one, `intruder`, who may publish to db too."""
-    publisher, tokens = world
+    publisher, tokens = publisher_and_two_subscribers
     _, intruder = create_subscriber("intruder", publish=["db"], subscribe=[])
     return publisher, intruder, tokens
 
@@ -186,8 +186,8 @@ def test_a_repeated_key_does_not_take_the_publishers_receipt(two_publishers, bat
 # --- receipts awaited: a cap per subscriber, whatever its sockets (issue 26, S9) ---------------
 
 
-def test_the_receipts_awaited_are_capped_per_subscriber_not_per_socket(world):
-    publisher, _ = world
+def test_the_receipts_awaited_are_capped_per_subscriber_not_per_socket(publisher_and_two_subscribers):
+    publisher, _ = publisher_and_two_subscribers
     server = start_daphne({"MQ_MAX_RECEIPTS_PER_SUBSCRIBER": "3"})
     items = [{"event": "create", "payload": i} for i in range(2)]
     publish = {"type": "publish", "queue": "db", "messages": items, "receipt": True}
@@ -217,7 +217,9 @@ def test_the_receipts_awaited_are_capped_per_subscriber_not_per_socket(world):
 # --- another process's settle, in the embedded mode (no Redis): the log of moves (issue 26, S9) --
 
 
-def test_a_settle_by_another_process_without_redis_reaches_the_socket_through_the_log(world):
+def test_a_settle_by_another_process_without_redis_reaches_the_socket_through_the_log(
+    publisher_and_two_subscribers,
+):
     """The server hears nothing from the process that acks (no Redis): its recheck reads the
     moves that process logged. The ack waits until the server's first pass of the receipt has
     run (that one probes all it awaits), so the receipt can only come through the log: the next
@@ -225,7 +227,7 @@ def test_a_settle_by_another_process_without_redis_reaches_the_socket_through_th
     from delivery import ledger
     from subscribers.models import Subscriber
 
-    publisher, _ = world
+    publisher, _ = publisher_and_two_subscribers
     server = start_daphne({"REDIS_URL": None})
     try:
         with connect(f"{server.ws}?token={publisher}") as ws:

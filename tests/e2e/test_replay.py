@@ -12,16 +12,9 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.provisioning import create_subscriber
 from tests.support.http import post, publish_over_http
-from tests.support.servers import eventually, start_daphne
+from tests.support.servers import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
 
 
 def frames(ws, n, timeout=10):

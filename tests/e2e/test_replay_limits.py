@@ -31,13 +31,6 @@ from tests.support.servers import eventually, start_daphne, start_worker
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
-
-
 def hold_replay(subscriber, queue):
     """A new subscription whose replay from the first seq did begin_replay and one chunk, then
     stopped: as a server that died between two chunks leaves it."""

@@ -14,7 +14,6 @@ from queues.models import Queue
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
 from tests.support.backlog import call, fill
-from tests.support.servers import start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,13 +21,6 @@ BACKLOG = 50_000  # hot messages, as in the finding
 LOOP_SECS = 12
 # Generous: the finding measured 3.2 s at the median; the target is under 100 ms.
 MEDIAN_BOUND_SECS = 0.25
-
-
-@pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
 
 
 def test_a_loop_of_replays_of_the_whole_backlog_leaves_other_publishers_fast_and_owes_each_message_once(

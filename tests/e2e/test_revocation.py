@@ -50,7 +50,7 @@ def servers():
 
 
 @pytest.fixture
-def world():
+def owner_on_db():
     queue = Queue.objects.create(name="db")
     owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
     subscription, _ = subscribing.subscribe(owner, queue)
@@ -102,8 +102,8 @@ def admin_client():
     return client
 
 
-def test_a_rotated_token_closes_the_sockets_in_both_processes(servers, world, announcing):
-    _, owner, token, _ = world
+def test_a_rotated_token_closes_the_sockets_in_both_processes(servers, owner_on_db, announcing):
+    _, owner, token, _ = owner_on_db
     sockets = open_sockets(servers, token)
     started = time.monotonic()
     out = io.StringIO()
@@ -122,8 +122,8 @@ def test_a_rotated_token_closes_the_sockets_in_both_processes(servers, world, an
     assert all_closed(sockets, started, "the admin rotates the token") == [4401, 4401]
 
 
-def test_deactivating_or_deleting_the_subscriber_closes_both(servers, world, announcing):
-    queue, owner, token, _ = world
+def test_deactivating_or_deleting_the_subscriber_closes_both(servers, owner_on_db, announcing):
+    queue, owner, token, _ = owner_on_db
     sockets = open_sockets(servers, token)
     started = time.monotonic()
     owner.is_active = False
@@ -138,8 +138,8 @@ def test_deactivating_or_deleting_the_subscriber_closes_both(servers, world, ann
     assert all_closed(sockets, started, "deleted") == [4401, 4401]
 
 
-def test_a_withdrawn_subscribe_right_ends_the_subscription_on_both(servers, world, announcing):
-    queue, owner, token, subscription = world
+def test_a_withdrawn_subscribe_right_ends_the_subscription_on_both(servers, owner_on_db, announcing):
+    queue, owner, token, subscription = owner_on_db
     sockets = open_sockets(servers, token)
     publishing.publish(queue, [publishing.prepare("create", 1)])
     assert eventually(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count() == 1)
@@ -188,8 +188,8 @@ def test_a_withdrawn_subscribe_right_ends_the_subscription_on_both(servers, worl
         ws.close()
 
 
-def test_the_admin_closing_a_connection_closes_that_socket(servers, world, announcing):
-    _, _, token, _ = world
+def test_the_admin_closing_a_connection_closes_that_socket(servers, owner_on_db, announcing):
+    _, _, token, _ = owner_on_db
     sockets = open_sockets(servers, token)
     client = admin_client()
     rows = list(Connection.objects.order_by("connected_at"))
@@ -207,10 +207,10 @@ def test_the_admin_closing_a_connection_closes_that_socket(servers, world, annou
     assert Connection.objects.count() == 1
 
 
-def test_without_the_announcement_the_token_check_closes_both_within_2s(world):
+def test_without_the_announcement_the_token_check_closes_both_within_2s(owner_on_db):
     """One process on Redis, one without it, and the change announced to nobody (this
     process has no Redis): each process's own check finds the revoked sockets."""
-    _, owner, token, _ = world
+    _, owner, token, _ = owner_on_db
     servers = [start_daphne({"REDIS_URL": REDIS}), start_daphne()]
     try:
         sockets = open_sockets(servers, token)

@@ -19,14 +19,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def server(db_queue):
+def throttled_server(db_queue):
     # A rate this machine's loop surely passes (the default's 300 a second it may not reach).
     web = start_daphne({"MQ_THROTTLE_RATE": "300/10s"})
     yield web
     web.stop()
 
 
-def test_the_rate_stops_a_runaway_loop_and_lets_a_normal_client_through(server):
+def test_the_rate_stops_a_runaway_loop_and_lets_a_normal_client_through(throttled_server):
     _, runaway_token = create_subscriber("runaway", publish=["db"])
     _, normal_token = create_subscriber("normal", publish=["db"])
 
@@ -34,7 +34,9 @@ def test_the_rate_stops_a_runaway_loop_and_lets_a_normal_client_through(server):
     stop, results, started = threading.Event(), [], time.monotonic()
 
     def loop():
-        with httpx.Client(base_url=server.http, headers={"Authorization": f"Bearer {runaway_token}"}) as c:
+        with httpx.Client(
+            base_url=throttled_server.http, headers={"Authorization": f"Bearer {runaway_token}"}
+        ) as c:
             while not stop.is_set() and time.monotonic() - started < 90:
                 r = c.get("/api/queues")
                 results.append(r)
@@ -56,7 +58,9 @@ def test_the_rate_stops_a_runaway_loop_and_lets_a_normal_client_through(server):
     assert "throttled" in refused.json()["detail"].lower()
 
     # A service at a normal pace (at most 20 a second), during the runaway's refusal, passes.
-    with httpx.Client(base_url=server.http, headers={"Authorization": f"Bearer {normal_token}"}) as normal:
+    with httpx.Client(
+        base_url=throttled_server.http, headers={"Authorization": f"Bearer {normal_token}"}
+    ) as normal:
         codes = []
         for _ in range(40):
             codes.append(normal.get("/api/queues").status_code)

@@ -28,7 +28,7 @@ CHECK_RARELY = {"REDIS_URL": REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}
 
 
 @pytest.fixture
-def world():
+def owner_unsubscribed():
     Queue.objects.create(name="db")
     owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
     return owner, token
@@ -66,13 +66,13 @@ def publish_status(server, token, i=0):
     return call(server, "POST", "/api/queues/db/messages", token, {"event": "create", "payload": i})[0]
 
 
-def test_several_processes_on_one_port_each_take_requests(world):
+def test_several_processes_on_one_port_each_take_requests(owner_unsubscribed):
     if connection.vendor != "postgresql":
         pytest.skip(
             "several web processes are the services mode's (PostgreSQL and Redis): "
             "the PostgreSQL pass of make test runs it"
         )
-    _, token = world
+    _, token = owner_unsubscribed
     servers = start_daphnes(2, {"REDIS_URL": REDIS})
     try:
         sent = 0
@@ -89,8 +89,8 @@ def test_several_processes_on_one_port_each_take_requests(world):
         servers.stop()
 
 
-def test_a_token_rotated_through_one_process_is_refused_at_once_by_the_other(two_servers, world):
-    owner, token = world
+def test_a_token_rotated_through_one_process_is_refused_at_once_by_the_other(two_servers, owner_unsubscribed):
+    owner, token = owner_unsubscribed
     first, second = two_servers
     for server in two_servers:  # each has looked the token up, and keeps it
         assert publish_status(server, token) == 201
@@ -111,9 +111,9 @@ def test_a_token_rotated_through_one_process_is_refused_at_once_by_the_other(two
 
 
 def test_a_deactivated_subscriber_and_a_deleted_queue_hold_at_once_in_every_process(
-    two_servers, world, announcing
+    two_servers, owner_unsubscribed, announcing
 ):
-    owner, token = world
+    owner, token = owner_unsubscribed
     other, other_token = create_subscriber("other", publish=["db"], subscribe=["db"])
     for server in two_servers:
         assert publish_status(server, token) == 201
@@ -131,10 +131,10 @@ def test_a_deactivated_subscriber_and_a_deleted_queue_hold_at_once_in_every_proc
     assert [publish_status(s, other_token) for s in two_servers] == [201, 201]
 
 
-def test_without_the_announcement_a_rotated_token_is_refused_within_the_check_interval(world):
+def test_without_the_announcement_a_rotated_token_is_refused_within_the_check_interval(owner_unsubscribed):
     """The change announced to nobody (this process has no Redis): the rows a process keeps
     go by their age (MQ_REVOCATION_CHECK_SECS, 0.5 s by default)."""
-    owner, token = world
+    owner, token = owner_unsubscribed
     server = start_daphne({"REDIS_URL": REDIS})
     try:
         assert publish_status(server, token) == 201

@@ -23,14 +23,7 @@ REDIS_TEST_URL = "redis://127.0.0.1:6379/7"
 
 
 @pytest.fixture
-def server():
-    s = start_daphne()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def owner_on_db():
+def make_owner_on_db():
     def make(ordered=False):
         queue = Queue.objects.create(name="db", ordered=ordered)
         subscriber, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
@@ -55,8 +48,8 @@ def receive(ws, n, timeout=10, ack=True):
     return frames
 
 
-def test_a_subscriber_that_reconnects_gets_what_it_missed_then_live(server, owner_on_db):
-    _, token = owner_on_db()
+def test_a_subscriber_that_reconnects_gets_what_it_missed_then_live(server, make_owner_on_db):
+    _, token = make_owner_on_db()
     with connect(f"{server.ws}?token={token}") as ws:
         publish_over_http(server, token, 3)
         assert [f["seq"] for f in receive(ws, 3)] == [1, 2, 3]
@@ -68,8 +61,8 @@ def test_a_subscriber_that_reconnects_gets_what_it_missed_then_live(server, owne
     assert eventually(lambda: set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED})
 
 
-def test_an_ordered_queue_arrives_in_order_one_at_a_time(server, owner_on_db):
-    _, token = owner_on_db(ordered=True)
+def test_an_ordered_queue_arrives_in_order_one_at_a_time(server, make_owner_on_db):
+    _, token = make_owner_on_db(ordered=True)
     publish_over_http(server, token, 5)
     seqs = []
     with connect(f"{server.ws}?token={token}") as ws:
@@ -82,10 +75,10 @@ def test_an_ordered_queue_arrives_in_order_one_at_a_time(server, owner_on_db):
     assert seqs == [1, 2, 3, 4, 5]
 
 
-def test_two_connections_share_one_subscribers_deliveries(server, owner_on_db):
+def test_two_connections_share_one_subscribers_deliveries(server, make_owner_on_db):
     """Neither acks, so each can hold at most MQ_PREFETCH (100): 150 messages must be split,
     each to exactly one of them."""
-    _, token = owner_on_db()
+    _, token = make_owner_on_db()
     with connect(f"{server.ws}?token={token}") as a, connect(f"{server.ws}?token={token}") as b:
         time.sleep(0.2)
         publish_over_http(server, token, 150)
@@ -104,8 +97,8 @@ def test_two_connections_share_one_subscribers_deliveries(server, owner_on_db):
     assert 50 <= len(got["a"]) <= 100 and 50 <= len(got["b"]) <= 100
 
 
-def test_a_killed_socket_returns_what_it_held_at_once(server, owner_on_db):
-    _, token = owner_on_db()
+def test_a_killed_socket_returns_what_it_held_at_once(server, make_owner_on_db):
+    _, token = make_owner_on_db()
     publish_over_http(server, token, 5)
     with contextlib.suppress(ConnectionClosed, OSError), connect(f"{server.ws}?token={token}") as ws:
         held = receive(ws, 5, ack=False)
@@ -118,8 +111,8 @@ def test_a_killed_socket_returns_what_it_held_at_once(server, owner_on_db):
         assert sorted(f["id"] for f in receive(ws, 5)) == sorted(f["id"] for f in held)
 
 
-def test_two_daphne_processes_on_one_redis_deliver_to_a_subscriber_on_either(owner_on_db):
-    _, token = owner_on_db()
+def test_two_daphne_processes_on_one_redis_deliver_to_a_subscriber_on_either(make_owner_on_db):
+    _, token = make_owner_on_db()
     env = {"REDIS_URL": REDIS_TEST_URL}
     one, two = start_daphne(env), start_daphne(env)
     try:
@@ -136,8 +129,8 @@ def test_two_daphne_processes_on_one_redis_deliver_to_a_subscriber_on_either(own
         two.stop()
 
 
-def test_a_burst_with_subscribers_dropping_mid_burst_loses_nothing(server, owner_on_db, make_subscriber):
-    queue, token = owner_on_db()
+def test_a_burst_with_subscribers_dropping_mid_burst_loses_nothing(server, make_owner_on_db, make_subscriber):
+    queue, token = make_owner_on_db()
     tokens = {"owner": token}
     for name in ("second", "third"):
         sub = make_subscriber(name, publish=(), subscribe=("db",))

@@ -69,7 +69,7 @@ class World:
 
 
 @pytest.fixture
-def world(logger, peer, outsider, db_queue):
+def personas(logger, peer, outsider, db_queue):
     return World(logger, peer, outsider, db_queue)
 
 
@@ -199,13 +199,13 @@ def test_api1_the_matrix_covers_every_route():
 
 
 @pytest.mark.parametrize("route", sorted(ROUTE_ATTACKS), ids="-".join)
-def test_api1_a_subscriber_never_reaches_anothers_objects_over_rest(world, route):
+def test_api1_a_subscriber_never_reaches_anothers_objects_over_rest(personas, route):
     """API1:2023 Broken Object Level Authorization: another's subscription or delivery is a
     404 (or unknown), lists hold only the caller's rows, and nothing of the owner's moves."""
-    before = world.statuses()
-    ROUTE_ATTACKS[route](world)
-    assert world.statuses() == before
-    assert Subscription.objects.filter(pk=world.subscription.pk, subscriber=world.logger).exists()
+    before = personas.statuses()
+    ROUTE_ATTACKS[route](personas)
+    assert personas.statuses() == before
+    assert Subscription.objects.filter(pk=personas.subscription.pk, subscriber=personas.logger).exists()
 
 
 async def frame_attack(token, frames):
@@ -280,23 +280,23 @@ async def test_api1_a_subscriber_never_reaches_anothers_objects_over_the_websock
 
 @pytest.mark.parametrize("route", sorted(set(api_routes()) - PUBLIC), ids="-".join)
 @pytest.mark.parametrize("authorization", [None, "Bearer mq_not-a-real-token", "Bearer", "Basic b3A6b3A="])
-def test_api2_every_non_public_route_refuses_a_caller_without_a_valid_token(world, route, authorization):
+def test_api2_every_non_public_route_refuses_a_caller_without_a_valid_token(personas, route, authorization):
     """API2:2023 Broken Authentication: no token, a bad one, or another scheme: 401, with the
     scheme to use, and nothing of the caller's doing happens."""
     name, method = route
     headers = {"HTTP_AUTHORIZATION": authorization} if authorization else {}
-    before = (Message.objects.count(), Subscription.objects.count(), world.statuses())
+    before = (Message.objects.count(), Subscription.objects.count(), personas.statuses())
     r = getattr(client_for(), method)(url_of(name), {}, format="json", **headers)
     assert r.status_code == 401, r.content
     assert r["WWW-Authenticate"].startswith("Bearer")
-    assert (Message.objects.count(), Subscription.objects.count(), world.statuses()) == before
+    assert (Message.objects.count(), Subscription.objects.count(), personas.statuses()) == before
 
 
-def test_api2_an_inactive_subscribers_token_is_refused(world):
+def test_api2_an_inactive_subscribers_token_is_refused(personas):
     """API2:2023 Broken Authentication: a deactivated subscriber's token stops working."""
-    world.logger.is_active = False
-    world.logger.save()
-    assert client_for(world.logger).get(url_of("delivery-list")).status_code == 401
+    personas.logger.is_active = False
+    personas.logger.save()
+    assert client_for(personas.logger).get(url_of("delivery-list")).status_code == 401
 
 
 @pytest.mark.asyncio
@@ -366,7 +366,7 @@ def test_api2_tokens_are_kept_hashed_never_in_plaintext(db, make_subscriber):
         assert Subscriber.objects.get(name=name).token_hash == hashlib.sha256(token.encode()).hexdigest()
 
 
-def test_api2_tokens_are_compared_in_constant_time(world, monkeypatch):
+def test_api2_tokens_are_compared_in_constant_time(personas, monkeypatch):
     """API2:2023 Broken Authentication: the token is looked up by its hash and then compared
     with hmac.compare_digest, so timing says nothing about how much of a guess was right."""
     from subscribers import tokens
@@ -374,8 +374,8 @@ def test_api2_tokens_are_compared_in_constant_time(world, monkeypatch):
     compared = []
     real = tokens.hmac.compare_digest
     monkeypatch.setattr(tokens.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
-    assert client_for(world.logger).get(url_of("subscription-list")).status_code == 200
-    digest = hashlib.sha256(world.logger.token.encode()).hexdigest()
+    assert client_for(personas.logger).get(url_of("subscription-list")).status_code == 200
+    digest = hashlib.sha256(personas.logger.token.encode()).hexdigest()
     assert compared == [(digest, digest)]
 
 
@@ -384,48 +384,55 @@ def test_api2_tokens_are_compared_in_constant_time(world, monkeypatch):
 FORGED = {"id": 999, "seq": 999, "status": "acked", "attempt": 99, "subscriber": 1, "publisher": 1}
 
 
-def test_api3_a_publish_cannot_set_seq_status_attempt_or_subscriber(world):
+def test_api3_a_publish_cannot_set_seq_status_attempt_or_subscriber(personas):
     """API3:2023 Broken Object Property Level Authorization: mass assignment has no effect."""
-    forged = {**FORGED, "subscriber": world.peer.pk, "publisher": world.peer.pk}
-    r = client_for(world.logger).post(
+    forged = {**FORGED, "subscriber": personas.peer.pk, "publisher": personas.peer.pk}
+    r = client_for(personas.logger).post(
         url_of("messages", queue="db"), {"event": "create", "payload": 1, **forged}, format="json"
     )
     assert r.status_code == 201
     message = Message.objects.get(pk=r.json()["id"])
-    assert message.pk != 999 and message.seq == 5 and message.publisher == world.logger
+    assert message.pk != 999 and message.seq == 5 and message.publisher == personas.logger
     fanned = Delivery.objects.filter(message=message)
     assert {(d.status, d.attempt) for d in fanned} == {(Status.PENDING, 0)}
-    assert {d.subscriber_id for d in fanned} == {world.logger.pk, world.peer.pk}  # its subscribers, no more
+    assert {d.subscriber_id for d in fanned} == {
+        personas.logger.pk,
+        personas.peer.pk,
+    }  # its subscribers, no more
     batch = {"messages": [{"event": "create", "payload": 2, **forged}], **forged}
-    r = client_for(world.logger).post(url_of("messages", queue="db"), batch, format="json")
+    r = client_for(personas.logger).post(url_of("messages", queue="db"), batch, format="json")
     assert r.status_code == 201 and r.json()["messages"][0]["seq"] == 6
 
 
-def test_api3_a_subscription_cannot_be_made_for_someone_else(world):
+def test_api3_a_subscription_cannot_be_made_for_someone_else(personas):
     """API3:2023 Broken Object Property Level Authorization: the subscriber is the caller."""
-    forged = {**FORGED, "subscriber": world.peer.pk, "id": world.peer_subscription.pk}
-    r = client_for(world.logger).post(
+    forged = {**FORGED, "subscriber": personas.peer.pk, "id": personas.peer_subscription.pk}
+    r = client_for(personas.logger).post(
         url_of("subscription-list"), {"queue": "db", "event": "other", **forged}, format="json"
     )
     assert r.status_code == 201
     made = Subscription.objects.get(pk=r.json()["id"])
-    assert made.subscriber == world.logger and made.pk != world.peer_subscription.pk
-    assert list(world.peer.subscriptions.all()) == [world.peer_subscription]
+    assert made.subscriber == personas.logger and made.pk != personas.peer_subscription.pk
+    assert list(personas.peer.subscriptions.all()) == [personas.peer_subscription]
 
 
-def test_api3_ack_and_nack_cannot_set_status_or_attempt(world):
+def test_api3_ack_and_nack_cannot_set_status_or_attempt(personas):
     """API3:2023 Broken Object Property Level Authorization: only the verb moves a delivery."""
-    inflight = Delivery.objects.filter(subscriber=world.logger, status=Status.INFLIGHT).first()
-    r = client_for(world.logger).post(
+    inflight = Delivery.objects.filter(subscriber=personas.logger, status=Status.INFLIGHT).first()
+    r = client_for(personas.logger).post(
         url_of("delivery-nack", pk=inflight.pk), {"retry_in": 60, **FORGED}, format="json"
     )
     assert r.status_code == 200
     inflight.refresh_from_db()
-    assert inflight.status == Status.PENDING and inflight.attempt == 1 and inflight.subscriber == world.logger
-    pending = Delivery.objects.filter(subscriber=world.logger).exclude(pk=inflight.pk).first()
-    r = client_for(world.logger).post(url_of("delivery-ack"), {"ids": [pending.pk], **FORGED}, format="json")
+    assert (
+        inflight.status == Status.PENDING and inflight.attempt == 1 and inflight.subscriber == personas.logger
+    )
+    pending = Delivery.objects.filter(subscriber=personas.logger).exclude(pk=inflight.pk).first()
+    r = client_for(personas.logger).post(
+        url_of("delivery-ack"), {"ids": [pending.pk], **FORGED}, format="json"
+    )
     pending.refresh_from_db()
-    assert r.json()["acked"] == 1 and pending.status == Status.ACKED and pending.subscriber == world.logger
+    assert r.json()["acked"] == 1 and pending.status == Status.ACKED and pending.subscriber == personas.logger
 
 
 @pytest.mark.asyncio
@@ -457,10 +464,10 @@ async def test_api3_frames_cannot_set_seq_status_attempt_or_subscriber(logger, p
     assert w.deliveries
 
 
-def test_api3_answers_carry_no_other_subscribers_properties(world):
+def test_api3_answers_carry_no_other_subscribers_properties(personas):
     """API3:2023 Broken Object Property Level Authorization: a delivery shows the contract's
     fields, never its subscriber, lease holder or errors; a queue never its subscribers."""
-    delivery = client_for(world.peer).get(url_of("delivery-list")).json()["deliveries"][0]
+    delivery = client_for(personas.peer).get(url_of("delivery-list")).json()["deliveries"][0]
     assert set(delivery) == {
         "id",
         "message_id",
@@ -472,8 +479,8 @@ def test_api3_answers_carry_no_other_subscribers_properties(world):
         "published_at",
         "ack_deadline",
     }
-    body = client_for(world.peer).get(url_of("queue-list")).content.decode()
-    for secret in (world.logger.name, world.logger.token_hash, world.logger.webhook_secret):
+    body = client_for(personas.peer).get(url_of("queue-list")).content.decode()
+    for secret in (personas.logger.name, personas.logger.token_hash, personas.logger.webhook_secret):
         assert secret not in body
 
 
@@ -481,10 +488,10 @@ def test_api3_answers_carry_no_other_subscribers_properties(world):
 
 
 @override_settings(MQ_MAX_BODY_BYTES=1000)
-def test_api4_a_body_over_the_limit_is_refused_before_it_is_parsed(world):
+def test_api4_a_body_over_the_limit_is_refused_before_it_is_parsed(personas):
     """API4:2023 Unrestricted Resource Consumption: a 413, not a 400, for a body that is not
     even JSON: it was refused before being read and parsed."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     url = url_of("messages", queue="db")
     r = client.generic("POST", url, b"{" * 5000, content_type="application/json")
     assert r.status_code == 413
@@ -498,9 +505,9 @@ def test_api4_a_body_over_the_limit_is_refused_before_it_is_parsed(world):
         )
 
 
-def test_api4_json_nested_too_deep_is_refused(world):
+def test_api4_json_nested_too_deep_is_refused(personas):
     """API4:2023 Unrestricted Resource Consumption: nesting past MQ_MAX_JSON_DEPTH is a 400."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
 
     def nested(depth):
         return {"event": "create", "payload": json.loads("[" * (depth - 1) + "]" * (depth - 1))}
@@ -524,21 +531,21 @@ def test_api4_json_nested_too_deep_is_refused(world):
         ("messages", "", {"messages": [{"event": "e", "payload": 1}] * 1001}),
     ],
 )
-def test_api4_every_size_a_client_chooses_is_capped(world, name, query, body):
+def test_api4_every_size_a_client_chooses_is_capped(personas, name, query, body):
     """API4:2023 Unrestricted Resource Consumption: limit, wait, ids and batch sizes have caps."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     url = url_of(name) + query
     r = client.get(url) if body is None else client.post(url, body, format="json")
     assert r.status_code == 400
 
 
 @override_settings(MQ_THROTTLE_RATE="5/min")
-def test_api4_a_subscriber_over_its_rate_is_throttled_on_every_route(world):
+def test_api4_a_subscriber_over_its_rate_is_throttled_on_every_route(personas):
     """API4:2023 Unrestricted Resource Consumption: the rate counts every call of the caller."""
     from django.core.cache import cache
 
     cache.clear()
-    client = client_for(world.peer)
+    client = client_for(personas.peer)
     codes = [client.get(url_of("subscription-list")).status_code for _ in range(3)]
     codes += [client.post(url_of("delivery-ack"), {"ids": [1]}, format="json").status_code for _ in range(3)]
     cache.clear()
@@ -546,17 +553,17 @@ def test_api4_a_subscriber_over_its_rate_is_throttled_on_every_route(world):
 
 
 @override_settings(MQ_MAX_LONG_POLLS=1)
-def test_api4_a_subscriber_cannot_hold_more_than_its_long_polls(world):
+def test_api4_a_subscriber_cannot_hold_more_than_its_long_polls(personas):
     """API4:2023 Unrestricted Resource Consumption: each waiting long poll holds a server thread,
     so past MQ_MAX_LONG_POLLS waiting (one here, already held) the next is a 429; a plain pull
     is still served, and another subscriber's polls count apart."""
     from delivery import long_polls
 
-    with long_polls.slot(world.logger.pk, 5):
-        refused = client_for(world.logger).get(url_of("delivery-list") + "?wait=1")
+    with long_polls.slot(personas.logger.pk, 5):
+        refused = client_for(personas.logger).get(url_of("delivery-list") + "?wait=1")
         assert refused.status_code == 429 and refused["Retry-After"] == "1"
-        assert client_for(world.logger).get(url_of("delivery-list")).status_code == 200
-        assert client_for(world.peer).get(url_of("delivery-list") + "?wait=0.1").status_code == 200
+        assert client_for(personas.logger).get(url_of("delivery-list")).status_code == 200
+        assert client_for(personas.peer).get(url_of("delivery-list") + "?wait=0.1").status_code == 200
 
 
 @pytest.mark.django_db(transaction=True)
@@ -574,25 +581,25 @@ def test_api4_an_oversized_websocket_frame_closes_the_socket_on_the_real_server(
         web.stop()
 
 
-def test_api4_a_nack_of_many_ids_costs_as_many_statements_as_one(world):
+def test_api4_a_nack_of_many_ids_costs_as_many_statements_as_one(personas):
     """API4:2023 Unrestricted Resource Consumption: a nack of 10,000 ids was 10,000
     transactions; it is one UPDATE now (tests/mqsite/test_limits.py times it against real Daphne)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as one:
-        ledger.nack_deliveries(world.logger, world.deliveries[:1])
+        ledger.nack_deliveries(personas.logger, personas.deliveries[:1])
     with CaptureQueriesContext(connection) as many:
-        ledger.nack_deliveries(world.logger, [*world.deliveries, *range(10**6, 10**6 + 9990)])
+        ledger.nack_deliveries(personas.logger, [*personas.deliveries, *range(10**6, 10**6 + 9990)])
     assert len(many.captured_queries) == len(one.captured_queries) + 1  # + which ids were unknown
 
 
 @override_settings(MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER=2, MQ_MAX_NEW_EVENTS_PER_SUBSCRIBER=2)
-def test_api4_a_subscriber_cannot_pile_up_subscriptions_or_event_names(world):
+def test_api4_a_subscriber_cannot_pile_up_subscriptions_or_event_names(personas):
     """API4:2023 Unrestricted Resource Consumption: each subscription is fanned out to and each
     event name is a row and a metrics label forever: both are capped per subscriber (and
     sockets, and frames a second: tests/mqsite/test_limits.py, against real Daphne)."""
-    client = client_for(world.logger)  # holds one subscription already
+    client = client_for(personas.logger)  # holds one subscription already
     assert (
         client.post(url_of("subscription-list"), {"queue": "db", "event": "a"}, format="json").status_code
         == 201
@@ -629,7 +636,7 @@ def json_of(answer):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent(world):
+def test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent(personas):
     """API4:2023 Unrestricted Resource Consumption: Daphne reads a whole body before it calls
     the application. A Content-Length over the route's limit (MQ_MAX_BODY_BYTES for a publish,
     MQ_MAX_SMALL_BODY_BYTES, 1 MiB, for the rest) is answered 413 as the headers end: the client
@@ -660,14 +667,14 @@ def test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent(world)
             r = httpx.post(
                 f"{web.http}/api/queues/db/messages",
                 json=batch,
-                headers={"Authorization": f"Bearer {world.logger.token}"},
+                headers={"Authorization": f"Bearer {personas.logger.token}"},
                 timeout=30,
             )
             assert r.status_code == 201 and len(r.json()["messages"]) == 1000
         r = httpx.post(
             f"{web.http}/api/deliveries/ack",
             json={"ids": list(range(1, 10001))},
-            headers={"Authorization": f"Bearer {world.logger.token}"},
+            headers={"Authorization": f"Bearer {personas.logger.token}"},
             timeout=30,
         )
         assert r.status_code == 200  # 10,000 ids fit in the small limit
@@ -676,7 +683,7 @@ def test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent(world)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_api4_a_chunked_body_is_refused_as_it_passes_the_limit(world):
+def test_api4_a_chunked_body_is_refused_as_it_passes_the_limit(personas):
     """API4:2023 Unrestricted Resource Consumption: a chunked body (no length to check) is
     counted as it arrives: the 413 comes once it passes 1 MiB, while the client still sends."""
     web = start_daphne()
@@ -749,7 +756,7 @@ async def test_api4_the_asgi_handler_applies_the_limits_under_any_server(declare
 
 
 @pytest.mark.django_db(transaction=True)
-def test_api4_an_ack_of_a_million_empty_arrays_is_refused_cheaply(world):
+def test_api4_an_ack_of_a_million_empty_arrays_is_refused_cheaply(personas):
     """API4:2023 Unrestricted Resource Consumption: 1 MiB of `{"ids": [[],[],...]}` (350,000
     arrays) cost 7 s, 500 MB and a 12 MB answer of one error per item; now its brackets are
     counted before it is decoded (a route other than publish takes at most 4096)."""
@@ -767,7 +774,7 @@ def test_api4_an_ack_of_a_million_empty_arrays_is_refused_cheaply(world):
         r = httpx.post(
             f"{web.http}/api/deliveries/ack",
             content=body,
-            headers={"Authorization": f"Bearer {world.logger.token}", "Content-Type": "application/json"},
+            headers={"Authorization": f"Bearer {personas.logger.token}", "Content-Type": "application/json"},
             timeout=30,
         )
         elapsed = time.monotonic() - started
@@ -779,10 +786,10 @@ def test_api4_an_ack_of_a_million_empty_arrays_is_refused_cheaply(world):
         web.stop()
 
 
-def test_api4_a_list_over_its_length_is_one_error_not_one_per_item(world):
+def test_api4_a_list_over_its_length_is_one_error_not_one_per_item(personas):
     """API4:2023 Unrestricted Resource Consumption: a list's length is checked before its items
     (DRF's ListField validated every item first, and answered an error for each)."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     r = client.post(url_of("messages", queue="db"), {"messages": [1] * 1001}, format="json")
     assert r.status_code == 400 and r.json() == {
         "messages": ["Ensure this field has no more than 1000 elements."]
@@ -796,10 +803,10 @@ def test_api4_a_list_over_its_length_is_one_error_not_one_per_item(world):
 # --- API5:2023 Broken Function Level Authorization --------------------------------------------
 
 
-def test_api5_operator_only_routes_refuse_a_subscriber_token(world):
+def test_api5_operator_only_routes_refuse_a_subscriber_token(personas):
     """API5:2023 Broken Function Level Authorization: a subscriber's token opens no operator
     route: the API answers 403, the admin and the dashboard send it to the login page."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     assert client.get(url_of("connection-list")).status_code == 403
     for name, method in [
         ("admin:index", "get"),
@@ -812,7 +819,7 @@ def test_api5_operator_only_routes_refuse_a_subscriber_token(world):
         assert r.status_code in (302, 403), (name, r.status_code)
         if r.status_code == 302:
             assert "/login/" in r["Location"]
-    d = world.deliveries[0]
+    d = personas.deliveries[0]
     Delivery.objects.filter(pk=d).update(status=Status.DEAD)
     assert client.post(reverse("dashboard-redeliver", kwargs={"pk": d})).status_code in (302, 403)
     assert Delivery.objects.get(pk=d).status == Status.DEAD
@@ -827,10 +834,10 @@ async def test_api5_the_operators_dashboard_socket_refuses_a_subscriber(logger):
     assert not connected
 
 
-def test_api5_a_subscriber_may_not_publish_or_subscribe_beyond_its_rights(world, make_queue):
+def test_api5_a_subscriber_may_not_publish_or_subscribe_beyond_its_rights(personas, make_queue):
     """API5:2023 Broken Function Level Authorization: rights are per queue and per verb."""
     make_queue("secret")
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     assert (
         client.post(
             url_of("messages", queue="secret"), {"event": "e", "payload": 1}, format="json"
@@ -843,10 +850,10 @@ def test_api5_a_subscriber_may_not_publish_or_subscribe_beyond_its_rights(world,
 # --- API6:2023 Unrestricted Access to Sensitive Business Flows ---------------------------------
 
 
-def test_api6_a_replayed_publish_fans_out_once(world):
+def test_api6_a_replayed_publish_fans_out_once(personas):
     """API6:2023 Unrestricted Access to Sensitive Business Flows: a publish replayed with its
     idempotency key (a retry, or a replay by someone who captured it) delivers nothing new."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     body = {"event": "create", "payload": {"order": 1}, "key": "order-1"}
     first = client.post(url_of("messages", queue="db"), body, format="json")
     deliveries = Delivery.objects.count()
@@ -856,15 +863,15 @@ def test_api6_a_replayed_publish_fans_out_once(world):
     assert Delivery.objects.count() == deliveries
 
 
-def test_api6_subscribing_again_does_not_replay_history(world):
+def test_api6_subscribing_again_does_not_replay_history(personas):
     """API6:2023 Unrestricted Access to Sensitive Business Flows: unsubscribe and subscribe
     again is no way to have messages delivered twice: a new subscription is owed only what is
     published after it."""
-    client = client_for(world.peer)
+    client = client_for(personas.peer)
     client.post(
         url_of("delivery-ack"), {"ids": list(Delivery.objects.values_list("id", flat=True))}, format="json"
     )
-    client.delete(url_of("subscription-detail", pk=world.peer_subscription.pk))
+    client.delete(url_of("subscription-detail", pk=personas.peer_subscription.pk))
     client.post(url_of("subscription-list"), {"queue": "db"}, format="json")
     assert client.get(url_of("delivery-list")).json()["deliveries"] == []
 
@@ -947,9 +954,9 @@ def test_api8_the_defaults_serve_plain_http_for_make_run(settings):
     assert not settings.SECURE_SSL_REDIRECT and not settings.SESSION_COOKIE_SECURE and not settings.DEBUG
 
 
-def test_api8_errors_say_what_is_wrong_without_a_traceback_and_with_safe_headers(world):
+def test_api8_errors_say_what_is_wrong_without_a_traceback_and_with_safe_headers(personas):
     """API8:2023 Security Misconfiguration: JSON errors in words, hardened headers."""
-    client = client_for(world.logger)
+    client = client_for(personas.logger)
     for r in (
         client.get("/api/nothing"),
         client.post(url_of("messages", queue="db"), b"{", content_type="application/json"),
@@ -962,14 +969,14 @@ def test_api8_errors_say_what_is_wrong_without_a_traceback_and_with_safe_headers
     assert ok["Referrer-Policy"] == "same-origin"
 
 
-def test_api8_metrics_are_private_by_default(world, settings):
+def test_api8_metrics_are_private_by_default(personas, settings):
     """API8:2023 Security Misconfiguration: /metrics names every subscriber and its backlog; by
     default it answers neither an anonymous client nor a subscriber's token (401), only the
     scraper's MQ_METRICS_TOKEN or a staff login (tests/dashboard/test_metrics.py)."""
     settings.MQ_METRICS_TOKEN = "scraper-token"
-    for client in (client_for(), client_for(world.logger)):
+    for client in (client_for(), client_for(personas.logger)):
         r = client.get("/metrics")
-        assert r.status_code == 401 and world.logger.name not in r.content.decode()
+        assert r.status_code == 401 and personas.logger.name not in r.content.decode()
     assert client_for().get("/metrics", HTTP_AUTHORIZATION="Bearer scraper-token").status_code == 200
 
 
@@ -1044,11 +1051,11 @@ def test_api10_a_webhook_answer_is_read_capped_and_time_limited(settings, monkey
         server.server_close()
 
 
-def test_api4_a_body_under_the_limit_but_over_djangos_default_is_taken(world):
+def test_api4_a_body_under_the_limit_but_over_djangos_default_is_taken(personas):
     """API4:2023 Unrestricted Resource Consumption: the limit is MQ_MAX_BODY_BYTES (8 MiB), not
     Django's 2.5 MiB: a 3 MB batch is published (it was a 500)."""
     batch = {"messages": [{"event": "create", "payload": "x" * 3000} for _ in range(1000)]}
-    r = client_for(world.logger).post(url_of("messages", queue="db"), batch, format="json")
+    r = client_for(personas.logger).post(url_of("messages", queue="db"), batch, format="json")
     assert r.status_code == 201 and len(r.json()["messages"]) == 1000
 
 

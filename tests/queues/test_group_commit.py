@@ -64,7 +64,7 @@ def waiting(queue):
 
 
 @pytest.fixture
-def world():
+def publisher_and_logger():
     queue = Queue.objects.create(name="db")
     publisher, _ = create_subscriber("api", publish=["db"], subscribe=["db"])
     logger, _ = create_subscriber("logger", subscribe=["db"])
@@ -84,8 +84,8 @@ def blocked_leader(queue):
     return lock, first
 
 
-def test_publishes_that_wait_together_commit_together_each_with_its_own_answer(world):
-    queue, publisher = world
+def test_publishes_that_wait_together_commit_together_each_with_its_own_answer(publisher_and_logger):
+    queue, publisher = publisher_and_logger
     lock, first = blocked_leader(queue)
     callers = [Caller(queue, [publishing.prepare("create", {"n": i})], publisher) for i in range(1, 9)]
     callers.append(Caller(queue, [publishing.prepare("delete", {"n": i}) for i in (9, 10)], publisher))
@@ -110,8 +110,8 @@ def test_publishes_that_wait_together_commit_together_each_with_its_own_answer(w
     assert Delivery.objects.count() == 11
 
 
-def test_one_callers_failure_is_its_own(world):
-    queue, publisher = world
+def test_one_callers_failure_is_its_own(publisher_and_logger):
+    queue, publisher = publisher_and_logger
     lock, first = blocked_leader(queue)
     ghost = Subscriber(pk=987654, name="ghost")  # not in the database: its insert must fail
     bad = Caller(queue, [publishing.prepare("create", {"n": "bad"})], ghost)
@@ -130,8 +130,8 @@ def test_one_callers_failure_is_its_own(world):
     assert group_commit._busy == set() and group_commit._waiting == {}
 
 
-def test_inside_a_callers_transaction_it_publishes_in_that_transaction(world):
-    queue, publisher = world
+def test_inside_a_callers_transaction_it_publishes_in_that_transaction(publisher_and_logger):
+    queue, publisher = publisher_and_logger
     with pytest.raises(RuntimeError), transaction.atomic():
         group_commit.publish(queue, [publishing.prepare("create", 1)], publisher=publisher)
         assert Message.objects.count() == 1
@@ -139,8 +139,8 @@ def test_inside_a_callers_transaction_it_publishes_in_that_transaction(world):
     assert Message.objects.count() == 0 and Delivery.objects.count() == 0
 
 
-def test_many_concurrent_publishers_lose_nothing_and_keep_seq_dense(world):
-    queue, publisher = world
+def test_many_concurrent_publishers_lose_nothing_and_keep_seq_dense(publisher_and_logger):
+    queue, publisher = publisher_and_logger
     callers = [
         Caller(queue, [publishing.prepare("create", {"t": t, "i": i}) for i in range(t % 3 + 1)], publisher)
         for t in range(24)

@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_datetime
 
 from delivery.models import Delivery, Status
 from tests.conftest import client_for
+from tests.support.fields import DELIVERY_FIELDS
 from tests.support.rest import pull
 
 
@@ -31,17 +32,7 @@ def test_it_leases_ready_deliveries_oldest_first_with_a_deadline(owner):
     ds = pull(owner)
     assert [d["seq"] for d in ds] == [1, 2, 3]
     d = ds[0]
-    assert set(d) == {
-        "id",
-        "message_id",
-        "queue",
-        "event",
-        "seq",
-        "payload",
-        "attempt",
-        "published_at",
-        "ack_deadline",
-    }
+    assert set(d) == DELIVERY_FIELDS
     assert d["queue"] == "db" and d["event"] == "create" and d["payload"] == {"n": 0} and d["attempt"] == 1
     deadline = parse_datetime(d["ack_deadline"])
     assert before + timedelta(seconds=29) < deadline < timezone.now() + timedelta(seconds=31)

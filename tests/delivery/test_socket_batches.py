@@ -9,6 +9,7 @@ from django.test import override_settings
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
+from tests.support.fields import MESSAGE_FRAME_FIELDS
 from tests.support.publish import apublish
 from tests.support.sockets import connect, db, recv, send, setup
 
@@ -130,17 +131,7 @@ async def test_a_batch_subscription_gets_messages_frames_of_message_frames_acked
         got += frame["messages"]
     assert [m["seq"] for m in got] == [1, 2, 3, 4, 5]
     assert all(m["type"] == "message" and m["attempt"] == 1 for m in got)
-    assert set(got[0]) == {
-        "type",
-        "id",
-        "message_id",
-        "queue",
-        "event",
-        "seq",
-        "payload",
-        "attempt",
-        "published_at",
-    }
+    assert set(got[0]) == MESSAGE_FRAME_FIELDS
     await send(comm, {"type": "ack", "ids": [m["id"] for m in got]})
     await comm.receive_nothing(timeout=0.3)
     assert await db(lambda: set(Delivery.objects.values_list("status", flat=True))) == {Status.ACKED}

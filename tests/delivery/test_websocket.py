@@ -10,6 +10,7 @@ from queues.models import Queue
 from subscribers import subscribing
 from subscribers.models import Connection
 from subscribers.provisioning import create_subscriber
+from tests.support.fields import MESSAGE_FRAME_FIELDS
 from tests.support.publish import apublish
 from tests.support.sockets import connect, db, recv, recv_messages, send, setup
 
@@ -51,17 +52,7 @@ async def test_subscribe_answers_then_catches_up_then_goes_live():
     frames = await recv_messages(comm, 3)
     assert [f["seq"] for f in frames] == [3, 4, 5]
     f = frames[0]
-    assert set(f) == {
-        "type",
-        "id",
-        "message_id",
-        "queue",
-        "event",
-        "seq",
-        "payload",
-        "attempt",
-        "published_at",
-    }
+    assert set(f) == MESSAGE_FRAME_FIELDS
     assert f["payload"] == {"n": 0} and f["attempt"] == 1 and f["queue"] == "db"
     await comm.disconnect()
 

@@ -12,13 +12,13 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.fields import MESSAGE_FRAME_FIELDS
 from tests.support.servers import eventually
 from tests.support.sockets import connect, db, recv, send, setup
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACESTATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 HEADERS = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "tenant": "acme"}
-MESSAGE_FIELDS = {"type", "id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at"}
 
 
 async def subscribed_socket(token, batch=False):
@@ -58,7 +58,7 @@ async def test_headers_published_on_a_socket_come_back_on_the_subscribers_frames
             got.append(frame)
     got.sort(key=lambda f: f["seq"])
     assert [f.get("headers") for f in got] == [HEADERS, None, {"n": "3"}, None]
-    assert set(got[0]) == MESSAGE_FIELDS | {"headers"} and set(got[1]) == MESSAGE_FIELDS
+    assert set(got[0]) == MESSAGE_FRAME_FIELDS | {"headers"} and set(got[1]) == MESSAGE_FRAME_FIELDS
     assert got[0]["headers"]["traceparent"] == TRACEPARENT
     stored = await db(lambda: list(Message.objects.order_by("seq").values_list("headers_json", flat=True)))
     assert [json.loads(h) if h else None for h in stored] == [HEADERS, None, {"n": "3"}, None]

@@ -41,6 +41,7 @@ from subscribers import subscribing
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
+from tests.support.fields import DELIVERY_FIELDS
 from tests.support.servers import ROOT, start_daphne
 from tests.support.ssrf_urls import PRIVATE_NAMES, UNSAFE_URLS
 
@@ -468,17 +469,7 @@ def test_api3_answers_carry_no_other_subscribers_properties(personas):
     """API3:2023 Broken Object Property Level Authorization: a delivery shows the contract's
     fields, never its subscriber, lease holder or errors; a queue never its subscribers."""
     delivery = client_for(personas.peer).get(url_of("delivery-list")).json()["deliveries"][0]
-    assert set(delivery) == {
-        "id",
-        "message_id",
-        "queue",
-        "event",
-        "seq",
-        "payload",
-        "attempt",
-        "published_at",
-        "ack_deadline",
-    }
+    assert set(delivery) == DELIVERY_FIELDS
     body = client_for(personas.peer).get(url_of("queue-list")).content.decode()
     for secret in (personas.logger.name, personas.logger.token_hash, personas.logger.webhook_secret):
         assert secret not in body

@@ -8,6 +8,7 @@ from django.test import override_settings
 from delivery.models import Delivery, Status
 from queues.models import Event, Message
 from tests.conftest import client_for
+from tests.support.fields import PUBLISHED_FIELDS
 from tests.support.rest import post_messages
 
 
@@ -24,7 +25,7 @@ def test_it_answers_201_with_the_message_and_its_fan_out(subscribed):
     r = post_messages(logger, {"event": "create", "payload": {"id": 7, "name": "Ann"}})
     assert r.status_code == 201
     body = r.json()
-    assert set(body) == {"id", "queue", "event", "seq", "deliveries", "created_at"}
+    assert set(body) == PUBLISHED_FIELDS
     assert body["queue"] == "db" and body["event"] == "create" and body["seq"] == 1
     assert body["deliveries"] == 2
     message = Message.objects.get(pk=body["id"])

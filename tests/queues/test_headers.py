@@ -23,6 +23,7 @@ from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.conftest import client_for
+from tests.support.fields import DELIVERY_FIELDS
 from tests.support.receivers import Receiver
 from tests.support.rest import post_messages
 
@@ -32,17 +33,6 @@ pytestmark = pytest.mark.django_db
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACESTATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 HEADERS = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "Tenant-Id": "acme", "note": "café ☕"}
-DELIVERY_FIELDS = {
-    "id",
-    "message_id",
-    "queue",
-    "event",
-    "seq",
-    "payload",
-    "attempt",
-    "published_at",
-    "ack_deadline",
-}
 
 
 def pull_answer(who):

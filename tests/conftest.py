@@ -67,6 +67,15 @@ def peer(make_subscriber, db_queue):
 
 
 @pytest.fixture
+def owner(logger, db_queue):
+    """The logger, subscribed to every event of db."""
+    from subscribers import subscribing
+
+    subscribing.subscribe(logger, db_queue)
+    return logger
+
+
+@pytest.fixture
 def outsider(make_subscriber):
     return make_subscriber("outsider", publish=(), subscribe=())
 

@@ -25,8 +25,8 @@ from django.utils import timezone
 
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
-from subscribers import subscribing
-from subscribers.provisioning import create_subscriber, provision_subscriber
+from subscribers.provisioning import provision_subscriber
+from tests.support.personas import subscribed_owner
 from tests.support.redirects import Elsewhere, Redirector
 from tests.support.servers import ROOT, eventually, start_daphne
 
@@ -80,12 +80,10 @@ def publish_rest(server, token, n, start=0, event="create"):
 
 
 @pytest.fixture
-def owner():
+def owner_and_token():
     """A service that publishes to and subscribes to `db`, holding a subscription to all of it."""
-    queue = Queue.objects.create(name="db")
-    subscriber, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    subscribing.subscribe(subscriber, queue)
-    return subscriber, token
+    _, owner, token, _ = subscribed_owner()
+    return owner, token
 
 
 class NodeClient:
@@ -159,8 +157,8 @@ def statuses(message_ids):
 
 
 @needs_node
-def test_node_subscribes_receives_and_acks_after_the_handler(server, owner, node_client):
-    subscriber, token = owner
+def test_node_subscribes_receives_and_acks_after_the_handler(server, owner_and_token, node_client):
+    subscriber, token = owner_and_token
     client = node_client(server, token)
     client.send(cmd="subscribe", queue="db", event=None, sync=True)
     client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
@@ -182,8 +180,8 @@ def test_node_subscribes_receives_and_acks_after_the_handler(server, owner, node
 
 
 @needs_node
-def test_node_publishes_over_the_socket_and_gets_the_answer(server, owner, node_client):
-    subscriber, token = owner
+def test_node_publishes_over_the_socket_and_gets_the_answer(server, owner_and_token, node_client):
+    subscriber, token = owner_and_token
     Queue.objects.create(name="secret")
     client = node_client(server, token)
     client.send(cmd="publish", tag="a", queue="db", event="create", payload={"id": 7}, key="user-7")
@@ -213,8 +211,10 @@ def test_node_publishes_over_the_socket_and_gets_the_answer(server, owner, node_
 
 
 @needs_node
-def test_node_nacks_what_the_handler_throws_with_its_words_and_gets_it_again(server, owner, node_client):
-    subscriber, token = owner
+def test_node_nacks_what_the_handler_throws_with_its_words_and_gets_it_again(
+    server, owner_and_token, node_client
+):
+    subscriber, token = owner_and_token
     client = node_client(server, token)
     client.send(cmd="subscribe", queue="db", event=None, fail="first")
     client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
@@ -233,10 +233,12 @@ def test_node_nacks_what_the_handler_throws_with_its_words_and_gets_it_again(ser
 
 @needs_node
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
-def test_node_survives_a_server_killed_and_started_again_mid_stream(server, owner, node_client, sig):
+def test_node_survives_a_server_killed_and_started_again_mid_stream(
+    server, owner_and_token, node_client, sig
+):
     """Nothing lost, no handler call twice for one delivery id: acks the dead server never
     wrote come back as deliveries the client remembers, and are acked without a call."""
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     client = node_client(server, token)
     client.send(cmd="subscribe", queue="db", event=None, delay_ms=15)
     client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
@@ -266,10 +268,12 @@ def test_node_survives_a_server_killed_and_started_again_mid_stream(server, owne
 
 
 @needs_node
-def test_node_handles_what_waited_even_when_it_names_the_handler_after_the_resume(server, owner, node_client):
+def test_node_handles_what_waited_even_when_it_names_the_handler_after_the_resume(
+    server, owner_and_token, node_client
+):
     """The server resumes the durable subscription as soon as the socket is authenticated;
     what it sends before the program calls subscribe() waits for that handler."""
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     ids = publish_rest(server, token, 5)
     client = node_client(server, token)
     client.wait_for(lambda events: "open" in client.states())
@@ -285,8 +289,8 @@ def test_node_handles_what_waited_even_when_it_names_the_handler_after_the_resum
 
 
 @needs_node
-def test_node_close_lets_the_running_handler_finish_and_acks_it(server, owner, node_client):
-    subscriber, token = owner
+def test_node_close_lets_the_running_handler_finish_and_acks_it(server, owner_and_token, node_client):
+    subscriber, token = owner_and_token
     client = node_client(server, token)
     client.send(cmd="subscribe", queue="db", event=None, delay_ms=800)
     client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
@@ -304,8 +308,8 @@ def test_node_close_lets_the_running_handler_finish_and_acks_it(server, owner, n
 
 
 @needs_node
-def test_node_stops_when_its_token_is_rotated(server, owner, node_client):
-    subscriber, token = owner
+def test_node_stops_when_its_token_is_rotated(server, owner_and_token, node_client):
+    subscriber, token = owner_and_token
     client = node_client(server, token)
     client.wait_for(lambda events: "open" in client.states())
 
@@ -321,11 +325,11 @@ def test_node_stops_when_its_token_is_rotated(server, owner, node_client):
 
 
 @needs_node
-def test_node_acks_again_without_a_second_call_when_its_ack_was_lost(server, owner, node_client):
+def test_node_acks_again_without_a_second_call_when_its_ack_was_lost(server, owner_and_token, node_client):
     """The handler returned and the client sent its ack, but the server never read it (frozen,
     then killed): the delivery comes again after the restart, and the client, which remembers
     the id, acks it again without calling the handler."""
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     client = node_client(server, token)
     client.send(cmd="subscribe", queue="db", event=None, delay_ms=1000)
     client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
@@ -347,7 +351,7 @@ def test_node_acks_again_without_a_second_call_when_its_ack_was_lost(server, own
 
 
 @needs_node
-def test_node_with_a_bad_token_is_closed_and_does_not_retry(server, owner, node_client):
+def test_node_with_a_bad_token_is_closed_and_does_not_retry(server, owner_and_token, node_client):
     client = node_client(server, "mq_not_a_token")
     client.send(cmd="subscribe", queue="db", event=None)
     events = client.wait_for(lambda events: any(e["kind"] == "subscribe_error" for e in events))
@@ -361,11 +365,11 @@ def test_node_with_a_bad_token_is_closed_and_does_not_retry(server, owner, node_
 
 
 @needs_node
-def test_node_waits_out_rate_limits_and_sends_the_refused_frames_again(owner, node_client):
+def test_node_waits_out_rate_limits_and_sends_the_refused_frames_again(owner_and_token, node_client):
     """Over the socket's frame rate, the server answers `rate_limited` with retry_after and
     does not process the frame; the client waits and sends it again: every publish answered,
     each message once."""
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     server = start_daphne({"MQ_WS_FRAME_RATE": "20", "MQ_WS_FRAME_BURST": "5", "MQ_WS_ABUSE_SECS": "3"})
     try:
         client = node_client(server, token)
@@ -381,11 +385,11 @@ def test_node_waits_out_rate_limits_and_sends_the_refused_frames_again(owner, no
 
 
 @needs_node
-def test_node_over_the_socket_limit_waits_then_gets_in_when_a_socket_frees(owner, node_client):
+def test_node_over_the_socket_limit_waits_then_gets_in_when_a_socket_frees(owner_and_token, node_client):
     """Closed with 4429 (after an error frame `too_many_connections`), the client waits at
     least 5 s before it tries again, rather than hammering; once the first client leaves,
     it gets in and receives."""
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     server = start_daphne({"MQ_MAX_CONNECTIONS_PER_SUBSCRIBER": "1"})
     try:
         first = node_client(server, token)
@@ -418,13 +422,13 @@ def elsewhere():
 @needs_node
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
 def test_node_never_sends_its_token_to_another_origin_a_redirect_points_at(
-    owner, elsewhere, node_client, status
+    owner_and_token, elsewhere, node_client, status
 ):
     """The handshake answered with a redirect to another host: the runtime's WebSocket (as
     the WHATWG spec says, and browsers do) fails it rather than following, so the auth frame,
     sent only on an open socket, never goes there; the client keeps trying the server it was
     given. Checked against a recorder that does catch the token when a client is pointed at it."""
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     redirector = Redirector(elsewhere, status)
     try:
         client = node_client(SimpleNamespace(http=redirector.url), token)
@@ -453,8 +457,10 @@ def node_warnings(node_client, url, token):
 
 
 @needs_node
-def test_node_warns_once_when_its_token_would_cross_the_network_in_clear(server, owner, node_client):
-    subscriber, token = owner
+def test_node_warns_once_when_its_token_would_cross_the_network_in_clear(
+    server, owner_and_token, node_client
+):
+    subscriber, token = owner_and_token
     remote = node_warnings(node_client, "http://mq.example.invalid:8000", token)
     assert remote.count("mqclient: http://mq.example.invalid:8000 is not https") == 1, remote
     assert token not in remote
@@ -497,12 +503,14 @@ def page_origin(server):
     httpd.shutdown()
 
 
-def test_a_browser_page_counts_messages_live_across_a_server_restart(server, owner, page_origin, monkeypatch):
+def test_a_browser_page_counts_messages_live_across_a_server_restart(
+    server, owner_and_token, page_origin, monkeypatch
+):
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.test_browser import ARGS
 
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
     errors = queues.SimpleQueue()
     with sync_playwright() as p:
@@ -542,7 +550,7 @@ def test_a_browser_page_counts_messages_live_across_a_server_restart(server, own
 
 @pytest.mark.parametrize("opened_as", ["file", "set_content"])
 def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
-    server, owner, tmp_path, monkeypatch, opened_as
+    server, owner_and_token, tmp_path, monkeypatch, opened_as
 ):
     """The README says: save the counter as counter.html and open it. A file:// page (and
     about:blank with set_content) sends `Origin: null`, which /ws/ lets in (it takes tokens,
@@ -551,7 +559,7 @@ def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
 
     from tests.e2e.test_browser import ARGS
 
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
     html = readme_counter_page(server)
     errors = queues.SimpleQueue()
@@ -578,7 +586,7 @@ def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
 
 
 def test_a_browser_page_never_sends_its_token_to_another_origin_a_redirect_points_at(
-    server, owner, elsewhere, monkeypatch
+    server, owner_and_token, elsewhere, monkeypatch
 ):
     """Chromium, like Node, fails a handshake answered with a redirect: the page keeps trying
     the server it named and the other origin gets nothing. The same page connecting to an http
@@ -587,7 +595,7 @@ def test_a_browser_page_never_sends_its_token_to_another_origin_a_redirect_point
 
     from tests.e2e.test_browser import ARGS
 
-    subscriber, token = owner
+    subscriber, token = owner_and_token
     redirector = Redirector(elsewhere, 307)
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
     page_html = f"""<script type="module">

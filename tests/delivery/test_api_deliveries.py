@@ -20,12 +20,6 @@ def publish_many(who, n, event="create", queue="db"):
     return client_for(who).post(f"/api/queues/{queue}/messages", {"messages": msgs}, format="json")
 
 
-@pytest.fixture
-def owner(logger):
-    client_for(logger).post("/api/subscriptions", {"queue": "db"}, format="json")
-    return logger
-
-
 def test_it_leases_ready_deliveries_oldest_first_with_a_deadline(owner):
     publish_many(owner, 3)
     before = timezone.now()

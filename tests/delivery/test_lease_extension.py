@@ -40,12 +40,6 @@ def rows(**filters):
 MINE = object()  # in a parametrized body: the id of the caller's own in-flight delivery
 
 
-@pytest.fixture
-def owner(logger, db_queue):
-    subscribing.subscribe(logger, db_queue)
-    return logger
-
-
 # --- REST -----------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from queues.models import Queue
 from subscribers import presence, subscribing
 from subscribers.models import Connection, ServerProcess
 from subscribers.provisioning import create_subscriber
+from tests.support.personas import subscribed_owner
 from tests.support.publish import publish
 from tests.support.servers import start_daphne
 
@@ -27,16 +28,13 @@ RECOVERY_SECS = 5
 
 
 @pytest.fixture
-def owner(db):
-    queue = Queue.objects.create(name="db", ordered=True)  # ack timeout 30 s
-    subscriber, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    subscribing.subscribe(subscriber, queue)
-    subscriber.token = token
-    return queue, subscriber
+def ordered_owner(db):
+    queue, owner, _, _ = subscribed_owner(ordered=True)  # ack timeout 30 s
+    return queue, owner
 
 
-def test_it_hands_back_what_a_process_that_stopped_beating_held_and_nothing_else(owner):
-    queue, subscriber = owner
+def test_it_hands_back_what_a_process_that_stopped_beating_held_and_nothing_else(ordered_owner):
+    queue, subscriber = ordered_owner
     queue.ordered = False
     queue.save()
     publish(queue, 4)
@@ -60,8 +58,8 @@ def test_it_hands_back_what_a_process_that_stopped_beating_held_and_nothing_else
     assert liveness.release_dead() == []  # once
 
 
-def test_a_process_beats_and_a_dead_one_is_released_by_any_live_one(owner):
-    queue, subscriber = owner
+def test_a_process_beats_and_a_dead_one_is_released_by_any_live_one(ordered_owner):
+    queue, subscriber = ordered_owner
     publish(queue, 1)
     ServerProcess.objects.create(name="gone", kind="worker", last_beat=timezone.now() - timedelta(seconds=4))
     ledger.lease_deliveries(subscriber, limit=1, holder="gone/webhook.x")
@@ -82,10 +80,10 @@ def wait_for(check, timeout):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_ordered_head_held_by_a_killed_server_is_delivered_by_another_within_5_s(owner):
+def test_an_ordered_head_held_by_a_killed_server_is_delivered_by_another_within_5_s(ordered_owner):
     """A socket's lease and a pull's lease of two ordered subscriptions, both held by server A
     when it is SIGKILLed; server B hands them out again within seconds."""
-    queue, subscriber = owner
+    queue, subscriber = ordered_owner
     other = Queue.objects.create(name="fs", ordered=True)
     puller, puller_token = create_subscriber("puller", subscribe=["fs"])
     subscribing.subscribe(puller, other)

@@ -19,11 +19,10 @@ from django.core.management import call_command
 from django.db import connection
 
 from delivery.models import Delivery, Status
-from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
 from tests.support.http import publish_over_http
+from tests.support.personas import subscribed_owner
 from tests.support.servers import E2E_REDIS, eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,9 +56,7 @@ def server_per_mode(request, django_db_setup, django_db_blocker):
 def owner_and_publisher(server_per_mode, request):
     if server_per_mode.mode == "services":
         request.getfixturevalue("announcing")  # this process's changes go over Redis, as a server's
-    queue = Queue.objects.create(name="db")
-    owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    subscribing.subscribe(owner, queue)
+    _, owner, token, _ = subscribed_owner()
     _, publisher = create_subscriber("publisher", publish=["db"])
     return owner, token, publisher
 

@@ -21,10 +21,8 @@ from websockets.sync.client import connect
 from delivery.frames import CLOSE_BY_OPERATOR
 from delivery.models import Delivery, Status
 from queues import publishing
-from queues.models import Queue
-from subscribers import subscribing
 from subscribers.models import Connection, Subscription
-from subscribers.provisioning import create_subscriber
+from tests.support.personas import subscribed_owner
 from tests.support.servers import E2E_REDIS as REDIS
 from tests.support.servers import eventually, start_daphne
 
@@ -51,10 +49,7 @@ def servers():
 
 @pytest.fixture
 def owner_on_db():
-    queue = Queue.objects.create(name="db")
-    owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    subscription, _ = subscribing.subscribe(owner, queue)
-    return queue, owner, token, subscription
+    return subscribed_owner()
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ from delivery.models import Delivery, DeliveryAttempt, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.personas import subscribed_owner
 from tests.support.publish import publish
 from tests.support.receivers import Receiver
 from tests.support.servers import eventually, start_daphne, start_redis, start_worker
@@ -30,15 +31,13 @@ def statuses():
 
 
 @pytest.fixture
-def owner():
-    queue = Queue.objects.create(name="db")  # ack timeout 30 s: far longer than the test waits
-    subscriber, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    subscribing.subscribe(subscriber, queue)
+def queue_and_token():
+    queue, _, token, _ = subscribed_owner()  # ack timeout 30 s: far longer than the test waits
     return queue, token
 
 
-def test_a_stopped_daphne_hands_back_what_its_sockets_held_and_a_restart_delivers_it_again(owner):
-    queue, token = owner
+def test_a_stopped_daphne_hands_back_what_its_sockets_held_and_a_restart_delivers_it_again(queue_and_token):
+    queue, token = queue_and_token
     publish(queue, 5)
     web = start_daphne()
     try:
@@ -70,8 +69,8 @@ def test_a_stopped_daphne_hands_back_what_its_sockets_held_and_a_restart_deliver
         web.stop()
 
 
-def test_a_long_poll_answers_and_does_not_hold_up_a_stopping_daphne(owner):
-    _, token = owner
+def test_a_long_poll_answers_and_does_not_hold_up_a_stopping_daphne(queue_and_token):
+    _, token = queue_and_token
     web = start_daphne()
     try:
         with httpx.Client(base_url=web.http, headers={"Authorization": f"Bearer {token}"}) as client:

@@ -12,10 +12,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from delivery.models import Delivery, Status
-from queues.models import Queue
 from subscribers import subscribing
-from subscribers.provisioning import create_subscriber
 from tests.support.http import publish_over_http
+from tests.support.personas import subscribed_owner
 from tests.support.servers import eventually, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,9 +24,7 @@ REDIS_TEST_URL = "redis://127.0.0.1:6379/7"
 @pytest.fixture
 def make_owner_on_db():
     def make(ordered=False):
-        queue = Queue.objects.create(name="db", ordered=ordered)
-        subscriber, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-        subscribing.subscribe(subscriber, queue)
+        queue, _, token, _ = subscribed_owner(ordered)
         return queue, token
 
     return make

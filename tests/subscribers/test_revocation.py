@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-from channels.db import database_sync_to_async
 from django.test import override_settings
 
 from delivery import frames, ledger, wakeups
@@ -16,8 +15,9 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import presence, subscribing
 from subscribers.models import Connection, Subscriber, Subscription
-from subscribers.provisioning import create_subscriber, provision_subscriber
+from subscribers.provisioning import provision_subscriber
 from subscribers.throttling import counters
+from tests.support.personas import asubscribed_owner
 from tests.support.publish import apublish
 from tests.support.sockets import connect, db, recv
 
@@ -29,14 +29,6 @@ def _no_failures_counted():
     counters().clear()
     yield
     counters().clear()
-
-
-@database_sync_to_async
-def subscribed_owner():
-    queue = Queue.objects.create(name="db")
-    owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
-    subscription, _ = subscribing.subscribe(owner, queue)
-    return queue, owner, token, subscription
 
 
 async def closed_with(comm, timeout=3):
@@ -72,7 +64,7 @@ def delete(owner):
 
 @pytest.mark.parametrize("change", [rotate, deactivate, delete])
 async def test_a_revoked_subscribers_socket_is_closed_with_4401_and_what_it_held_goes_back(change):
-    queue, owner, token, _ = await subscribed_owner()
+    queue, owner, token, _ = await asubscribed_owner()
     await apublish(queue, 2)
     comm = await connect(token)
     held = [await recv(comm), await recv(comm)]
@@ -89,7 +81,7 @@ async def test_a_revoked_subscribers_socket_is_closed_with_4401_and_what_it_held
 async def test_the_token_check_closes_a_revoked_socket_when_the_announcement_is_lost():
     """A change that bypasses the signals (a queryset update; or Redis losing the word) is
     found by the process's periodic check, well within 2 s."""
-    _, owner, token, _ = await subscribed_owner()
+    _, owner, token, _ = await asubscribed_owner()
     comm = await connect(token)
     await ping(comm)
     await db(lambda: Subscriber.objects.filter(pk=owner.pk).update(token_hash="0" * 64))
@@ -102,7 +94,7 @@ async def test_the_token_check_closes_a_revoked_socket_when_the_announcement_is_
 async def test_the_check_ends_a_withdrawn_subscription_when_the_announcement_is_lost():
     """A right withdrawn without the signals (a queryset delete; or Redis losing the word) is
     found by the same periodic check: the socket is told, within 2 s, and holds nothing of it."""
-    queue, owner, token, subscription = await subscribed_owner()
+    queue, owner, token, subscription = await asubscribed_owner()
     await apublish(queue, 1)
     comm = await connect(token)
     assert (await recv(comm))["type"] == "message"
@@ -122,7 +114,7 @@ async def test_the_check_ends_a_withdrawn_subscription_when_the_announcement_is_
 
 
 async def test_changes_that_keep_the_token_leave_the_socket_open():
-    _, owner, token, _ = await subscribed_owner()
+    _, owner, token, _ = await asubscribed_owner()
     comm = await connect(token)
     await ping(comm)
 
@@ -138,7 +130,7 @@ async def test_changes_that_keep_the_token_leave_the_socket_open():
 
 
 async def test_withdrawing_a_subscribe_right_ends_the_subscription_on_the_socket():
-    queue, owner, token, subscription = await subscribed_owner()
+    queue, owner, token, subscription = await asubscribed_owner()
     other = await db(Queue.objects.create, name="other")
     await db(owner.subscribe_queues.add, other)
     other_sub, _ = await db(subscribing.subscribe, owner, other)
@@ -177,7 +169,7 @@ async def test_withdrawing_a_subscribe_right_ends_the_subscription_on_the_socket
 async def test_withdrawing_a_publish_right_answers_the_next_publish_forbidden():
     """The socket keeps its Subscriber (publish_all is not asked again at each frame): the
     announcement refreshes it."""
-    _, owner, token, _ = await subscribed_owner()
+    _, owner, token, _ = await asubscribed_owner()
     await db(lambda: (owner.publish_queues.clear(), setattr(owner, "publish_all", True), owner.save()))
     comm = await connect(token)
     frame = {"type": "publish", "queue": "db", "event": "create", "payload": 1, "ref": "a"}
@@ -193,7 +185,7 @@ async def test_withdrawing_a_publish_right_answers_the_next_publish_forbidden():
 
 
 async def test_an_announced_connection_is_closed_by_its_process():
-    _, _, token, _ = await subscribed_owner()
+    _, _, token, _ = await asubscribed_owner()
     comm = await connect(token)
     await ping(comm)
     (name,) = await db(lambda: list(Connection.objects.values_list("channel_name", flat=True)))
@@ -205,7 +197,7 @@ async def test_an_announced_connection_is_closed_by_its_process():
 async def test_a_connection_whose_row_is_gone_is_closed_at_the_next_heartbeat(monkeypatch):
     """The announcement lost: the heartbeat's UPDATE finds the row gone and closes the socket."""
     monkeypatch.setattr(presence, "HEARTBEAT_SECS", 0.3)
-    _, _, token, _ = await subscribed_owner()
+    _, _, token, _ = await asubscribed_owner()
     comm = await connect(token)
     await ping(comm)
     await db(lambda: Connection.objects.all().delete())  # no announcement
@@ -214,14 +206,14 @@ async def test_a_connection_whose_row_is_gone_is_closed_at_the_next_heartbeat(mo
 
 
 async def test_the_heartbeat_names_the_connections_whose_row_is_gone():
-    _, owner, _, _ = await subscribed_owner()
+    _, owner, _, _ = await asubscribed_owner()
     await db(presence.open_connection, owner, "ws.kept")
     assert await db(presence.heartbeat, ["ws.kept", "ws.gone"]) == {"ws.gone"}
 
 
 @override_settings(MQ_AUTH_FAILURES_PER_MINUTE=2)
 async def test_failed_token_attempts_from_an_address_are_throttled_4429():
-    _, _, token, _ = await subscribed_owner()
+    _, _, token, _ = await asubscribed_owner()
     here, there = ("10.0.0.7", 5000), ("10.0.0.8", 5000)
     for _ in range(2):
         assert (await closed_with(await connect("mq_wrong", client=here)))[0] == 4401

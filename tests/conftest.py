@@ -200,3 +200,13 @@ def server():
     s = start_daphne()
     yield s
     s.stop()
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on loopback that answers 200 (tests.support.receivers)."""
+    from tests.support.receivers import Receiver
+
+    r = Receiver()
+    yield r
+    r.close()

@@ -152,7 +152,7 @@ def node_client():
         client.stop()
 
 
-def statuses(message_ids):
+def status_counts(message_ids):
     return Counter(Delivery.objects.filter(message_id__in=message_ids).values_list("status", flat=True))
 
 
@@ -171,7 +171,7 @@ def test_node_subscribes_receives_and_acks_after_the_handler(server, owner_and_t
     client.wait_for(lambda events: len({e["message_id"] for e in events if e["kind"] == "call"}) == 30)
     calls = client.calls()
     assert [c["payload"]["n"] for c in calls] == list(range(30))  # in seq order, each once
-    assert eventually(lambda: statuses(ids) == {Status.ACKED: 30}, timeout=10)
+    assert eventually(lambda: status_counts(ids) == {Status.ACKED: 30}, timeout=10)
     client.send(cmd="close")
     client.wait_for(lambda events: any(e["kind"] == "closed" for e in events))
     client.proc.stdin.close()
@@ -254,7 +254,7 @@ def test_node_survives_a_server_killed_and_started_again_mid_stream(
         client.wait_for(lambda events: client.states().count("open") == 2, timeout=20)
         ids += publish_rest(again, token, 50, start=150)
         client.wait_for(lambda events: {e["message_id"] for e in client.calls()} == set(ids), timeout=40)
-        assert eventually(lambda: statuses(ids) == {Status.ACKED: 200}, timeout=20), statuses(ids)
+        assert eventually(lambda: status_counts(ids) == {Status.ACKED: 200}, timeout=20), status_counts(ids)
         time.sleep(1)  # anything redelivered late would show as a second call now
         per_id = Counter(c["id"] for c in client.calls())
         assert max(per_id.values()) == 1, [i for i, n in per_id.items() if n > 1]
@@ -277,7 +277,7 @@ def test_node_handles_what_waited_even_when_it_names_the_handler_after_the_resum
     ids = publish_rest(server, token, 5)
     client = node_client(server, token)
     client.wait_for(lambda events: "open" in client.states())
-    assert eventually(lambda: statuses(ids) == {Status.INFLIGHT: 5})  # sent, held, not handled
+    assert eventually(lambda: status_counts(ids) == {Status.INFLIGHT: 5})  # sent, held, not handled
     time.sleep(0.3)
     assert client.calls() == []
 
@@ -285,7 +285,7 @@ def test_node_handles_what_waited_even_when_it_names_the_handler_after_the_resum
 
     client.wait_for(lambda events: len([e for e in events if e["kind"] == "call"]) == 5)
     assert [c["payload"]["n"] for c in client.calls()] == [0, 1, 2, 3, 4]
-    assert eventually(lambda: statuses(ids) == {Status.ACKED: 5})
+    assert eventually(lambda: status_counts(ids) == {Status.ACKED: 5})
 
 
 @needs_node
@@ -407,7 +407,7 @@ def test_node_over_the_socket_limit_waits_then_gets_in_when_a_socket_frees(owner
         second.wait_for(lambda events: "open" in second.states(), timeout=20)
         ids = publish_rest(server, token, 3)
         second.wait_for(lambda events: len(second.calls()) == 3)
-        assert eventually(lambda: statuses(ids) == {Status.ACKED: 3})
+        assert eventually(lambda: status_counts(ids) == {Status.ACKED: 3})
     finally:
         server.stop()
 
@@ -537,7 +537,9 @@ def test_a_browser_page_counts_messages_live_across_a_server_restart(
                 page.wait_for_function(f"{state} === 'open'")
                 ids += publish_rest(again, token, 20, start=20)
                 page.wait_for_function(f"{count} === '40'")
-                assert eventually(lambda: statuses(ids) == {Status.ACKED: 40}, timeout=15), statuses(ids)
+                assert eventually(lambda: status_counts(ids) == {Status.ACKED: 40}, timeout=15), (
+                    status_counts(ids)
+                )
                 time.sleep(1)
                 assert page.inner_text("#count") == "40"  # no handler call twice for one delivery
             finally:
@@ -579,7 +581,7 @@ def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
             page.wait_for_function("document.getElementById('state').textContent === 'open'")
             ids = publish_rest(server, token, 5)
             page.wait_for_function("document.getElementById('count').textContent === '5'")
-            assert eventually(lambda: statuses(ids) == {Status.ACKED: 5}, timeout=15), statuses(ids)
+            assert eventually(lambda: status_counts(ids) == {Status.ACKED: 5}, timeout=15), status_counts(ids)
             assert errors.empty()
         finally:
             browser.close()

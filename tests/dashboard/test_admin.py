@@ -24,16 +24,9 @@ from subscribers import presence, subscribing
 from subscribers.models import Connection, Subscriber, Subscription
 from subscribers.tokens import hash_token
 from tests.conftest import client_for
+from tests.support.admin import act, change, changelist
 
 TOKEN_SHOWN = re.compile(r"<code class='mq-token'>([^<]+)</code>")
-
-
-def changelist(model):
-    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
-
-
-def change(obj):
-    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
 
 
 def section(html, css_class):
@@ -65,14 +58,6 @@ def acked_and_owed(db_queue, logger, peer):
         "acked": Delivery.objects.get(subscriber=logger),
         "owed": Delivery.objects.get(subscriber=peer),
     }
-
-
-def act(client, model, action, objs):
-    return client.post(
-        changelist(model),
-        {"action": action, "_selected_action": [o.pk for o in objs]},
-        follow=True,
-    )
 
 
 # --- every page answers ------------------------------------------------------------------------

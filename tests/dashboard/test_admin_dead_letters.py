@@ -21,15 +21,8 @@ from queues.models import Message
 from queues.publishing import prepare, publish
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.admin import act, change, changelist
 from tests.support.receivers import Receiver
-
-
-def changelist(model):
-    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
-
-
-def change(model, pk):
-    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_change", args=[pk])
 
 
 def publish_to(queue, event, n=1):
@@ -43,14 +36,6 @@ def die_by_nack(subscriber, queue):
     return ledger.nack_delivery(subscriber, leased["id"])
 
 
-def act(client, model, action, pks, query="", **extra):
-    return client.post(
-        changelist(model) + query,
-        {"action": action, "_selected_action": list(pks), **extra},
-        follow=True,
-    )
-
-
 def listed(client, **params):
     r = client.get(changelist(DeadLetter), params)
     assert r.status_code == 200, r.content[:500]
@@ -58,20 +43,20 @@ def listed(client, **params):
 
 
 @pytest.fixture
-def receiver():
+def failing_receiver():
     r = Receiver(default=(500, 0))
     yield r
     r.close()
 
 
 @pytest.fixture
-def dead_letters(db_queue, make_queue, logger, peer, outsider, receiver, settings):
+def dead_letters(db_queue, make_queue, logger, peer, outsider, failing_receiver, settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     db = db_queue
     db.max_attempts = 1
     db.save()
     network = make_queue("network", max_attempts=1)
-    monitor, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)
+    monitor, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=failing_receiver.url)
     logger.subscribe_queues.add(network)  # a subscription is owed only what its right allows
     for subscriber, queue in [(logger, db), (logger, network), (peer, db), (monitor, db)]:
         subscribing.subscribe(subscriber, queue)
@@ -95,7 +80,7 @@ def dead_letters(db_queue, make_queue, logger, peer, outsider, receiver, setting
         "peer": peer,
         "monitor": monitor,
         "outsider": outsider,
-        "receiver": receiver,
+        "receiver": failing_receiver,
         "logger_dead": delivery(logger, db, 1),
         "logger_network_dead": delivery(logger, network, 1),
         "logger_acked": delivery(logger, db, 2),
@@ -214,10 +199,10 @@ def test_it_asks_no_query_per_row_on_the_dead_letters_list(staff, dead_letters, 
 
 def test_it_shows_the_attempt_history_on_the_delivery_page(staff, dead_letters):
     dead = dead_letters["monitor_dead"]
-    receiver = dead_letters["receiver"]
+    failing_receiver = dead_letters["receiver"]
     # The operator redelivers; the endpoint is fixed; the second try is acked.
     ledger.redeliver(Delivery.objects.filter(pk=dead.pk))
-    receiver.default = (200, 0)
+    failing_receiver.default = (200, 0)
     tasks.deliver_webhooks(dead_letters["monitor"].pk)
     dead.refresh_from_db()
     assert dead.status == Status.ACKED

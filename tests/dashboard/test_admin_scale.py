@@ -29,14 +29,7 @@ from queues.models import Event, Message, Queue
 from queues.publishing import prepare, publish
 from subscribers import subscribing
 from subscribers.models import Connection, Subscriber, Subscription
-
-
-def changelist(model):
-    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
-
-
-def change(obj):
-    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+from tests.support.admin import change, changelist
 
 
 def publish_many(queue, n, event="create"):

@@ -26,13 +26,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
 def hooked(db_queue, receiver, settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     subscriber, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)

@@ -7,7 +7,6 @@ then see the delivery handed out again (so that the test can fail)."""
 import json
 import signal
 import time
-import urllib.request
 
 import pytest
 from websockets.sync.client import connect
@@ -16,6 +15,7 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.http import request
 from tests.support.servers import eventually, frames_within, start_daphne, start_redis, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,7 +23,7 @@ extending = pytest.mark.parametrize("extending", [True, False], ids=["extending"
 
 
 @pytest.fixture
-def services():
+def web_and_worker():
     """Daphne and a worker with beat (the sweeper) on a private Redis, and a subscriber of a
     queue whose ack timeout is 1 s."""
     redis = start_redis()
@@ -42,27 +42,16 @@ def services():
         redis.stop(signal.SIGKILL)
 
 
-def call(web, token, method, path, body=None):
-    req = urllib.request.Request(
-        f"{web.http}{path}",
-        data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.status, json.loads(r.read())
-
-
 def publish_one(web, token):
-    status, _ = call(
+    status, _ = request(
         web, token, "POST", "/api/queues/jobs/messages", {"event": "encode", "payload": {"video": 7}}
     )
     assert status == 201
 
 
 @extending
-def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(services, extending):
-    web, token = services
+def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(web_and_worker, extending):
+    web, token = web_and_worker
     with connect(f"{web.ws}?token={token}") as a:
         publish_one(web, token)
         first = json.loads(a.recv(timeout=2))
@@ -85,10 +74,10 @@ def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(servic
 
 
 @extending
-def test_a_slow_pull_worker_that_extends_past_the_ack_timeout_gets_no_redelivery(services, extending):
-    web, token = services
+def test_a_slow_pull_worker_that_extends_past_the_ack_timeout_gets_no_redelivery(web_and_worker, extending):
+    web, token = web_and_worker
     publish_one(web, token)
-    _, pulled = call(web, token, "GET", "/api/deliveries?limit=1")
+    _, pulled = request(web, token, "GET", "/api/deliveries?limit=1")
     (job,) = pulled["deliveries"]
     assert job["attempt"] == 1
     # It works for 4 s, four times its ack timeout, saying so every half second, while another
@@ -97,13 +86,13 @@ def test_a_slow_pull_worker_that_extends_past_the_ack_timeout_gets_no_redelivery
     started = time.monotonic()
     while time.monotonic() - started < 4:
         if extending:
-            status, answer = call(
+            status, answer = request(
                 web, token, "POST", "/api/deliveries/extend", {"ids": [job["id"]], "seconds": 2}
             )
             assert status == 200 and answer == {"extended": 1, "unknown": []}
-        others += call(web, token, "GET", "/api/deliveries?limit=10")[1]["deliveries"]
+        others += request(web, token, "GET", "/api/deliveries?limit=10")[1]["deliveries"]
         time.sleep(0.5)
-    _, acked = call(web, token, "POST", "/api/deliveries/ack", {"ids": [job["id"]]})
+    _, acked = request(web, token, "POST", "/api/deliveries/ack", {"ids": [job["id"]]})
     row = Delivery.objects.get(pk=job["id"])
     if extending:
         assert others == []

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 eventually = partial(eventually, timeout=10)
 
 
-def statuses():
+def sorted_statuses():
     return sorted(Delivery.objects.values_list("status", flat=True))
 
 
@@ -47,13 +47,13 @@ def test_a_stopped_daphne_hands_back_what_its_sockets_held_and_a_restart_deliver
         assert keep_alive.get("/healthz").status_code == 200
         with connect(f"{web.ws}?token={token}", close_timeout=0.5) as ws:
             held = [json.loads(ws.recv(timeout=5)) for _ in range(5)]
-            assert statuses() == [Status.INFLIGHT] * 5
+            assert sorted_statuses() == [Status.INFLIGHT] * 5
             started = time.monotonic()
             web.proc.send_signal(signal.SIGTERM)
             web.proc.wait(timeout=20)
         assert time.monotonic() - started < 10 and web.proc.returncode == 0
         # back to pending at once, not after the 30 s ack deadline
-        assert statuses() == [Status.PENDING] * 5
+        assert sorted_statuses() == [Status.PENDING] * 5
         assert set(Delivery.objects.values_list("lease_holder", flat=True)) == {""}
         keep_alive.close()
     finally:
@@ -64,7 +64,7 @@ def test_a_stopped_daphne_hands_back_what_its_sockets_held_and_a_restart_deliver
             again = [json.loads(ws.recv(timeout=5)) for _ in range(5)]
             assert [f["id"] for f in again] == [f["id"] for f in held]
             ws.send(json.dumps({"type": "ack", "ids": [f["id"] for f in again]}))
-            assert eventually(lambda: statuses() == [Status.ACKED] * 5)
+            assert eventually(lambda: sorted_statuses() == [Status.ACKED] * 5)
     finally:
         web.stop()
 
@@ -112,7 +112,9 @@ def test_a_worker_told_to_stop_mid_post_finishes_its_batch_and_a_restart_posts_t
         assert Delivery.objects.filter(status=Status.PENDING).count() >= 20
         assert Delivery.objects.filter(status=Status.INFLIGHT).count() == 0
         worker = start_worker(env)
-        assert eventually(lambda: statuses() == [Status.ACKED] * 60, timeout=40), worker.output()[-3000:]
+        assert eventually(lambda: sorted_statuses() == [Status.ACKED] * 60, timeout=40), worker.output()[
+            -3000:
+        ]
         got = sorted(json.loads(body)["payload"]["n"] for *_, body in receiver.requests)
         assert got == list(range(60)), "each posted once: none lost, none repeated"
         assert set(DeliveryAttempt.objects.values_list("number", flat=True)) == {1}

@@ -43,7 +43,7 @@ def two_servers():
         s.stop()
 
 
-def call(server, method, path, token=None, body=None, headers=None, conn=None):
+def call_on(server, method, path, token=None, body=None, headers=None, conn=None):
     """(status, parsed body) of one request, on a new connection unless `conn` is given."""
     own = conn is None
     conn = conn or http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
@@ -63,7 +63,7 @@ def call(server, method, path, token=None, body=None, headers=None, conn=None):
 
 
 def publish_status(server, token, i=0):
-    return call(server, "POST", "/api/queues/db/messages", token, {"event": "create", "payload": i})[0]
+    return call_on(server, "POST", "/api/queues/db/messages", token, {"event": "create", "payload": i})[0]
 
 
 def test_several_processes_on_one_port_each_take_requests(owner_unsubscribed):
@@ -166,7 +166,7 @@ class AdminSession:
                 self.cookies[key] = rest.split(";", 1)[0]
 
     def post(self, path, fields):
-        status, page, response = call(self.server, "GET", path, headers=self._cookie_header())
+        status, page, response = call_on(self.server, "GET", path, headers=self._cookie_header())
         self._keep(response)
         csrf = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1).decode()
         headers = {
@@ -175,6 +175,6 @@ class AdminSession:
             "Referer": self.server.http + path,
         }
         body = urlencode({**fields, "csrfmiddlewaretoken": csrf})
-        status, _, response = call(self.server, "POST", path, body=body, headers=headers)
+        status, _, response = call_on(self.server, "POST", path, body=body, headers=headers)
         self._keep(response)
         return status

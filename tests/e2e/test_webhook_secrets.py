@@ -28,7 +28,7 @@ GRACE_SECS = 4
 
 
 @pytest.fixture
-def services(settings):
+def webhook_services(settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     receiver = Receiver()
     redis = start_redis()
@@ -45,19 +45,19 @@ def services(settings):
     receiver.close()
 
 
-def publish_and_receive(services, n):
+def publish_and_receive(webhook_services, n):
     """Publish one message; the post the receiver gets for it: (body, headers)."""
     body = json.dumps({"event": "create", "payload": {"n": n}}).encode()
     req = urllib.request.Request(
-        f"{services['web'].http}/api/queues/db/messages",
+        f"{webhook_services['web'].http}/api/queues/db/messages",
         data=body,
-        headers={"Authorization": f"Bearer {services['token']}", "Content-Type": "application/json"},
+        headers={"Authorization": f"Bearer {webhook_services['token']}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 201
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        for _, _, headers, got in list(services["receiver"].requests):
+        for _, _, headers, got in list(webhook_services["receiver"].requests):
             if json.loads(got)["payload"] == {"n": n}:
                 return got, {k.lower(): v for k, v in headers.items()}
         time.sleep(0.1)
@@ -93,9 +93,9 @@ def rotate(name):
     return out.splitlines()[-1]
 
 
-def test_a_receiver_verifies_with_the_old_secret_during_the_grace_and_only_the_new_after(services):
-    old = services["secret"]
-    before = publish_and_receive(services, 1)
+def test_a_receiver_verifies_with_the_old_secret_during_the_grace_and_only_the_new_after(webhook_services):
+    old = webhook_services["secret"]
+    before = publish_and_receive(webhook_services, 1)
     assert verifies(old, before)
 
     new = rotate("monitor")
@@ -104,14 +104,14 @@ def test_a_receiver_verifies_with_the_old_secret_during_the_grace_and_only_the_n
     assert Subscriber.objects.get(name="monitor").webhook_secret == new
 
     # During the grace: two signatures, either secret verifies (a receiver switching over).
-    during = publish_and_receive(services, 2)
+    during = publish_and_receive(webhook_services, 2)
     assert time.monotonic() - rotated_at < GRACE_SECS, "too slow to test the grace"
     assert len(during[1]["webhook-signature"].split()) == 2
     assert verifies(old, during) and verifies(new, during)
 
     # After it: the new secret only.
     time.sleep(max(GRACE_SECS + 0.5 - (time.monotonic() - rotated_at), 0))
-    after = publish_and_receive(services, 3)
+    after = publish_and_receive(webhook_services, 3)
     assert len(after[1]["webhook-signature"].split()) == 1
     assert verifies(new, after)
     assert not verifies(old, after)

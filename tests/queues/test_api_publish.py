@@ -13,15 +13,15 @@ from tests.support.rest import post_messages
 
 
 @pytest.fixture
-def subscribed(logger, peer):
+def split_subscribers(logger, peer):
     """logger takes db/create, peer takes every event of db."""
     client_for(logger).post("/api/subscriptions", {"queue": "db", "event": "create"}, format="json")
     client_for(peer).post("/api/subscriptions", {"queue": "db"}, format="json")
     return logger, peer
 
 
-def test_it_answers_201_with_the_message_and_its_fan_out(subscribed):
-    logger, _ = subscribed
+def test_it_answers_201_with_the_message_and_its_fan_out(split_subscribers):
+    logger, _ = split_subscribers
     r = post_messages(logger, {"event": "create", "payload": {"id": 7, "name": "Ann"}})
     assert r.status_code == 201
     body = r.json()
@@ -33,8 +33,8 @@ def test_it_answers_201_with_the_message_and_its_fan_out(subscribed):
     assert Delivery.objects.filter(message=message, status=Status.PENDING).count() == 2
 
 
-def test_it_fans_out_only_to_matching_events(subscribed):
-    logger, peer = subscribed
+def test_it_fans_out_only_to_matching_events(split_subscribers):
+    logger, peer = split_subscribers
     r = post_messages(logger, {"event": "delete", "payload": 1})
     assert r.json()["deliveries"] == 1
     assert list(Delivery.objects.values_list("subscriber__name", flat=True)) == ["peer"]
@@ -43,16 +43,16 @@ def test_it_fans_out_only_to_matching_events(subscribed):
 @pytest.mark.parametrize(
     "payload", [None, 0, "text", [1, "two", None], {"nested": {"a": [True, False]}}, "\u0000 é 😀"]
 )
-def test_it_keeps_any_json_payload_as_given(subscribed, payload):
-    logger, _ = subscribed
+def test_it_keeps_any_json_payload_as_given(split_subscribers, payload):
+    logger, _ = split_subscribers
     r = post_messages(logger, {"event": "create", "payload": payload})
     assert r.status_code == 201
     leased = client_for(logger).get("/api/deliveries").json()["deliveries"]
     assert leased[0]["payload"] == payload
 
 
-def test_it_numbers_messages_in_order_per_queue(subscribed, make_queue):
-    logger, _ = subscribed
+def test_it_numbers_messages_in_order_per_queue(split_subscribers, make_queue):
+    logger, _ = split_subscribers
     make_queue("network")
     seqs = [post_messages(logger, {"event": "create", "payload": i}).json()["seq"] for i in range(3)]
     assert seqs == [1, 2, 3]
@@ -62,15 +62,15 @@ def test_it_numbers_messages_in_order_per_queue(subscribed, make_queue):
     assert r.json()["seq"] == 4
 
 
-def test_it_lower_cases_names(subscribed):
-    logger, _ = subscribed
+def test_it_lower_cases_names(split_subscribers):
+    logger, _ = split_subscribers
     r = post_messages(logger, {"event": "CREATE", "payload": 1}, queue="DB")
     assert r.status_code == 201
     assert r.json()["queue"] == "db" and r.json()["event"] == "create"
 
 
-def test_a_batch_is_published_in_order(subscribed):
-    logger, _ = subscribed
+def test_a_batch_is_published_in_order(split_subscribers):
+    logger, _ = split_subscribers
     messages = [{"event": "create", "payload": i} for i in range(5)] + [{"event": "delete", "payload": "x"}]
     r = post_messages(logger, {"messages": messages})
     assert r.status_code == 201
@@ -81,8 +81,8 @@ def test_a_batch_is_published_in_order(subscribed):
     assert Delivery.objects.count() == 11
 
 
-def test_a_batch_with_one_bad_message_publishes_nothing(subscribed):
-    logger, _ = subscribed
+def test_a_batch_with_one_bad_message_publishes_nothing(split_subscribers):
+    logger, _ = split_subscribers
     r = post_messages(
         logger, {"messages": [{"event": "create", "payload": 1}, {"event": "bad name!", "payload": 2}]}
     )
@@ -91,8 +91,10 @@ def test_a_batch_with_one_bad_message_publishes_nothing(subscribed):
     assert Message.objects.count() == 0 and Delivery.objects.count() == 0
 
 
-def test_a_batch_with_a_messages_fields_beside_it_is_a_400_and_publishes_nothing(subscribed):
-    logger, _ = subscribed
+def test_a_batch_with_a_messages_fields_beside_it_is_a_400_and_publishes_nothing(
+    split_subscribers,
+):
+    logger, _ = split_subscribers
     r = post_messages(
         logger, {"messages": [{"event": "create", "payload": 1}], "event": "create", "payload": 2}
     )
@@ -101,8 +103,8 @@ def test_a_batch_with_a_messages_fields_beside_it_is_a_400_and_publishes_nothing
     assert Message.objects.count() == 0
 
 
-def test_a_batch_has_at_most_1000_messages_and_at_least_one(subscribed):
-    logger, _ = subscribed
+def test_a_batch_has_at_most_1000_messages_and_at_least_one(split_subscribers):
+    logger, _ = split_subscribers
     r = post_messages(logger, {"messages": [{"event": "create", "payload": i} for i in range(1001)]})
     assert r.status_code == 400
     r = post_messages(logger, {"messages": []})
@@ -112,8 +114,10 @@ def test_a_batch_has_at_most_1000_messages_and_at_least_one(subscribed):
     assert Message.objects.count() == 1000
 
 
-def test_the_same_key_answers_200_with_the_first_message_and_delivers_nothing_new(subscribed):
-    logger, peer = subscribed
+def test_the_same_key_answers_200_with_the_first_message_and_delivers_nothing_new(
+    split_subscribers,
+):
+    logger, peer = split_subscribers
     first = post_messages(logger, {"event": "create", "payload": 1, "key": "order-42"})
     assert first.status_code == 201
     again = post_messages(peer, {"event": "create", "payload": 2, "key": "order-42"})
@@ -122,8 +126,8 @@ def test_the_same_key_answers_200_with_the_first_message_and_delivers_nothing_ne
     assert Message.objects.count() == 1 and Delivery.objects.count() == 2
 
 
-def test_keys_are_per_queue(subscribed, make_queue):
-    logger, _ = subscribed
+def test_keys_are_per_queue(split_subscribers, make_queue):
+    logger, _ = split_subscribers
     make_queue("fs")
     assert post_messages(logger, {"event": "create", "payload": 1, "key": "k"}).status_code == 201
     r = client_for(logger).post(
@@ -138,8 +142,8 @@ def test_keys_are_per_queue(subscribed, make_queue):
     assert r.status_code == 201
 
 
-def test_keys_repeat_inside_a_batch_and_across_batches(subscribed):
-    logger, _ = subscribed
+def test_keys_repeat_inside_a_batch_and_across_batches(split_subscribers):
+    logger, _ = split_subscribers
     post_messages(logger, {"event": "create", "payload": 0, "key": "a"})
     r = post_messages(
         logger,
@@ -182,8 +186,8 @@ def test_an_operator_may_publish_to_any_queue(operator_client, db_queue):
         "just a string",
     ],
 )
-def test_malformed_messages_get_400_with_words(subscribed, body):
-    logger, _ = subscribed
+def test_malformed_messages_get_400_with_words(split_subscribers, body):
+    logger, _ = split_subscribers
     r = post_messages(logger, body)
     assert r.status_code == 400, r.content
     assert r.json()  # names the problem
@@ -214,8 +218,8 @@ def test_deeply_nested_json_gets_400(logger):
 
 
 @override_settings(MQ_MAX_PAYLOAD_BYTES=100)
-def test_a_payload_over_the_limit_gets_413(subscribed):
-    logger, _ = subscribed
+def test_a_payload_over_the_limit_gets_413(split_subscribers):
+    logger, _ = split_subscribers
     r = post_messages(logger, {"event": "create", "payload": "x" * 99})  # 101 bytes of JSON with quotes
     assert r.status_code == 413
     assert "limit" in r.json()["detail"]
@@ -224,8 +228,8 @@ def test_a_payload_over_the_limit_gets_413(subscribed):
 
 
 @override_settings(MQ_MAX_PAYLOAD_BYTES=100)
-def test_payload_size_counts_utf8_bytes(subscribed):
-    logger, _ = subscribed
+def test_payload_size_counts_utf8_bytes(split_subscribers):
+    logger, _ = split_subscribers
     r = post_messages(logger, {"event": "create", "payload": "é" * 49})  # 98 bytes + 2 quotes
     assert r.status_code == 201
     r = post_messages(logger, {"event": "create", "payload": "é" * 50})

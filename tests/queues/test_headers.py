@@ -10,7 +10,6 @@ import duckdb
 import jsonschema
 import pytest
 from django.core.management import CommandError, call_command
-from django.test import Client
 from django.urls import reverse
 from standardwebhooks import Webhook
 
@@ -24,7 +23,6 @@ from subscribers.provisioning import create_subscriber
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.conftest import client_for
 from tests.support.fields import DELIVERY_FIELDS
-from tests.support.receivers import Receiver
 from tests.support.rest import post_messages
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +40,7 @@ def pull_answer(who):
 
 
 @pytest.fixture
-def subscribed(logger, peer, db_queue):
+def peer_subscribed(logger, peer, db_queue):
     """The logger publishes; the peer takes every event of db."""
     subscribing.subscribe(peer, db_queue)
     return logger, peer
@@ -51,8 +49,8 @@ def subscribed(logger, peer, db_queue):
 # --- REST publish and pull -------------------------------------------------------------------
 
 
-def test_headers_published_over_rest_come_back_on_the_pull_exactly_as_sent(subscribed):
-    logger, peer = subscribed
+def test_headers_published_over_rest_come_back_on_the_pull_exactly_as_sent(peer_subscribed):
+    logger, peer = peer_subscribed
     r = post_messages(logger, {"event": "create", "payload": {"id": 7}, "headers": HEADERS})
     assert r.status_code == 201, r.content
     assert set(r.json()) == {
@@ -75,8 +73,8 @@ def test_headers_published_over_rest_come_back_on_the_pull_exactly_as_sent(subsc
     assert f'"tracestate":"{TRACESTATE}"' in raw.content.decode().replace(" ", "")
 
 
-def test_a_batch_carries_each_messages_own_headers(subscribed):
-    logger, peer = subscribed
+def test_a_batch_carries_each_messages_own_headers(peer_subscribed):
+    logger, peer = peer_subscribed
     body = {
         "messages": [
             {"event": "create", "payload": 1, "headers": {"traceparent": TRACEPARENT}},
@@ -95,8 +93,8 @@ def test_a_batch_carries_each_messages_own_headers(subscribed):
 
 
 @pytest.mark.parametrize("none", [None, {}])
-def test_a_message_without_headers_stores_none_and_its_delivery_has_no_headers_key(subscribed, none):
-    logger, peer = subscribed
+def test_a_message_without_headers_stores_none_and_its_delivery_has_no_headers_key(peer_subscribed, none):
+    logger, peer = peer_subscribed
     body = {"event": "create", "payload": 1} | ({"headers": none} if none is not None else {})
     assert post_messages(logger, body).status_code == 201
     assert post_messages(logger, {"event": "create", "payload": 2, "headers": None}).status_code == 201
@@ -106,8 +104,8 @@ def test_a_message_without_headers_stores_none_and_its_delivery_has_no_headers_k
         assert set(delivery) == DELIVERY_FIELDS
 
 
-def test_the_limits_themselves_are_accepted(subscribed):
-    logger, peer = subscribed
+def test_the_limits_themselves_are_accepted(peer_subscribed):
+    logger, peer = peer_subscribed
     many = {f"h{i}": "v" for i in range(64)}
     # 8192 bytes in all: 2-byte "é"s fill a value to the byte.
     full = {"a": "x", "b" * 64: "é" * ((8192 - 1 - 1 - 64) // 2)}
@@ -118,8 +116,8 @@ def test_the_limits_themselves_are_accepted(subscribed):
     assert [d["headers"] for d in pull_answer(peer).json()["deliveries"]][:2] == [many, full]
 
 
-def test_a_republish_with_the_same_key_answers_the_first_message_and_keeps_its_headers(subscribed):
-    logger, peer = subscribed
+def test_a_republish_with_the_same_key_answers_the_first_message_and_keeps_its_headers(peer_subscribed):
+    logger, peer = peer_subscribed
     first = post_messages(logger, {"event": "create", "payload": 1, "key": "k", "headers": {"v": "1"}})
     again = post_messages(logger, {"event": "create", "payload": 1, "key": "k", "headers": {"v": "2"}})
 
@@ -151,8 +149,8 @@ BAD_HEADERS = [
 
 
 @pytest.mark.parametrize(("headers", "words"), BAD_HEADERS)
-def test_bad_headers_are_a_400_naming_the_field_and_nothing_is_written(subscribed, headers, words):
-    logger, peer = subscribed
+def test_bad_headers_are_a_400_naming_the_field_and_nothing_is_written(peer_subscribed, headers, words):
+    logger, peer = peer_subscribed
     r = post_messages(logger, {"event": "create", "payload": 1, "headers": headers})
 
     assert r.status_code == 400, r.content
@@ -162,9 +160,9 @@ def test_bad_headers_are_a_400_naming_the_field_and_nothing_is_written(subscribe
 
 @pytest.mark.parametrize(("headers", "words"), BAD_HEADERS[::3])
 def test_a_batch_with_one_bad_headers_is_a_400_naming_its_index_and_publishes_none(
-    subscribed, headers, words
+    peer_subscribed, headers, words
 ):
-    logger, _ = subscribed
+    logger, _ = peer_subscribed
     good = {"event": "create", "payload": 1, "headers": {"ok": "yes"}}
     r = post_messages(logger, {"messages": [good, {**good, "headers": headers}, good]})
 
@@ -175,16 +173,16 @@ def test_a_batch_with_one_bad_headers_is_a_400_naming_its_index_and_publishes_no
     assert Message.objects.count() == 0 and Delivery.objects.count() == 0
 
 
-def test_a_lone_surrogate_in_a_value_is_a_400(subscribed):
-    logger, _ = subscribed
+def test_a_lone_surrogate_in_a_value_is_a_400(peer_subscribed):
+    logger, _ = peer_subscribed
     raw = '{"event": "create", "payload": 1, "headers": {"a": "x\\ud800"}}'
     r = client_for(logger).generic("POST", "/api/queues/db/messages", raw, content_type="application/json")
     assert r.status_code == 400 and "headers" in r.json(), r.content
     assert Message.objects.count() == 0
 
 
-def test_headers_beside_a_batchs_messages_are_refused_not_dropped(subscribed):
-    logger, _ = subscribed
+def test_headers_beside_a_batchs_messages_are_refused_not_dropped(peer_subscribed):
+    logger, _ = peer_subscribed
     r = post_messages(logger, {"messages": [{"event": "create", "payload": 1}], "headers": {"a": "b"}})
     assert r.status_code == 400 and "headers" in r.json(), r.content
     assert Message.objects.count() == 0
@@ -202,7 +200,7 @@ def publish_body_validator():
     )
 
 
-def test_the_schema_allows_what_the_server_accepts_and_forbids_what_it_refuses(subscribed):
+def test_the_schema_allows_what_the_server_accepts_and_forbids_what_it_refuses(peer_subscribed):
     validator = publish_body_validator()
     assert validator.is_valid({"event": "create", "payload": 1, "headers": HEADERS})
     assert validator.is_valid({"messages": [{"event": "create", "payload": 1, "headers": HEADERS}]})
@@ -222,13 +220,6 @@ def test_the_schema_says_a_delivery_may_carry_headers(db):
 
 
 # --- webhooks ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
 
 
 def test_a_webhook_body_carries_the_headers_under_a_valid_signature(db_queue, receiver, settings):
@@ -263,8 +254,8 @@ def run(*args):
     return out.getvalue()
 
 
-def test_the_publish_command_takes_repeated_headers(subscribed):
-    _, peer = subscribed
+def test_the_publish_command_takes_repeated_headers(peer_subscribed):
+    _, peer = peer_subscribed
     answer = json.loads(
         run(
             "publish",
@@ -293,20 +284,13 @@ def test_the_publish_command_takes_repeated_headers(subscribed):
         (["--header", "a=x\x00"], "NUL"),
     ],
 )
-def test_the_publish_command_refuses_bad_headers_and_publishes_nothing(subscribed, flags, words):
+def test_the_publish_command_refuses_bad_headers_and_publishes_nothing(peer_subscribed, flags, words):
     with pytest.raises(CommandError, match=words):
         run("publish", "db", "create", "1", *flags)
     assert Message.objects.count() == 0
 
 
 # --- the admin -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(operator):
-    client = Client()
-    client.force_login(operator)
-    return client
 
 
 def test_the_admins_message_and_delivery_pages_show_the_headers(staff, db_queue, logger):

@@ -587,13 +587,6 @@ def _replay_action(client, subscriptions, **form):
     )
 
 
-@pytest.fixture
-def staff(operator):
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
 def test_the_admin_asks_where_from_then_replays_the_selected_subscriptions(staff, operator, logger, db_queue):
     sub, _ = subscribing.subscribe(logger, db_queue)
     publish(db_queue, 4)

@@ -5,15 +5,21 @@ import json
 import urllib.request
 
 
-def post(server, token, path, body, timeout=30):
-    """POST `body` as JSON with `token`: (status, the JSON answer)."""
+def request(server, token, method, path, body=None, timeout=30):
+    """One call with `token` (and `body` as JSON): (status, the JSON answer)."""
     req = urllib.request.Request(
         f"{server.http}{path}",
-        data=json.dumps(body).encode(),
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.status, json.loads(r.read())
+
+
+def post(server, token, path, body, timeout=30):
+    """POST `body` as JSON with `token`: (status, the JSON answer)."""
+    return request(server, token, "POST", path, body, timeout)
 
 
 def publish_over_http(server, token, n=1, start=0):

@@ -210,3 +210,22 @@ def receiver():
     r = Receiver()
     yield r
     r.close()
+
+
+@pytest.fixture
+def elsewhere():
+    """Another origin on loopback, which a redirect of the server may point at
+    (tests.support.redirects): it records whatever reaches it."""
+    from tests.support.redirects import Elsewhere
+
+    other = Elsewhere()
+    yield other
+    other.close()
+
+
+@pytest.fixture
+def var_dir(settings, tmp_path):
+    """The server's var/ folder (VAR_DIR) in a fresh folder of the test's own."""
+    settings.VAR_DIR = tmp_path
+    settings.PORT = 8123
+    return tmp_path

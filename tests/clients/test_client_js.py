@@ -27,7 +27,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.provisioning import provision_subscriber
 from tests.support.personas import subscribed_owner
-from tests.support.redirects import Elsewhere, Redirector
+from tests.support.redirects import Redirector
 from tests.support.servers import ROOT, eventually, start_daphne
 
 # A client's behaviour does not depend on the server's database, and these tests are minutes of
@@ -410,13 +410,6 @@ def test_node_over_the_socket_limit_waits_then_gets_in_when_a_socket_frees(owner
         assert eventually(lambda: status_counts(ids) == {Status.ACKED: 3})
     finally:
         server.stop()
-
-
-@pytest.fixture
-def elsewhere():
-    other = Elsewhere()
-    yield other
-    other.close()
 
 
 @needs_node

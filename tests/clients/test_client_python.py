@@ -37,7 +37,7 @@ from delivery.models import Delivery, Status
 from queues import publishing
 from queues.models import Queue
 from subscribers.models import Subscription
-from tests.support.redirects import Elsewhere, Redirector
+from tests.support.redirects import Redirector
 from tests.support.servers import ROOT, eventually, start_daphne
 
 # A client's behaviour does not depend on the server's database, and these tests are minutes of
@@ -639,13 +639,6 @@ def test_urls_and_error_bodies_are_read_as_the_contract_gives_them():
 
 
 # --- redirects, clean closes, clear text -----------------------------------------------------------
-
-
-@pytest.fixture
-def elsewhere():
-    other = Elsewhere()
-    yield other
-    other.close()
 
 
 def refused_listen(listening, elsewhere, token):

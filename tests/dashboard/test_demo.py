@@ -6,10 +6,8 @@ import json
 import stat
 import threading
 import time
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 from django.db import connection
 
 from dashboard import demo
@@ -17,26 +15,14 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.models import Connection, Subscriber, Subscription
 from subscribers.tokens import hash_token
+from tests.support.commands import command_output
 from tests.support.servers import free_port, start_daphne
-
-
-@pytest.fixture
-def var_dir(settings, tmp_path):
-    settings.VAR_DIR = tmp_path
-    settings.PORT = 8123
-    return tmp_path
-
-
-def run(*args):
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue()
 
 
 def run_without_server(*args):
     """The demo where no server answers (a port nothing listens on): it says so, and serves its
     subscribers through the ledger."""
-    out = run("demo", "--url", f"http://127.0.0.1:{free_port()}", "--server-wait", "0", *args)
+    out = command_output("demo", "--url", f"http://127.0.0.1:{free_port()}", "--server-wait", "0", *args)
     assert "nothing answers at" in out and "through the ledger" in out, out
     return out
 
@@ -53,9 +39,9 @@ def seeded():
 
 
 def test_bootstrap_seeds_the_demo_once_and_then_leaves_it_alone(db, var_dir):
-    first = run("bootstrap")
+    first = command_output("bootstrap")
     world = seeded()
-    again = run("bootstrap")
+    again = command_output("bootstrap")
 
     assert world["queues"] == {"db": 10, "filesystem": 10, "network": 3}
     assert world["subscriptions"] == [
@@ -82,7 +68,7 @@ def test_bootstrap_seeds_the_demo_once_and_then_leaves_it_alone(db, var_dir):
 
 def test_bootstrap_seeds_nothing_where_a_queue_exists(db, var_dir):
     Queue.objects.create(name="mine")
-    out = run("bootstrap")
+    out = command_output("bootstrap")
     assert list(Queue.objects.values_list("name", flat=True)) == ["mine"]
     assert not Subscriber.objects.exists()
     assert "demo:" not in out
@@ -90,12 +76,12 @@ def test_bootstrap_seeds_nothing_where_a_queue_exists(db, var_dir):
 
 
 def test_bootstrap_may_be_told_not_to_seed(db, var_dir):
-    run("bootstrap", "--no-demo")
+    command_output("bootstrap", "--no-demo")
     assert not Queue.objects.exists()
 
 
 def test_without_a_server_the_demo_publishes_a_bounded_number_and_acks_them_itself(db, var_dir):
-    run("bootstrap")
+    command_output("bootstrap")
 
     out = run_without_server("--count", "24", "--rate", "200", "--poison-every", "0", "--seed", "7")
 
@@ -120,7 +106,7 @@ def test_without_a_server_the_demo_publishes_a_bounded_number_and_acks_them_itse
 def test_a_malformed_report_is_refused_by_the_monitor_until_it_is_dead(db, var_dir, settings):
     settings.MQ_BACKOFF_BASE_SECS = 0.05  # retried within the test's time
     settings.MQ_BACKOFF_MAX_SECS = 0.1
-    run("bootstrap")
+    command_output("bootstrap")
 
     out = run_without_server("--count", "40", "--rate", "400", "--poison-every", "2", "--seed", "3")
 
@@ -139,7 +125,7 @@ def test_the_demo_says_what_is_missing_without_the_seeds(db, var_dir):
     from django.core.management.base import CommandError
 
     with pytest.raises(CommandError, match="bootstrap"):
-        run("demo", "--count", "1")
+        command_output("demo", "--count", "1")
 
 
 @pytest.fixture
@@ -155,7 +141,7 @@ def test_beside_a_running_server_the_demo_subscribers_are_its_connected_clients(
 ):
     # Given a fresh install served by a real server, and subscribers that work quickly
     monkeypatch.setattr(demo, "WORK_SECS", {name: (0.05, 0.2) for name in demo.SUBSCRIBERS})
-    run("bootstrap")
+    command_output("bootstrap")
     dashboard = Subscriber.objects.get(name="dashboard")
     seen = {"connected": set(), "listed": set(), "dashboard acked while connected": False}
     done = threading.Event()
@@ -180,7 +166,7 @@ def test_beside_a_running_server_the_demo_subscribers_are_its_connected_clients(
     watcher.start()
     # When the demo runs against it
     try:
-        out = run(
+        out = command_output(
             "demo",
             *("--url", daphne.http, "--server-wait", "0", "--count", "60", "--rate", "30"),
             *("--poison-every", "3", "--seed", "3"),  # three malformed reports

@@ -15,13 +15,13 @@ from tests.support.fields import DELIVERY_FIELDS
 from tests.support.rest import pull
 
 
-def publish_many(who, n, event="create", queue="db"):
+def post_batch(who, n, event="create", queue="db"):
     msgs = [{"event": event, "payload": {"n": i}} for i in range(n)]
     return client_for(who).post(f"/api/queues/{queue}/messages", {"messages": msgs}, format="json")
 
 
 def test_it_leases_ready_deliveries_oldest_first_with_a_deadline(owner):
-    publish_many(owner, 3)
+    post_batch(owner, 3)
     before = timezone.now()
     ds = pull(owner)
     assert [d["seq"] for d in ds] == [1, 2, 3]
@@ -35,7 +35,7 @@ def test_it_leases_ready_deliveries_oldest_first_with_a_deadline(owner):
 
 
 def test_limit_caps_the_lease(owner):
-    publish_many(owner, 5)
+    post_batch(owner, 5)
     assert [d["seq"] for d in pull(owner, "?limit=2")] == [1, 2]
     assert [d["seq"] for d in pull(owner, "?limit=2")] == [3, 4]
     assert [d["seq"] for d in pull(owner, "?limit=1000")] == [5]
@@ -54,9 +54,9 @@ def test_queue_and_event_filter_the_lease(owner, make_queue):
     owner.subscribe_all = owner.publish_all = True
     owner.save()
     client_for(owner).post("/api/subscriptions", {"queue": "fs"}, format="json")
-    publish_many(owner, 2, event="create")
-    publish_many(owner, 2, event="delete")
-    publish_many(owner, 1, event="write", queue="fs")
+    post_batch(owner, 2, event="create")
+    post_batch(owner, 2, event="delete")
+    post_batch(owner, 1, event="write", queue="fs")
     assert {d["event"] for d in pull(owner, "?queue=db&event=delete")} == {"delete"}
     assert [d["queue"] for d in pull(owner, "?queue=fs")] == ["fs"]
     assert len(pull(owner)) == 2
@@ -64,7 +64,7 @@ def test_queue_and_event_filter_the_lease(owner, make_queue):
 
 
 def test_a_subscriber_never_sees_or_acks_another_subscribers_deliveries(owner, peer):
-    publish_many(owner, 2)  # peer has no subscription yet: nothing owed to it
+    post_batch(owner, 2)  # peer has no subscription yet: nothing owed to it
     assert pull(peer) == []
     mine = pull(owner)
     r = client_for(peer).post("/api/deliveries/ack", {"ids": [d["id"] for d in mine]}, format="json")
@@ -76,7 +76,7 @@ def test_a_subscriber_never_sees_or_acks_another_subscribers_deliveries(owner, p
 
 
 def test_ack_counts_only_new_acks_and_names_unknown_ids(owner):
-    publish_many(owner, 2)
+    post_batch(owner, 2)
     ids = [d["id"] for d in pull(owner)]
     c = client_for(owner)
     r = c.post("/api/deliveries/ack", {"ids": [ids[0], 999999, ids[0]]}, format="json")
@@ -101,7 +101,7 @@ def test_an_empty_ack_is_harmless(owner):
 
 
 def test_nack_returns_the_delivery_after_its_backoff(owner):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     before = timezone.now()
     r = client_for(owner).post(f"/api/deliveries/{d['id']}/nack", {}, format="json")
@@ -115,7 +115,7 @@ def test_nack_returns_the_delivery_after_its_backoff(owner):
 
 
 def test_nack_with_retry_in_zero_is_ready_at_once_and_keeps_the_id(owner):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     r = client_for(owner).post(f"/api/deliveries/{d['id']}/nack", {"retry_in": 0}, format="json")
     assert r.status_code == 200
@@ -126,7 +126,7 @@ def test_nack_with_retry_in_zero_is_ready_at_once_and_keeps_the_id(owner):
 def test_a_nack_may_say_why_and_the_reason_is_kept_for_the_operator(owner, db_queue):
     db_queue.max_attempts = 1
     db_queue.save()
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     r = client_for(owner).post(
         f"/api/deliveries/{d['id']}/nack", {"error": "no such customer"}, format="json"
@@ -136,7 +136,7 @@ def test_a_nack_may_say_why_and_the_reason_is_kept_for_the_operator(owner, db_qu
 
 
 def test_nack_without_a_body_is_accepted(owner):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     r = client_for(owner).post(f"/api/deliveries/{d['id']}/nack")
     assert r.status_code == 200
@@ -154,14 +154,14 @@ def test_nack_without_a_body_is_accepted(owner):
     ],
 )
 def test_a_malformed_nack_gets_400(owner, body):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     assert client_for(owner).post(f"/api/deliveries/{d['id']}/nack", body, format="json").status_code == 400
     assert Delivery.objects.get(pk=d["id"]).status == Status.INFLIGHT
 
 
 def test_nack_of_an_acked_delivery_is_409(owner):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     client_for(owner).post("/api/deliveries/ack", {"ids": [d["id"]]}, format="json")
     r = client_for(owner).post(f"/api/deliveries/{d['id']}/nack", {}, format="json")
@@ -172,7 +172,7 @@ def test_nack_of_an_acked_delivery_is_409(owner):
 def test_a_nack_of_the_last_attempt_kills_the_delivery(owner, db_queue):
     db_queue.max_attempts = 2
     db_queue.save()
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     c = client_for(owner)
     (d,) = pull(owner)
     c.post(f"/api/deliveries/{d['id']}/nack", {"retry_in": 0}, format="json")
@@ -188,7 +188,7 @@ def test_a_nack_of_the_last_attempt_kills_the_delivery(owner, db_queue):
 def test_an_ordered_queue_hands_out_one_at_a_time_in_seq_order(owner, db_queue):
     db_queue.ordered = True
     db_queue.save()
-    publish_many(owner, 3)
+    post_batch(owner, 3)
     c = client_for(owner)
     seen = []
     for _ in range(3):
@@ -203,7 +203,7 @@ def test_an_ordered_queue_hands_out_one_at_a_time_in_seq_order(owner, db_queue):
 def test_an_ordered_queue_waits_for_a_nacked_head(owner, db_queue):
     db_queue.ordered = True
     db_queue.save()
-    publish_many(owner, 2)
+    post_batch(owner, 2)
     (head,) = pull(owner)
     client_for(owner).post(f"/api/deliveries/{head['id']}/nack", {"retry_in": 60}, format="json")
     assert pull(owner) == []  # seq 2 must not jump ahead of the waiting seq 1
@@ -212,7 +212,7 @@ def test_an_ordered_queue_waits_for_a_nacked_head(owner, db_queue):
 
 
 def test_a_paused_queue_hands_out_nothing(owner, db_queue):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     db_queue.paused = True
     db_queue.save()
     assert pull(owner) == []
@@ -222,7 +222,7 @@ def test_a_paused_queue_hands_out_nothing(owner, db_queue):
 
 
 def test_an_overdue_lease_is_handed_out_again_after_its_backoff(owner):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     Delivery.objects.filter(pk=d["id"]).update(ack_deadline=timezone.now() - timedelta(seconds=5))
     (again,) = pull(owner)
@@ -232,7 +232,7 @@ def test_an_overdue_lease_is_handed_out_again_after_its_backoff(owner):
 def test_an_overdue_lease_on_its_last_attempt_dies(owner, db_queue):
     db_queue.max_attempts = 1
     db_queue.save()
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     (d,) = pull(owner)
     Delivery.objects.filter(pk=d["id"]).update(ack_deadline=timezone.now() - timedelta(seconds=5))
     assert pull(owner) == []
@@ -240,7 +240,7 @@ def test_an_overdue_lease_on_its_last_attempt_dies(owner, db_queue):
 
 
 def test_wait_returns_at_once_when_something_is_ready(owner):
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     start = time.monotonic()
     assert len(pull(owner, "?wait=5")) == 1
     assert time.monotonic() - start < 2
@@ -270,7 +270,7 @@ def test_wait_wakes_when_a_message_is_published(make_queue, make_subscriber):
     t.start()
     time.sleep(0.3)
     published_at = time.monotonic()
-    publish_many(owner, 1)
+    post_batch(owner, 1)
     t.join(timeout=15)
     assert [d["seq"] for d in got["deliveries"]] == [1]
     assert got["at"] - published_at < 2

@@ -21,7 +21,7 @@ AWAITED = 200
 
 
 @database_sync_to_async
-def backlog():
+def awaited_backlog():
     """AWAITED messages with a receipt published by `publisher`, each owed to `worker`, all leased:
     (publisher id, worker, their message ids, their delivery ids by message)."""
     queue = Queue.objects.create(name="jobs")
@@ -63,7 +63,7 @@ async def frames_of(sent, count):
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_the_recheck_probes_only_the_awaited_receipts_that_moved(monkeypatch):
-    publisher_id, worker, message_ids, delivery_of = await backlog()
+    publisher_id, worker, message_ids, delivery_of = await awaited_backlog()
     # Every announcement lost (as from another process without Redis): only the recheck tells.
     monkeypatch.setattr(receipts, "check_after_commit", lambda ids: None)
     monkeypatch.setattr(receipts, "_reading", receipts.Reading())
@@ -107,7 +107,7 @@ async def test_the_recheck_probes_only_the_awaited_receipts_that_moved(monkeypat
 @pytest.mark.django_db(transaction=True)
 async def test_a_process_that_read_no_moves_for_long_probes_all_it_awaits(monkeypatch):
     """Its reading may be older than what the sweep pruned: it cannot know what it missed."""
-    publisher_id, worker, message_ids, delivery_of = await backlog()
+    publisher_id, worker, message_ids, delivery_of = await awaited_backlog()
     monkeypatch.setattr(receipts, "check_after_commit", lambda ids: None)
     monkeypatch.setattr(receipts, "_reading", receipts.Reading())
     probes = Probes(monkeypatch)

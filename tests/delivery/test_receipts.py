@@ -178,12 +178,12 @@ def publisher_and_subscribers(subscribers=3, max_attempts=10):
 
 
 @database_sync_to_async
-def lease_all(subscriber):
+def lease_ids(subscriber):
     return [d["id"] for d in ledger.lease_deliveries(subscriber, limit=100)]
 
 
 @database_sync_to_async
-def ack(subscriber, ids):
+def ack_in_ledger(subscriber, ids):
     return ledger.ack_deliveries(subscriber, ids)
 
 
@@ -204,11 +204,11 @@ async def test_the_receipt_comes_when_the_last_subscriber_acks_and_not_before():
     published = await recv(publisher)
     assert published["type"] == "published" and published["deliveries"] == 3 and published["ref"] == 7
 
-    await ack(a, await lease_all(a))  # a REST-like ack, in a thread
+    await ack_in_ledger(a, await lease_ids(a))  # a REST-like ack, in a thread
     c_socket = await connect(c.token)  # c takes its delivery on a socket, and holds it
     held = await recv(c_socket)
     assert held["type"] == "message"
-    await ack(b, await lease_all(b))
+    await ack_in_ledger(b, await lease_ids(b))
     # Two of three settled, one in flight: nothing, however long one waits.
     assert await publisher.receive_nothing(timeout=1.0)
     assert (await counts_of(published["id"]))[published["id"]] == {**ZERO, "acked": 2, "inflight": 1}
@@ -234,7 +234,7 @@ async def test_a_delivery_that_dies_settles_the_receipt_too():
     publisher = await connect(token)
     await send(publisher, ONE_WITH_RECEIPT)
     published = await recv(publisher)
-    await ack(a, await lease_all(a))
+    await ack_in_ledger(a, await lease_ids(a))
     assert await publisher.receive_nothing(timeout=0.5)
 
     b_socket = await connect(b.token)
@@ -260,11 +260,11 @@ async def test_a_batch_gets_one_receipt_per_message():
     await send(publisher, {"type": "publish", "queue": "db", "messages": items, "receipt": True, "ref": "b"})
     published = await recv(publisher)
     ids = [m["id"] for m in published["messages"]]
-    leased = await lease_all(a)
-    await ack(a, leased[:2])
+    leased = await lease_ids(a)
+    await ack_in_ledger(a, leased[:2])
     got = [await recv(publisher), await recv(publisher)]
     assert await publisher.receive_nothing(timeout=0.5)  # the third is still in flight
-    await ack(a, leased[2:])
+    await ack_in_ledger(a, leased[2:])
     got.append(await recv(publisher))
 
     assert sorted(r["id"] for r in got) == ids
@@ -281,7 +281,7 @@ async def test_no_receipt_is_sent_unless_asked():
     publisher = await connect(token)
     await send(publisher, {"type": "publish", "queue": "db", "event": "create", "payload": 1})
     published = await recv(publisher)
-    await ack(a, await lease_all(a))
+    await ack_in_ledger(a, await lease_ids(a))
     assert await publisher.receive_nothing(timeout=1.0)
     message = await database_sync_to_async(Message.objects.get)(pk=published["id"])
     assert not message.receipt_wanted
@@ -346,7 +346,7 @@ async def test_a_closed_socket_forgets_the_receipts_it_waited_for():
     assert receipts.waiting() == 1
     await publisher.disconnect()
     assert receipts.waiting() == 0
-    await ack(a, await lease_all(a))  # announced to nobody, harmlessly
+    await ack_in_ledger(a, await lease_ids(a))  # announced to nobody, harmlessly
 
 
 # --- the dashboard -------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def page(server, monkeypatch):
         browser.close()
 
 
-def publish_rest(server, token, queue, event, payload, headers=None):
+def publish_message(server, token, queue, event, payload, headers=None):
     body = {"event": event, "payload": payload, **({"headers": headers} if headers else {})}
     req = urllib.request.Request(
         f"{server.http}/api/queues/{queue}/messages",
@@ -94,7 +94,7 @@ def test_an_operator_watches_messages_arrive_live(server, page, django_user_mode
     assert page.inner_text("#t-published") == "0"
     page.evaluate("window.__same_page = true")  # gone if the page reloads
 
-    answer = publish_rest(server, token, "db", "create", {"table": "users", "id": 7, "name": "Ann"})
+    answer = publish_message(server, token, "db", "create", {"table": "users", "id": 7, "name": "Ann"})
 
     # expect() rather than wait_for_function(): that evals its string in the page, which the
     # Content-Security-Policy (rightly) forbids.
@@ -121,7 +121,7 @@ def test_an_operator_watches_messages_arrive_live(server, page, django_user_mode
 
     # A message with headers shows them in the feed, beside its payload.
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    traced = publish_rest(server, token, "db", "create", {"id": 8}, headers={"traceparent": traceparent})
+    traced = publish_message(server, token, "db", "create", {"id": 8}, headers={"traceparent": traceparent})
     shown = page.wait_for_selector(f'#feed li[data-id="{traced["id"]}"] .headers')
     assert shown.inner_text() == f"traceparent={traceparent}"
     assert page.query_selector(f'#feed li[data-id="{answer["id"]}"] .headers') is None
@@ -136,7 +136,7 @@ def test_an_operator_watches_messages_arrive_live(server, page, django_user_mode
         traffic.consume(now)
         time.sleep(0.2)
     for n in range(3):
-        publish_rest(server, token, "orders", "paid", {"order": 5000 + n, "total": 42.5})
+        publish_message(server, token, "orders", "paid", {"order": 5000 + n, "total": 42.5})
     # And a webhook that kept failing, as an operator would find it.
     first_order = Delivery.objects.filter(subscriber=service).order_by("seq")[:1].values("id")
     ledger.kill_deliveries(
@@ -153,8 +153,8 @@ def test_the_admin_and_the_api_docs_work_under_the_content_security_policy(serve
     Queue.objects.create(name="orders", ordered=True)
     service, token = create_subscriber("shop", publish=["orders"], subscribe=["orders"])
     subscribing.subscribe(service, Queue.objects.get(name="orders"))
-    publish_rest(server, token, "orders", "paid", {"order": 1})
-    publish_rest(server, token, "orders", "paid", {"order": 2})
+    publish_message(server, token, "orders", "paid", {"order": 1})
+    publish_message(server, token, "orders", "paid", {"order": 2})
     [head] = ledger.lease_deliveries(service, limit=1, holder="test")
     head = ledger.fail_delivery(head["id"], "test", "503 from the shop")  # retried later: it holds the line
     django_user_model.objects.create_user(

@@ -42,7 +42,7 @@ def web_and_worker():
         redis.stop(signal.SIGKILL)
 
 
-def publish_one(web, token):
+def publish_job(web, token):
     status, _ = request(
         web, token, "POST", "/api/queues/jobs/messages", {"event": "encode", "payload": {"video": 7}}
     )
@@ -53,7 +53,7 @@ def publish_one(web, token):
 def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(web_and_worker, extending):
     web, token = web_and_worker
     with connect(f"{web.ws}?token={token}") as a:
-        publish_one(web, token)
+        publish_job(web, token)
         first = json.loads(a.recv(timeout=2))
         assert first["type"] == "message" and first["attempt"] == 1
         if extending:
@@ -76,7 +76,7 @@ def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(web_an
 @extending
 def test_a_slow_pull_worker_that_extends_past_the_ack_timeout_gets_no_redelivery(web_and_worker, extending):
     web, token = web_and_worker
-    publish_one(web, token)
+    publish_job(web, token)
     _, pulled = request(web, token, "GET", "/api/deliveries?limit=1")
     (job,) = pulled["deliveries"]
     assert job["attempt"] == 1

@@ -69,7 +69,7 @@ def test_a_process_beats_and_a_dead_one_is_released_by_any_live_one(ordered_owne
     assert Delivery.objects.get().status == Status.PENDING
 
 
-def wait_for(check, timeout):
+def value_within(check, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
@@ -107,7 +107,7 @@ def test_an_ordered_head_held_by_a_killed_server_is_delivered_by_another_within_
         with connect(f"{b.ws}?token={subscriber.token}", open_timeout=5) as ws:
             again = json.loads(ws.recv(timeout=RECOVERY_SECS + 2))
             socket_secs = time.monotonic() - killed
-        pulled_again = wait_for(
+        pulled_again = value_within(
             lambda: httpx.get(f"{b.http}/api/deliveries", headers=auth, timeout=5).json()["deliveries"],
             RECOVERY_SECS + 2,
         )

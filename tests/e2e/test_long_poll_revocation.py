@@ -33,7 +33,7 @@ timings = []
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _print_timings():
+def _print_long_poll_timings():
     yield
     for what, took in timings:
         print(f"long-poll revocation: {what}: {took * 1000:.0f} ms")

@@ -12,7 +12,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.provisioning import create_subscriber
 from tests.support.http import post, publish_over_http
-from tests.support.servers import eventually
+from tests.support.servers import eventually, nothing_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,14 +22,6 @@ def frames(ws, n, timeout=10):
     while len(got) < n and time.monotonic() < deadline:
         got.append(json.loads(ws.recv(timeout=max(deadline - time.monotonic(), 0.01))))
     return got
-
-
-def nothing_for(ws, seconds):
-    try:
-        frame = ws.recv(timeout=seconds)
-    except TimeoutError:
-        return True
-    raise AssertionError(f"unexpected frame {frame}")
 
 
 def test_a_new_subscription_replays_the_last_hours_messages_in_order_then_live_ones(server):

@@ -26,7 +26,7 @@ from subscribers import replay, subscribing
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
 from tests.support.backlog import call, fill
-from tests.support.servers import eventually, start_daphne, start_worker
+from tests.support.servers import eventually, nothing_for, start_daphne, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,14 +49,6 @@ def seqs_of(subscription_id):
 
 def frame_of(ws):
     return json.loads(ws.recv(timeout=10))
-
-
-def nothing_for(ws, seconds):
-    try:
-        frame = ws.recv(timeout=seconds)
-    except TimeoutError:
-        return True
-    raise AssertionError(f"unexpected frame {frame}")
 
 
 def refused(status, body, headers, code):

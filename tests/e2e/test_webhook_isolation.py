@@ -17,7 +17,7 @@ from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.support.http import publish_over_http
 from tests.support.receivers import Dripper, Receiver
-from tests.support.servers import run_command, start_as_make_run, start_daphne, start_redis
+from tests.support.servers import eventually, run_command, start_as_make_run, start_daphne, start_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,17 +55,8 @@ def cluster(settings):
         proc.stop(signal.SIGKILL)
 
 
-def wait_for(condition, timeout, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(step)
-    return False
-
-
 def ready(*workers):
-    assert wait_for(lambda: all(" ready." in w.output() for w in workers), 60, 0.1), [
+    assert eventually(lambda: all(" ready." in w.output() for w in workers), 60, 0.1), [
         w.output()[-2000:] for w in workers
     ]
 
@@ -76,7 +67,7 @@ def running_jobs(worker):
     return log.count("deliver_webhooks[") - 2 * log.count("succeeded in")
 
 
-def hooked(queue, name, url):
+def hook_subscriber(queue, name, url):
     subscriber, _ = create_subscriber(name, subscribe=["db"], webhook_url=url)
     subscribing.subscribe(subscriber, queue)
     return subscriber
@@ -88,23 +79,23 @@ def test_a_healthy_subscriber_is_posted_to_promptly_beside_a_dripping_one(cluste
     dripper, healthy = Dripper(interval=1.0, lasting=30.0), Receiver()
     try:
         queue = Queue.objects.create(name="db")
-        slow = hooked(queue, "slow", dripper.url)
-        hooked(queue, "fast", healthy.url)
+        slow = hook_subscriber(queue, "slow", dripper.url)
+        hook_subscriber(queue, "fast", healthy.url)
         _, token = create_subscriber("app", publish=["db"])
         cluster.web()
         ready(cluster.worker("worker"), cluster.worker("maintenance"))
         publish_over_http(cluster.daphne, token)
-        assert wait_for(lambda: dripper.open == 1 and len(healthy.requests) == 1, 10)
+        assert eventually(lambda: dripper.open == 1 and len(healthy.requests) == 1, 10)
         latencies, answered = [], []
         for _ in range(5):  # each while the slow subscriber's post is under way
             before, sent = len(healthy.requests), time.monotonic()
             publish_over_http(cluster.daphne, token)
             answered.append(time.monotonic() - sent)
-            assert wait_for(lambda b=before: len(healthy.requests) > b, 5)
+            assert eventually(lambda b=before: len(healthy.requests) > b, 5)
             latencies.append(healthy.requests[-1][0] - sent)
             assert dripper.open == 1
         # The dripping post fails at the deadline: its thread is free again.
-        assert wait_for(lambda: DeliveryAttempt.objects.filter(delivery__subscriber=slow).exists(), 6)
+        assert eventually(lambda: DeliveryAttempt.objects.filter(delivery__subscriber=slow).exists(), 6)
     finally:
         dripper.close()
         healthy.close()
@@ -125,19 +116,19 @@ def test_sweeps_go_on_while_every_webhook_thread_is_held_by_a_dripping_endpoint(
     try:
         queue = Queue.objects.create(name="db", ack_timeout=1)
         for i in range(threads):
-            hooked(queue, f"slow{i}", dripper.url)
+            hook_subscriber(queue, f"slow{i}", dripper.url)
         puller, _ = create_subscriber("puller", subscribe=["db"])
         subscribing.subscribe(puller, queue)
         _, token = create_subscriber("app", publish=["db"])
         cluster.web()
         ready(cluster.worker("worker"), cluster.worker("maintenance"))
         publish_over_http(cluster.daphne, token)
-        assert wait_for(lambda: dripper.open == threads, 15), dripper.open
+        assert eventually(lambda: dripper.open == threads, 15), dripper.open
         held_since = time.monotonic()
         # A lease whose ack deadline passes in 1 s: only a sweep gives it back.
         [leased] = ledger.lease_deliveries(puller, limit=1, holder="test:puller")
         leased_at = time.monotonic()
-        assert wait_for(lambda: Delivery.objects.get(pk=leased["id"]).status == Status.PENDING, 8)
+        assert eventually(lambda: Delivery.objects.get(pk=leased["id"]).status == Status.PENDING, 8)
         swept = time.monotonic() - leased_at
         busy = dripper.open
     finally:
@@ -153,13 +144,13 @@ def test_a_killed_workers_claim_lapses_within_seconds_and_another_job_takes_the_
     dripper = Dripper(interval=1.0, lasting=30.0)
     try:
         queue = Queue.objects.create(name="db", ack_timeout=1)
-        slow = hooked(queue, "slow", dripper.url)
+        slow = hook_subscriber(queue, "slow", dripper.url)
         _, token = create_subscriber("app", publish=["db"])
         cluster.web()
         workers = [cluster.worker("worker"), cluster.worker("worker")]
         ready(*workers, cluster.worker("maintenance"))
         publish_over_http(cluster.daphne, token)
-        assert wait_for(lambda: dripper.open == 1, 10)
+        assert eventually(lambda: dripper.open == 1, 10)
         claims = redis.Redis.from_url(cluster.redis.url)
         key = f":1:webhook-job:{slow.pk}"
         time.sleep(4)  # longer than the claim lives: renewed while the job runs
@@ -168,9 +159,9 @@ def test_a_killed_workers_claim_lapses_within_seconds_and_another_job_takes_the_
         posting.stop(signal.SIGKILL)
         killed = time.monotonic()
         # One read each time: the claim may lapse between two (it did, and None is not a claim).
-        assert wait_for(lambda: b"running:" not in (claims.get(key) or b""), 10)
+        assert eventually(lambda: b"running:" not in (claims.get(key) or b""), 10)
         lapsed = time.monotonic() - killed
-        assert wait_for(lambda: dripper.connections[-1] > killed, 10)
+        assert eventually(lambda: dripper.connections[-1] > killed, 10)
         retaken = dripper.connections[-1] - killed
     finally:
         dripper.close()

@@ -73,7 +73,7 @@ def verifies(secret, post):
     return True
 
 
-def rotate(name):
+def rotate_webhook_secret(name):
     """`manage.py rotatewebhooksecret` as an operator runs it, with a short grace."""
     env = {
         **os.environ,
@@ -98,7 +98,7 @@ def test_a_receiver_verifies_with_the_old_secret_during_the_grace_and_only_the_n
     before = publish_and_receive(webhook_services, 1)
     assert verifies(old, before)
 
-    new = rotate("monitor")
+    new = rotate_webhook_secret("monitor")
     rotated_at = time.monotonic()
     assert new != old and new.startswith("whsec_")
     assert Subscriber.objects.get(name="monitor").webhook_secret == new

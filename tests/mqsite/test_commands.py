@@ -1,6 +1,5 @@
 """The manage.py commands of the contract (README, "The protocol" and each command's --help)."""
 
-import io
 import json
 import os
 import queue as threadqueue
@@ -15,7 +14,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -30,16 +29,10 @@ from subscribers import subscribing
 from subscribers.auth import BearerTokenAuthentication, subscriber_for_token
 from subscribers.models import Subscriber, Subscription
 from tests.support import servers
+from tests.support.commands import command_output, listen
 from tests.support.fields import DELIVERY_FIELDS, PUBLISHED_FIELDS
 
 STATS_FIELDS = ["queue", "event", "published", "pending", "inflight", "acked", "dead", "connected"]
-
-
-def run(*args, stdin=None):
-    out = io.StringIO()
-    extra = {"stdin": io.StringIO(stdin)} if stdin is not None else {}
-    call_command(*args, stdout=out, stderr=io.StringIO(), **extra)
-    return out.getvalue()
 
 
 def publish_event(queue, event, payload=None):
@@ -55,7 +48,7 @@ def parse_time(text):
 
 
 def test_it_creates_a_queue_with_the_given_settings(db):
-    out = run(
+    out = command_output(
         "createqueue",
         "Audit",
         "--ordered",
@@ -73,32 +66,32 @@ def test_it_creates_a_queue_with_the_given_settings(db):
 
 
 def test_it_creates_a_queue_with_the_contract_defaults(db):
-    run("createqueue", "db")
+    command_output("createqueue", "db")
 
     q = Queue.objects.get(name="db")
     assert (q.ordered, q.max_attempts, q.ack_timeout, q.retention_days) == (False, 10, 30, 7)
 
 
 def test_it_updates_only_the_settings_given_and_is_idempotent(db):
-    run("createqueue", "audit", "--ordered", "--max-attempts", "3")
+    command_output("createqueue", "audit", "--ordered", "--max-attempts", "3")
     publish_event(Queue.objects.get(name="audit"), "create", {"a": 1})
 
-    out = run("createqueue", "AUDIT", "--ack-timeout", "9")
-    again = run("createqueue", "audit", "--ack-timeout", "9")
+    out = command_output("createqueue", "AUDIT", "--ack-timeout", "9")
+    again = command_output("createqueue", "audit", "--ack-timeout", "9")
 
     q = Queue.objects.get()
     assert (q.ordered, q.max_attempts, q.ack_timeout, q.retention_days) == (True, 3, 9, 7)
     assert q.last_seq == 1  # the publishers' counter is never written back
     assert out.startswith("updated queue audit")
     assert again.startswith("unchanged: queue audit")
-    run("createqueue", "audit", "--no-ordered")
+    command_output("createqueue", "audit", "--no-ordered")
     assert not Queue.objects.get().ordered
 
 
 @pytest.mark.parametrize("name", ["Bad Name!", "_leading", "x" * 65, ""])
 def test_it_refuses_a_bad_queue_name(db, name):
     with pytest.raises(CommandError, match="is not valid"):
-        run("createqueue", name)
+        command_output("createqueue", name)
     assert not Queue.objects.exists()
 
 
@@ -106,7 +99,7 @@ def test_it_refuses_a_bad_setting_and_changes_nothing(make_queue):
     make_queue("db", max_attempts=4)
 
     with pytest.raises(CommandError, match="max-attempts"):
-        run("createqueue", "db", "--max-attempts", "0", "--ack-timeout", "5")
+        command_output("createqueue", "db", "--max-attempts", "0", "--ack-timeout", "5")
 
     q = Queue.objects.get()
     assert (q.max_attempts, q.ack_timeout) == (4, 30)
@@ -119,7 +112,9 @@ def test_it_makes_a_subscriber_with_repeated_flags_and_star(make_queue):
     for name in ("db", "fs", "net"):
         make_queue(name)
 
-    out = run("createsubscriber", "monitor", "--publish", "db", "--publish", "FS", "net", "--subscribe", "*")
+    out = command_output(
+        "createsubscriber", "monitor", "--publish", "db", "--publish", "FS", "net", "--subscribe", "*"
+    )
 
     s = Subscriber.objects.get(name="monitor")
     assert set(s.publish_queues.values_list("name", flat=True)) == {"db", "fs", "net"}
@@ -131,7 +126,7 @@ def test_it_makes_a_subscriber_with_repeated_flags_and_star(make_queue):
 
 
 def test_it_makes_a_subscriber_that_may_use_nothing_without_flags(db):
-    out = run("createsubscriber", "idle")
+    out = command_output("createsubscriber", "idle")
 
     s = Subscriber.objects.get(name="idle")
     assert not (s.publish_all or s.subscribe_all or s.publish_queues.exists() or s.subscribe_queues.exists())
@@ -139,7 +134,9 @@ def test_it_makes_a_subscriber_that_may_use_nothing_without_flags(db):
 
 
 def test_it_prints_the_webhook_secret_and_then_the_token(db_queue):
-    out = run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    out = command_output(
+        "createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook"
+    )
 
     s = Subscriber.objects.get(name="hooked")
     lines = out.splitlines()
@@ -151,17 +148,19 @@ def test_it_prints_the_webhook_secret_and_then_the_token(db_queue):
 
 def test_it_refuses_an_unknown_queue_and_makes_nothing(db_queue):
     with pytest.raises(CommandError, match="nope"):
-        run("createsubscriber", "app", "--publish", "db", "--subscribe", "nope")
+        command_output("createsubscriber", "app", "--publish", "db", "--subscribe", "nope")
     assert not Subscriber.objects.exists()
 
 
 def test_run_again_it_sets_the_subscriber_as_asked_with_a_new_token(logger, db_queue, make_queue):
     make_queue("net")
     subscribing.subscribe(logger, db_queue)
-    old_token = run("createsubscriber", "logger", "--publish", "net").splitlines()[-1]
+    old_token = command_output("createsubscriber", "logger", "--publish", "net").splitlines()[-1]
     secret = Subscriber.objects.get(name="logger").webhook_secret
 
-    out = run("createsubscriber", "logger", "--subscribe", "db", "net", "--webhook", "https://example.com/h")
+    out = command_output(
+        "createsubscriber", "logger", "--subscribe", "db", "net", "--webhook", "https://example.com/h"
+    )
 
     s = Subscriber.objects.get(name="logger")
     assert Subscriber.objects.filter(name="logger").count() == 1
@@ -177,24 +176,26 @@ def test_run_again_it_sets_the_subscriber_as_asked_with_a_new_token(logger, db_q
 
 
 def test_run_again_it_keeps_the_webhook_secret_and_prints_it_as_the_api_says(db_queue):
-    run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    command_output("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
     secret = Subscriber.objects.get(name="hooked").webhook_secret
 
-    out = run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook2")
+    out = command_output(
+        "createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook2"
+    )
 
     assert Subscriber.objects.get(name="hooked").webhook_secret == secret
     assert f"webhook secret: {secret}" in out.splitlines()
     # Without --webhook it says nothing of it.
-    out = run("createsubscriber", "hooked", "--subscribe", "db")
+    out = command_output("createsubscriber", "hooked", "--subscribe", "db")
     assert secret not in out
 
 
 def test_rotatewebhooksecret_prints_a_new_secret_once_and_keeps_the_old_for_the_grace(db_queue, settings):
     settings.MQ_WEBHOOK_SECRET_GRACE_SECS = 3600
-    run("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
+    command_output("createsubscriber", "hooked", "--subscribe", "db", "--webhook", "https://example.com/hook")
     old = Subscriber.objects.get(name="hooked").webhook_secret
 
-    out = run("rotatewebhooksecret", "hooked").splitlines()
+    out = command_output("rotatewebhooksecret", "hooked").splitlines()
 
     s = Subscriber.objects.get(name="hooked")
     assert out[-1] == s.webhook_secret != old and s.webhook_secret.startswith("whsec_")
@@ -202,16 +203,16 @@ def test_rotatewebhooksecret_prints_a_new_secret_once_and_keeps_the_old_for_the_
     assert s.webhook_secrets(timezone.now()) == [s.webhook_secret, old]
     assert s.webhook_secrets(timezone.now() + timedelta(seconds=3601)) == [s.webhook_secret]
 
-    run("rotatewebhooksecret", "hooked", "--grace-secs", "0")
+    command_output("rotatewebhooksecret", "hooked", "--grace-secs", "0")
     s.refresh_from_db()
     assert s.webhook_secrets(timezone.now()) == [s.webhook_secret] and s.previous_webhook_secret == ""
     with pytest.raises(CommandError, match="no subscriber named 'nobody'"):
-        run("rotatewebhooksecret", "nobody")
+        command_output("rotatewebhooksecret", "nobody")
 
 
 def test_it_refuses_a_malformed_webhook_url(db):
     with pytest.raises(CommandError, match="webhook_url"):
-        run("createsubscriber", "app", "--webhook", "not a url")
+        command_output("createsubscriber", "app", "--webhook", "not a url")
     assert not Subscriber.objects.exists()
 
 
@@ -251,14 +252,14 @@ def test_it_prints_a_working_token_alone_on_the_last_line_of_a_real_run(transact
 
 
 @pytest.fixture
-def two_subscribed(logger, peer, db_queue):
+def subscribed_pair(logger, peer, db_queue):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue, "create")
     return logger, peer
 
 
-def test_it_publishes_as_an_operator_and_prints_the_rest_answer(two_subscribed):
-    out = run("publish", "DB", "create", '{"a": [1, 2], "b": "é"}')
+def test_it_publishes_as_an_operator_and_prints_the_rest_answer(subscribed_pair):
+    out = command_output("publish", "DB", "create", '{"a": [1, 2], "b": "é"}')
 
     answer = json.loads(out)
     assert set(answer) == PUBLISHED_FIELDS
@@ -272,25 +273,25 @@ def test_it_publishes_as_an_operator_and_prints_the_rest_answer(two_subscribed):
     assert len(out.splitlines()) == 1
 
 
-def test_it_fans_out_only_to_matching_subscriptions(two_subscribed):
-    answer = json.loads(run("publish", "db", "delete", "1"))
+def test_it_fans_out_only_to_matching_subscriptions(subscribed_pair):
+    answer = json.loads(command_output("publish", "db", "delete", "1"))
 
     assert answer["deliveries"] == 1
     assert list(Delivery.objects.values_list("subscriber__name", flat=True)) == ["logger"]
 
 
-def test_it_reads_the_payload_from_stdin_when_absent(two_subscribed):
-    answer = json.loads(run("publish", "db", "create", stdin='[1, "two", null]\n'))
-    null = json.loads(run("publish", "db", "create", stdin="null"))
+def test_it_reads_the_payload_from_stdin_when_absent(subscribed_pair):
+    answer = json.loads(command_output("publish", "db", "create", stdin='[1, "two", null]\n'))
+    null = json.loads(command_output("publish", "db", "create", stdin="null"))
 
     assert (answer["seq"], null["seq"]) == (1, 2)
     payloads = [json.loads(p) for p in Message.objects.order_by("seq").values_list("payload_json", flat=True)]
     assert payloads == [[1, "two", None], None]
 
 
-def test_it_keeps_an_idempotency_key(two_subscribed):
-    first = json.loads(run("publish", "db", "create", "{}", "--key", "k1"))
-    again = json.loads(run("publish", "db", "create", "{}", "--key", "k1"))
+def test_it_keeps_an_idempotency_key(subscribed_pair):
+    first = json.loads(command_output("publish", "db", "create", "{}", "--key", "k1"))
+    again = json.loads(command_output("publish", "db", "create", "{}", "--key", "k1"))
 
     assert again == first
     assert Message.objects.count() == 1 and Delivery.objects.count() == 2
@@ -308,15 +309,11 @@ def test_it_keeps_an_idempotency_key(two_subscribed):
 )
 def test_it_refuses_bad_input_and_publishes_nothing(db_queue, args, stdin, error):
     with pytest.raises(CommandError, match=error):
-        run("publish", *args, stdin=stdin)
+        command_output("publish", *args, stdin=stdin)
     assert not Message.objects.exists()
 
 
 # --- listen -------------------------------------------------------------------------------------
-
-
-def listen(*args):
-    return [json.loads(line) for line in run("listen", *args).splitlines()]
 
 
 def test_it_catches_up_oldest_first_and_acks_each(logger, db_queue):
@@ -443,7 +440,7 @@ def test_it_never_shows_another_subscribers_deliveries(logger, peer, db_queue):
 )
 def test_it_refuses_what_it_cannot_listen_to(logger, outsider, db_queue, args, error):
     with pytest.raises(CommandError, match=error):
-        run("listen", *args)
+        command_output("listen", *args)
     assert not Subscription.objects.exists()
 
 
@@ -543,7 +540,7 @@ def test_it_counts_from_the_kept_counts_without_reading_the_big_tables(busy):
 
 
 def test_it_prints_the_stats_as_json(busy):
-    out = run("queuestats", "--json")
+    out = command_output("queuestats", "--json")
 
     data = json.loads(out)
     assert list(data) == ["queues"]
@@ -552,7 +549,7 @@ def test_it_prints_the_stats_as_json(busy):
 
 
 def test_it_prints_the_stats_as_a_table(busy):
-    lines = run("queuestats").splitlines()
+    lines = command_output("queuestats").splitlines()
 
     assert lines[0].split() == STATS_FIELDS
     rows = [line.split() for line in lines[1:]]
@@ -563,8 +560,8 @@ def test_it_prints_the_stats_as_a_table(busy):
 
 
 def test_it_says_when_there_are_no_queues(db):
-    assert run("queuestats").strip() == "no queues"
-    assert json.loads(run("queuestats", "--json")) == {"queues": []}
+    assert command_output("queuestats").strip() == "no queues"
+    assert json.loads(command_output("queuestats", "--json")) == {"queues": []}
 
 
 # --- redeliver ----------------------------------------------------------------------------------
@@ -593,7 +590,7 @@ def states(subscriber):
 
 
 def test_it_redelivers_only_dead_ones_with_dead(settled, logger, peer):
-    out = run("redeliver", "--dead", "--subscriber", "logger")
+    out = command_output("redeliver", "--dead", "--subscriber", "logger")
 
     assert json.loads(out) == {"redelivered": 1}
     assert states(logger) == {1: Status.ACKED, 2: Status.PENDING, 3: Status.INFLIGHT, 4: Status.PENDING}
@@ -602,7 +599,7 @@ def test_it_redelivers_only_dead_ones_with_dead(settled, logger, peer):
 
 
 def test_it_redelivers_everything_not_acked_by_default(settled, logger, peer):
-    out = run("redeliver", "--queue", "JOBS")
+    out = command_output("redeliver", "--queue", "JOBS")
 
     assert json.loads(out) == {"redelivered": 7}
     assert states(logger) == {1: Status.ACKED, 2: Status.PENDING, 3: Status.PENDING, 4: Status.PENDING}
@@ -611,7 +608,7 @@ def test_it_redelivers_everything_not_acked_by_default(settled, logger, peer):
 
 
 def test_it_redelivers_nothing_of_another_queue(settled, db_queue):
-    assert json.loads(run("redeliver", "--queue", "db")) == {"redelivered": 0}
+    assert json.loads(command_output("redeliver", "--queue", "db")) == {"redelivered": 0}
     assert Delivery.objects.filter(status=Status.DEAD).count() == 5
 
 
@@ -624,23 +621,16 @@ def test_it_redelivers_nothing_of_another_queue(settled, db_queue):
 )
 def test_it_refuses_unknown_names(settled, args, error):
     with pytest.raises(CommandError, match=error):
-        run("redeliver", *args)
+        command_output("redeliver", *args)
     assert Delivery.objects.filter(status=Status.DEAD).count() == 5
 
 
 # --- bootstrap ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def var_dir(settings, tmp_path):
-    settings.VAR_DIR = tmp_path
-    settings.PORT = 8123
-    return tmp_path
-
-
 def test_it_makes_the_first_operator_once_and_prints_the_password_only_then(db, var_dir):
-    first = run("bootstrap").splitlines()
-    again = run("bootstrap").splitlines()
+    first = command_output("bootstrap").splitlines()
+    again = command_output("bootstrap").splitlines()
 
     admin = get_user_model().objects.get()
     assert admin.username == "admin" and admin.is_superuser and admin.is_staff
@@ -662,7 +652,7 @@ def test_it_makes_the_first_operator_once_and_prints_the_password_only_then(db, 
 
 
 def test_it_leaves_an_existing_operator_alone(operator, var_dir):
-    out = run("bootstrap")
+    out = command_output("bootstrap")
 
     assert list(get_user_model().objects.values_list("username", flat=True)) == ["op"]
     assert not (var_dir / "operator_password").exists()
@@ -671,12 +661,12 @@ def test_it_leaves_an_existing_operator_alone(operator, var_dir):
 
 
 def test_it_does_not_repeat_a_password_changed_since(db, var_dir):
-    run("bootstrap")
+    command_output("bootstrap")
     admin = get_user_model().objects.get()
     admin.set_password("changed-by-the-operator")
     admin.save()
 
-    out = run("bootstrap")
+    out = command_output("bootstrap")
 
     assert (var_dir / "operator_password").read_text().strip() not in out
     assert get_user_model().objects.count() == 1

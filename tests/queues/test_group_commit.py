@@ -58,7 +58,7 @@ class QueueLock(threading.Thread):
             connection.close()
 
 
-def waiting(queue):
+def waiting_count(queue):
     with group_commit._lock:
         return len(group_commit._waiting.get(queue.pk, []))
 
@@ -79,7 +79,7 @@ def blocked_leader(queue):
     assert lock.held.wait(10)
     first = Caller(queue, [publishing.prepare("create", {"n": 0})])
     first.start()
-    until(lambda: queue.pk in group_commit._busy and waiting(queue) == 0)
+    until(lambda: queue.pk in group_commit._busy and waiting_count(queue) == 0)
     time.sleep(0.2)  # the leader is inside its transaction, waiting for the lock
     return lock, first
 
@@ -91,7 +91,7 @@ def test_publishes_that_wait_together_commit_together_each_with_its_own_answer(p
     callers.append(Caller(queue, [publishing.prepare("delete", {"n": i}) for i in (9, 10)], publisher))
     for c in callers:
         c.start()
-    until(lambda: waiting(queue) == len(callers))
+    until(lambda: waiting_count(queue) == len(callers))
     lock.release.set()
     for t in [lock, first, *callers]:
         t.join(30)
@@ -117,9 +117,9 @@ def test_one_callers_failure_is_its_own(publisher_and_logger):
     bad = Caller(queue, [publishing.prepare("create", {"n": "bad"})], ghost)
     good = Caller(queue, [publishing.prepare("create", {"n": "good"})], publisher)
     bad.start()
-    until(lambda: waiting(queue) == 1)
+    until(lambda: waiting_count(queue) == 1)
     good.start()
-    until(lambda: waiting(queue) == 2)
+    until(lambda: waiting_count(queue) == 2)
     lock.release.set()
     for t in (lock, first, bad, good):
         t.join(30)

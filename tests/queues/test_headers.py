@@ -22,6 +22,7 @@ from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
 from tests.analytics.builders import days_ago, publish_at, settle
 from tests.conftest import client_for
+from tests.support.commands import command_output
 from tests.support.fields import DELIVERY_FIELDS
 from tests.support.rest import post_messages
 
@@ -248,16 +249,10 @@ def test_a_webhook_body_carries_the_headers_under_a_valid_signature(db_queue, re
 # --- manage.py publish --header --------------------------------------------------------------------
 
 
-def run(*args):
-    out = io.StringIO()
-    call_command(*args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
 def test_the_publish_command_takes_repeated_headers(peer_subscribed):
     _, peer = peer_subscribed
     answer = json.loads(
-        run(
+        command_output(
             "publish",
             "db",
             "create",
@@ -286,7 +281,7 @@ def test_the_publish_command_takes_repeated_headers(peer_subscribed):
 )
 def test_the_publish_command_refuses_bad_headers_and_publishes_nothing(peer_subscribed, flags, words):
     with pytest.raises(CommandError, match=words):
-        run("publish", "db", "create", "1", *flags)
+        command_output("publish", "db", "create", "1", *flags)
     assert Message.objects.count() == 0
 
 

@@ -3,10 +3,7 @@
 from delivery.models import Delivery, Status
 from subscribers.models import Subscription
 from tests.conftest import client_for
-
-
-def subscribe(who, body):
-    return client_for(who).post("/api/subscriptions", body, format="json")
+from tests.support.rest import subscribe
 
 
 def test_it_subscribes_to_one_event_and_answers_201(logger):

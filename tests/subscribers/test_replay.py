@@ -5,7 +5,6 @@ seq or a time owes exactly those still in the hot tables from that point, in seq
 hands acked ones out again with the same delivery ids and a new attempt.
 """
 
-import io
 import json
 from datetime import timedelta
 
@@ -13,7 +12,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -26,12 +25,9 @@ from queues.models import Message
 from subscribers import replay, subscribing
 from subscribers.models import Subscription
 from tests.conftest import client_for
+from tests.support.commands import listen
 from tests.support.publish import publish
-from tests.support.rest import pull
-
-
-def subscribe(who, body):
-    return client_for(who).post("/api/subscriptions", body, format="json")
+from tests.support.rest import pull, subscribe
 
 
 def seek(who, subscription_id, body):
@@ -530,12 +526,6 @@ async def test_a_replay_on_an_ordered_queue_comes_over_the_socket_one_at_a_time_
 
 
 # --- manage.py listen --from --------------------------------------------------------------------
-
-
-def listen(*args):
-    out = io.StringIO()
-    call_command("listen", *args, stdout=out, stderr=io.StringIO())
-    return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
 def test_listen_from_all_makes_the_subscription_and_prints_the_history_oldest_first(logger, db_queue):

@@ -16,19 +16,11 @@ from queues.models import Queue
 from subscribers import presence, subscribing
 from subscribers.models import Connection, Subscriber, Subscription
 from subscribers.provisioning import provision_subscriber
-from subscribers.throttling import counters
 from tests.support.personas import asubscribed_owner
 from tests.support.publish import apublish
 from tests.support.sockets import connect, db, recv
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def _no_failures_counted():
-    counters().clear()
-    yield
-    counters().clear()
 
 
 async def closed_with(comm, timeout=3):
@@ -49,7 +41,7 @@ async def no_frame(comm, timeout=0.5):
     assert await comm.receive_nothing(timeout=timeout)
 
 
-def rotate(owner):
+def reprovision(owner):
     provision_subscriber(owner.name, publish=["db"], subscribe=["db"], update=True)  # createsubscriber's path
 
 
@@ -62,7 +54,7 @@ def delete(owner):
     Subscriber.objects.filter(pk=owner.pk).first().delete()
 
 
-@pytest.mark.parametrize("change", [rotate, deactivate, delete])
+@pytest.mark.parametrize("change", [reprovision, deactivate, delete])
 async def test_a_revoked_subscribers_socket_is_closed_with_4401_and_what_it_held_goes_back(change):
     queue, owner, token, _ = await asubscribed_owner()
     await apublish(queue, 2)

@@ -11,17 +11,9 @@ from delivery.models import Delivery, Status
 from queues import publishing
 from subscribers import auth, subscribing
 from subscribers.provisioning import provision_subscriber
-from subscribers.throttling import counters
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _no_failures_counted():
-    counters().clear()
-    yield
-    counters().clear()
 
 
 def get_deliveries(client):

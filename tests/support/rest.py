@@ -14,3 +14,8 @@ def pull(who, query=""):
     r = client_for(who).get(f"/api/deliveries{query}")
     assert r.status_code == 200, r.content
     return r.json()["deliveries"]
+
+
+def subscribe(who, body):
+    """POST /api/subscriptions as `who`: the answer."""
+    return client_for(who).post("/api/subscriptions", body, format="json")

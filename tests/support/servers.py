@@ -274,3 +274,12 @@ def frames_within(ws, seconds):
         except TimeoutError:
             break
     return got
+
+
+def nothing_for(ws, seconds):
+    """True if a websocket (websockets' sync client) sends nothing within `seconds`."""
+    try:
+        frame = ws.recv(timeout=seconds)
+    except TimeoutError:
+        return True
+    raise AssertionError(f"unexpected frame {frame}")

@@ -42,7 +42,7 @@ def _scraper(settings):
     cache.clear()
 
 
-def parse(text):
+def parse_metrics(text):
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -54,7 +54,7 @@ def scrape(client, **headers):
     r = client.get("/metrics", **(headers or BEARER))
     assert r.status_code == 200, r.content
     assert r["Content-Type"].startswith("text/plain")
-    return parse(r.content.decode())
+    return parse_metrics(r.content.decode())
 
 
 def value(samples, name, **labels):
@@ -304,7 +304,7 @@ def test_two_servers_share_one_snapshot_per_window_through_redis(traffic):
                 f"{servers[which].http}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
             )
             assert r.status_code == 200
-            taken = value(parse(r.text), "mq_metrics_snapshot_timestamp_seconds")
+            taken = value(parse_metrics(r.text), "mq_metrics_snapshot_timestamp_seconds")
             ages.append(asked - taken)
             seen[which].add(taken)
             scrapes += 1

@@ -14,7 +14,7 @@ from tests.support.sockets import connect, db, recv, setup
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 
-async def drain(comms, timeout=0.3):
+async def drain_sockets(comms, timeout=0.3):
     """{index: [frames]} of what each socket got until all were quiet for `timeout`."""
     got = {i: [] for i in range(len(comms))}
     quiet = False
@@ -35,7 +35,7 @@ async def test_a_stream_of_single_publishes_is_dealt_round_robin():
     for i in range(40):  # nobody acks: each keeps what it got
         await apublish(queue, 1, start=i)
         await asyncio.sleep(0.01)
-    got = await drain(comms)
+    got = await drain_sockets(comms)
     counts = sorted(len(frames) for frames in got.values())
     assert sum(counts) == 40 and len({f["id"] for fs in got.values() for f in fs}) == 40
     assert counts[0] >= 15, counts  # about half each (a wake-up that finds the other busy moves on)
@@ -49,7 +49,7 @@ async def test_a_backlog_is_dealt_in_shares_to_three_workers():
     comms = [await connect(token) for _ in range(3)]
     await asyncio.sleep(0.3)
     await apublish(queue, 60)  # one commit: one wake-up for all of it
-    got = await drain(comms)
+    got = await drain_sockets(comms)
     counts = sorted(len(frames) for frames in got.values())
     assert sum(counts) == 60 and counts[0] >= 15, counts  # about a third each
     for comm in comms:
@@ -90,6 +90,6 @@ async def test_a_lone_socket_still_fills_its_window_at_once():
     await db(lambda: subscribing.subscribe(owner, queue))
     await apublish(queue, 50)
     comm = await connect(token)
-    got = await drain([comm])
+    got = await drain_sockets([comm])
     assert len(got[0]) == 50
     await comm.disconnect()

@@ -52,7 +52,7 @@ def staff_session(django_user_model):
 
 
 @contextlib.contextmanager
-def operator(shared_server, cookie):
+def staff_browser(shared_server, cookie):
     """The staff user's browser: its session, and the CSRF token a page of the admin gives it
     (an unsafe call with a session needs one: its 403 must not be mistaken for the refusal)."""
     with httpx.Client(
@@ -101,7 +101,7 @@ def test_it_refuses_a_staff_user_without_model_permissions_every_operator_route(
     staff, message_id, token, cookie = staff_session
     with connect(f"{shared_server.ws}?token={token}", close_timeout=1):  # a connection to list
         assert eventually(lambda: Connection.objects.count() == 1)
-        with operator(shared_server, cookie) as c:
+        with staff_browser(shared_server, cookie) as c:
             answers = {name: call(c) for name, call in ROUTES.items()}
             answers["receipt"] = c.get(f"/api/messages/{message_id}")
     for name, answer in answers.items():
@@ -121,7 +121,7 @@ def test_it_serves_each_operator_route_to_a_staff_user_with_its_permission(share
     grant(staff, "analytics.view_analyticsrun", "analytics.view_eventstats", "analytics.view_subscriberstats")
     with connect(f"{shared_server.ws}?token={token}", close_timeout=1):
         assert eventually(lambda: Connection.objects.count() == 1)
-        with operator(shared_server, cookie) as c:
+        with staff_browser(shared_server, cookie) as c:
             assert publish_as_operator(c).status_code == 201
             assert [q["name"] for q in c.get("/api/queues").json()["queues"]] == ["db"]
             assert [x["subscriber"] for x in c.get("/api/connections").json()["connections"]] == ["logger"]

@@ -19,9 +19,9 @@ from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
 from tests.analytics import history
-from tests.analytics.builders import days_ago, publish_at, settle
 from tests.analytics.history import within_rank
 from tests.analytics.locks import archive_held_elsewhere
+from tests.support.history_rows import days_ago, publish_at, settle
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.django_db

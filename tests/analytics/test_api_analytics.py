@@ -1,13 +1,13 @@
 """GET /api/analytics: the operators' view of the last analytics run, from the stored results
-(tests/analytics/run_folders.py writes the runs, analytics.load loads them)."""
+(tests/support/run_folders.py writes the runs, analytics.load loads them)."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from analytics import load
-from tests.analytics.run_folders import write_run
 from tests.conftest import client_for
+from tests.support.run_folders import write_run
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from delivery import ledger
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
-from tests.analytics.builders import days_ago, delivery_of, publish_at, settle
 from tests.analytics.locks import archive_held_elsewhere
+from tests.support.history_rows import days_ago, delivery_of, publish_at, settle
 
 pytestmark = pytest.mark.django_db
 

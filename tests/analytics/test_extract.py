@@ -17,7 +17,7 @@ from queues import publishing
 from queues.models import Event, Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber
-from tests.analytics.builders import publish_at, settle
+from tests.support.history_rows import publish_at, settle
 
 # Names the API would refuse but the tables can hold (set here by UPDATE): CSV's separators,
 # quotes, a line break, and letters beyond ASCII must come back as they were.

@@ -7,7 +7,7 @@ import pytest
 
 from analytics import figures, load, runs
 from analytics.models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
-from tests.analytics.run_folders import write_run
+from tests.support.run_folders import write_run
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from analytics import layout, runs
-from tests.analytics.run_folders import write_run
+from tests.support.run_folders import write_run
 
 
 @pytest.fixture(params=["local", "uri"])

@@ -26,7 +26,7 @@ from queues.models import Queue
 from queues.publishing import prepare, publish
 from subscribers import presence, subscribing
 from subscribers.provisioning import create_subscriber
-from tests.analytics.run_folders import write_run
+from tests.support.run_folders import write_run
 from tests.support.servers import start_daphne, start_redis
 
 TOKEN = "s3cret-scrape"

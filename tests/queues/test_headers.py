@@ -20,10 +20,10 @@ from queues import publishing
 from queues.models import Message
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
-from tests.analytics.builders import days_ago, publish_at, settle
 from tests.conftest import client_for
 from tests.support.commands import command_output
 from tests.support.fields import DELIVERY_FIELDS
+from tests.support.history_rows import days_ago, publish_at, settle
 from tests.support.rest import post_messages
 
 pytestmark = pytest.mark.django_db

@@ -21,6 +21,7 @@ from delivery import ledger
 from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import subscribing
+from tests.analytics.archive_crash import crash_on_batch, files
 from tests.analytics.locks import archive_held_elsewhere
 from tests.support.history_rows import days_ago, delivery_of, publish_at, settle
 
@@ -40,10 +41,6 @@ def parquet(root, kind, where="true"):
         .to_arrow_table()
         .to_pylist()
     )
-
-
-def files(root):
-    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
 
 
 def run_archive(*args):
@@ -218,21 +215,6 @@ def test_the_beat_archives_hourly(archive_dir, subscribed, logger, peer):
 
     assert tasks.archive_history() == {"messages": 1, "deliveries": 2}
     assert tasks.archive_history() == {"messages": 0, "deliveries": 0}  # harmless twice
-
-
-def crash_on_batch(monkeypatch, n):
-    """Make the archive die after the n-th batch's Parquet write, before its delete."""
-    real_delete = archive.delete_archived
-    calls = []
-
-    def delete(message_ids, delivery_ids):
-        calls.append(message_ids)
-        if len(calls) == n:
-            raise RuntimeError("killed after the Parquet write, before the delete")
-        return real_delete(message_ids, delivery_ids)
-
-    monkeypatch.setattr(archive, "delete_archived", delete)
-    return lambda: monkeypatch.setattr(archive, "delete_archived", real_delete)
 
 
 def assert_each_row_once_in_a_file(root):

@@ -17,8 +17,8 @@ from analytics.models import ArchiveBatch
 from delivery.models import Status
 from queues.models import Message
 from subscribers import subscribing
+from tests.analytics.archive_crash import crash_on_batch, files
 from tests.analytics.locks import archive_held_elsewhere
-from tests.analytics.test_archive import crash_on_batch, files
 from tests.support.history_rows import days_ago, publish_at, settle
 
 pytestmark = pytest.mark.django_db

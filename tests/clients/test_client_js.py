@@ -26,6 +26,7 @@ from django.utils import timezone
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.provisioning import provision_subscriber
+from tests.support.chromium import ARGS, CHROMIUM
 from tests.support.personas import subscribed_owner
 from tests.support.redirects import Redirector
 from tests.support.servers import ROOT, eventually, start_daphne
@@ -45,7 +46,6 @@ MODULE = ROOT / "delivery" / "static" / "mq" / "mqclient.js"
 DRIVER = ROOT / "tests" / "js" / "node_client.mjs"
 # No skip when it is missing: `make test` installs it (as tests/e2e/test_browser.py says), so a
 # missing Chromium is a broken setup, which a skip would hide.
-CHROMIUM = "/usr/bin/chromium"
 
 
 def node_command():
@@ -501,8 +501,6 @@ def test_a_browser_page_counts_messages_live_across_a_server_restart(
 ):
     from playwright.sync_api import sync_playwright
 
-    from tests.e2e.test_browser import ARGS
-
     subscriber, token = owner_and_token
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
     errors = queues.SimpleQueue()
@@ -552,8 +550,6 @@ def test_the_readme_counter_runs_as_a_file_page_whose_origin_is_null(
     never cookies); the page authenticates with the auth frame and counts."""
     from playwright.sync_api import sync_playwright
 
-    from tests.e2e.test_browser import ARGS
-
     subscriber, token = owner_and_token
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread
     html = readme_counter_page(server)
@@ -587,8 +583,6 @@ def test_a_browser_page_never_sends_its_token_to_another_origin_a_redirect_point
     the server it named and the other origin gets nothing. The same page connecting to an http
     url of a remote host is warned, on its console, that the token would go in clear."""
     from playwright.sync_api import sync_playwright
-
-    from tests.e2e.test_browser import ARGS
 
     subscriber, token = owner_and_token
     redirector = Redirector(elsewhere, 307)

@@ -20,7 +20,7 @@ from queues import group_commit, publishing
 from queues.models import Event, Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber
-from tests.queues.test_group_commit import QueueLock
+from tests.support.queue_lock import QueueLock
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 on_postgres = pytest.mark.skipif(

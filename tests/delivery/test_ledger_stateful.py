@@ -29,8 +29,7 @@ from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber, Subscription
 from subscribers.provisioning import create_subscriber
-
-from .test_tallies import recount
+from tests.support.recount import recount
 
 QUEUES = {"plain": False, "fifo": True}
 EVENTS = ["create", "delete"]

@@ -12,7 +12,6 @@ from io import StringIO
 
 import pytest
 from django.db import close_old_connections, connection
-from django.db.models import Count
 from django.utils import timezone
 
 from delivery import ledger, tallies
@@ -20,25 +19,7 @@ from delivery.models import Delivery, DeliveryAttempt, Status, Tally, TallyChang
 from queues.models import Message
 from subscribers import subscribing
 from tests.support.publish import publish
-
-
-def recount():
-    """What the tallies must say: the tables' own counts, by the tallies' full key."""
-    out = Counter()
-    rows = Delivery.objects.order_by().values_list(
-        "queue_id", "event_id", "subscription_id", "subscriber_id", "status"
-    )
-    for queue_id, event_id, subscription_id, subscriber_id, status, n in rows.annotate(n=Count("id")):
-        out[(queue_id, event_id, subscription_id or 0, subscriber_id, status)] += n
-    for queue_id, event_id, n in (
-        Message.objects.order_by().values_list("queue_id", "event_id").annotate(n=Count("id"))
-    ):
-        out[(queue_id, event_id, 0, 0, tallies.PUBLISHED)] += n
-    for a in DeliveryAttempt.objects.select_related("delivery"):
-        outcome = 0 if a.ok else 1 if a.status_code is not None else 2
-        d = a.delivery
-        out[(d.queue_id, d.event_id, 0, d.subscriber_id, tallies.ATTEMPT_OUTCOMES[outcome])] += 1
-    return dict(out)
+from tests.support.recount import recount
 
 
 def kept():

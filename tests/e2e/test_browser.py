@@ -19,17 +19,9 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers import subscribing
 from subscribers.provisioning import create_subscriber
+from tests.support.chromium import ARGS, CHROMIUM
 from tests.support.servers import ROOT
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 ARTIFACTS = ROOT / "var" / "artifacts"
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,6 +13,7 @@ from queues.models import Message, Queue
 from subscribers import subscribing
 from subscribers.models import Subscriber
 from subscribers.provisioning import create_subscriber
+from tests.support.queue_lock import QueueLock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,23 +38,6 @@ class Caller(threading.Thread):
             self.answers = group_commit.publish(*self.args_[:2], publisher=self.args_[2])
         except Exception as exc:
             self.error = exc
-        finally:
-            connection.close()
-
-
-class QueueLock(threading.Thread):
-    """Another transaction holding the queue's row lock (on SQLite: the write lock) until told."""
-
-    def __init__(self, queue):
-        super().__init__()
-        self.queue, self.held, self.release = queue, threading.Event(), threading.Event()
-
-    def run(self):
-        try:
-            with transaction.atomic():
-                Queue.objects.select_for_update().filter(pk=self.queue.pk).update(paused=False)
-                self.held.set()
-                self.release.wait(30)
         finally:
             connection.close()
 

@@ -41,7 +41,7 @@ async def no_frame(comm, timeout=0.5):
     assert await comm.receive_nothing(timeout=timeout)
 
 
-def reprovision(owner):
+def rotate(owner):
     provision_subscriber(owner.name, publish=["db"], subscribe=["db"], update=True)  # createsubscriber's path
 
 
@@ -54,7 +54,7 @@ def delete(owner):
     Subscriber.objects.filter(pk=owner.pk).first().delete()
 
 
-@pytest.mark.parametrize("change", [reprovision, deactivate, delete])
+@pytest.mark.parametrize("change", [rotate, deactivate, delete])
 async def test_a_revoked_subscribers_socket_is_closed_with_4401_and_what_it_held_goes_back(change):
     queue, owner, token, _ = await asubscribed_owner()
     await apublish(queue, 2)

@@ -17,10 +17,10 @@ from pyspark.sql import types as T
 
 from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
 from tests.analytics import history
+from tests.support.servers import ROOT
 from tests.support.spark import spark  # noqa: F401
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-ROOT = Path(__file__).resolve().parents[2]
 MESSAGE_FIELDS = ("queue", "event", "created_at")
 DELIVERY_FIELDS = ("queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
 

@@ -12,8 +12,7 @@ from django.db import connection
 
 from analytics import analysis, job, spark_settings, tasks
 from analytics.models import AnalyticsRun
-
-BASE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.servers import ROOT
 
 
 @pytest.mark.django_db
@@ -154,7 +153,7 @@ def test_a_malformed_spark_setting_stops_start_up(name, value, says):
             "-c",
             "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='mqsite.settings'; django.setup()",
         ],
-        cwd=BASE_DIR,
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -187,7 +186,7 @@ def test_a_local_session_gets_its_driver_memory_writes_its_event_log_and_ends_it
     # shared session has started one already.
     done = subprocess.run(
         [sys.executable, "-c", SESSION_SCRIPT, str(tmp_path)],
-        cwd=BASE_DIR,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

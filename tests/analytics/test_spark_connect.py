@@ -17,7 +17,7 @@ import time
 import pytest
 from django.db import connection
 
-BASE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.servers import ROOT
 
 
 def _connect_missing():
@@ -100,7 +100,7 @@ def test_with_spark_remote_the_job_runs_on_a_spark_connect_server():
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(port)],
-        cwd=BASE_DIR,
+        cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -114,7 +114,7 @@ def test_with_spark_remote_the_job_runs_on_a_spark_connect_server():
             SPARK_REMOTE=f"sc://127.0.0.1:{port}", SPARK_MASTER="local[1]", MQ_ANALYTICS_LOCAL_BYTES="0"
         )
         client = subprocess.run(
-            [sys.executable, "-c", CLIENT], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", CLIENT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
         )
         assert client.returncode == 0, client.stderr[-3000:]
         messages, want_messages, deliveries, want_deliveries = json.loads(

@@ -15,9 +15,8 @@ from subscribers.provisioning import create_subscriber
 from tests.support.fields import MESSAGE_FRAME_FIELDS
 from tests.support.servers import eventually
 from tests.support.sockets import connect, db, recv, send, setup
+from tests.support.trace_context import TRACEPARENT, TRACESTATE
 
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-TRACESTATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 HEADERS = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "tenant": "acme"}
 
 

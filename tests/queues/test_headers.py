@@ -25,12 +25,11 @@ from tests.support.commands import command_output
 from tests.support.fields import DELIVERY_FIELDS
 from tests.support.history_rows import days_ago, publish_at, settle
 from tests.support.rest import post_messages
+from tests.support.trace_context import TRACEPARENT, TRACESTATE
 
 pytestmark = pytest.mark.django_db
 
 # W3C trace context, exactly as a tracer writes it: it must come back byte for byte.
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-TRACESTATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 HEADERS = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "Tenant-Id": "acme", "note": "café ☕"}
 
 

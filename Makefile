@@ -159,7 +159,7 @@ bench-operators: install
 bench-analytics: install-dev
 	$(BIN)/python bench/analytics_run.py
 
-# Not part of `make test`, which runs a short form (tests/test_faults.py). The long fault run
+# Not part of `make test`, which runs a short form (tests/e2e/test_faults.py). The long fault run
 # stops by itself: 100,000 messages in the services mode (a private PostgreSQL cluster, which
 # it also crashes, and a private Redis; neither is the machine's), then 10,000 in the embedded
 # mode. Both run even if the first fails; the target fails if either does. The figures go to

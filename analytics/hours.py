@@ -10,7 +10,7 @@ small: its parts are computed in this process, where the COPY put it, in a fract
 second and with no Spark job, which is what lets a run with no archived day changed answer in
 a few seconds. Past MQ_ANALYTICS_HOT_SPARK_ROWS deliveries the snapshot goes to Spark instead
 (analytics.analysis). The parts follow analytics.job's transforms rule for rule (the same
-sketch points, analytics.sketch); tests/test_analytics_job.py holds both engines to the same
+sketch points, analytics.sketch); tests/analytics/test_job.py holds both engines to the same
 rows.
 """
 

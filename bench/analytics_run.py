@@ -22,7 +22,7 @@ plus deliveries read, archive and hot) a second per core past it.
 After every run its printed JSON is checked against DuckDB over the same archive and the hot
 rows (read through the ORM, not through analytics.extract): counts per queue and event and
 per subscriber exactly, and p50/p95/p99 within 1 % of rank (between DuckDB's quantile_disc at
-p - 0.01 and p + 0.01, as tests/test_analytics_job.py checks). A delivery in both the archive
+p - 0.01 and p + 0.01, as tests/analytics/test_job.py checks). A delivery in both the archive
 and the hot tables (the live set holds some archived messages with their deliveries still
 pending) counts once, as the archive's copy. A disagreement prints FAIL and makes the exit
 status 1.

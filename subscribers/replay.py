@@ -21,7 +21,7 @@ MAX_TIME_CHARS = 64
 SHAPES = '"new", "all", {"seq": N} or {"time": "<ISO 8601>"}'
 
 # What `from` may be, in the schema (drf-spectacular): the server refuses anything else, so
-# the schema forbids it too (tests/test_schemathesis.py). The objects are closed: {"seq": 1,
+# the schema forbids it too (tests/mqsite/test_schemathesis.py). The objects are closed: {"seq": 1,
 # "time": ...} would be ambiguous, and is refused.
 SEQ_SCHEMA = {
     "type": "object",

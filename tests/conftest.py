@@ -68,6 +68,15 @@ def peer(make_subscriber, db_queue):
 
 
 @pytest.fixture
+def owner(logger, db_queue):
+    """The logger, subscribed to every event of db."""
+    from delivery import subscribing
+
+    subscribing.subscribe(logger, db_queue)
+    return logger
+
+
+@pytest.fixture
 def outsider(make_subscriber):
     return make_subscriber("outsider", publish=(), subscribe=())
 
@@ -77,7 +86,7 @@ def announcing(settings):
     """This process announces changes over the end-to-end servers' Redis, as a server or
     worker would (delivery.wakeups.announce)."""
     from delivery import wakeups
-    from tests.servers import E2E_REDIS
+    from tests.support.servers import E2E_REDIS
 
     settings.REDIS_URL = E2E_REDIS
     wakeups._redis.cache_clear()
@@ -182,3 +191,42 @@ def subscribed(db_queue, logger, peer):
     subscribing.subscribe(logger, db_queue)
     subscribing.subscribe(peer, db_queue)
     return db_queue
+
+
+@pytest.fixture
+def server():
+    """A Daphne process serving the test database, stopped after the test."""
+    from tests.support.servers import start_daphne
+
+    s = start_daphne()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on loopback that answers 200 (tests.support.receivers)."""
+    from tests.support.receivers import Receiver
+
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def elsewhere():
+    """Another origin on loopback, which a redirect of the server may point at
+    (tests.support.redirects): it records whatever reaches it."""
+    from tests.support.redirects import Elsewhere
+
+    other = Elsewhere()
+    yield other
+    other.close()
+
+
+@pytest.fixture
+def var_dir(settings, tmp_path):
+    """The server's var/ folder (VAR_DIR) in a fresh folder of the test's own."""
+    settings.VAR_DIR = tmp_path
+    settings.PORT = 8123
+    return tmp_path

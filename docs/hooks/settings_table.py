@@ -5,7 +5,7 @@ Every setting the server reads from the environment is a call in mqsite/settings
 and its kin). This hook finds those calls with `ast` and renders each name, its type, its
 default as written in the code, and the comment written above it, in place of the marker
 `<!-- settings-table -->` in docs/settings.md. A new setting therefore shows in the manual
-without anyone writing it there, and tests/test_docs.py fails if one has no comment.
+without anyone writing it there, and tests/mqsite/test_docs.py fails if one has no comment.
 """
 
 import ast

@@ -3,7 +3,7 @@ frame it sends and every read, with click.style, before the logger decides the l
 wanted: about 5 % of Daphne's CPU while a socket streams deliveries (py-spy, bench/PROFILE.md
 section 8). The same arguments, uncoloured, cost a string format.
 
-Its test: tests/test_workarounds_autobahn.py. It can go when autobahn formats a log line's
+Its test: tests/mqsite/test_workarounds_autobahn.py. It can go when autobahn formats a log line's
 arguments only once the logger has decided to write it (its hltype and hlval calls are eager).
 """
 

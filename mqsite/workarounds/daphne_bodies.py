@@ -6,7 +6,7 @@ server take in 32 MiB (or, chunked, without end) before hearing no. Here the lim
 (mqsite/bodies.py) is applied when the headers end (a Content-Length over it: 413 at once, the
 body never read) and as each chunk arrives (past it: 413 at once, the rest dropped).
 
-Its tests: tests/test_attacks.py::test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent
+Its tests: tests/mqsite/test_attacks.py::test_api4_a_declared_body_over_the_limit_is_refused_before_it_is_sent
 and ::test_api4_a_chunked_body_is_refused_as_it_passes_the_limit. It can go when Daphne checks a
 body's size against a limit as it arrives, before it calls the application.
 """

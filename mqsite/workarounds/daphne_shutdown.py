@@ -14,7 +14,7 @@ the process never exits. Instead, before the reactor stops:
 
 and once it has stopped, the process exits at once, whatever thread is still stuck.
 
-Its test: tests/test_e2e_shutdown.py. It can go when Daphne stops gracefully by itself: tells
+Its test: tests/e2e/test_shutdown.py. It can go when Daphne stops gracefully by itself: tells
 every application instance (websockets included) it is stopping, waits for the HTTP requests
 under way, and exits.
 """

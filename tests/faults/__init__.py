@@ -6,5 +6,5 @@ cluster.py   the processes: PostgreSQL (a private cluster when it can), Redis, D
 nemesis.py   kills, restarts and drops, one fault at a time, on a schedule
 workload.py  publishers, and websocket, webhook and pull subscribers
 run.py       puts them together for one bounded run; `python -m tests.faults` (the long form)
-             and tests/test_faults.py (the short form) call it
+             and tests/e2e/test_faults.py (the short form) call it
 """

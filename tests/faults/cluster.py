@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.servers import free_port, start_daphne, start_redis, start_worker
+from tests.support.servers import free_port, start_daphne, start_redis, start_worker
 
 PG_BIN = Path(os.environ.get("MQ_FAULTS_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -83,7 +83,7 @@ class Cluster:
             # Retries come back quickly: the run tests that they come back, not how late.
             "MQ_BACKOFF_BASE_SECS": "0.2",
             "MQ_BACKOFF_MAX_SECS": "2",
-            # The run counts losses, not refusals: no REST rate limit (as tests/servers.py).
+            # The run counts losses, not refusals: no REST rate limit (as tests/support/servers.py).
             "MQ_THROTTLE_RATE": "1000000/s",
             "LOG_LEVEL": "WARNING",
             "PYTHONFAULTHANDLER": "1",

@@ -2,7 +2,7 @@
 clients, let the nemesis loose while the publishers publish, heal, drain, then check.
 
 The database must be set up already (Django configured, migrated, empty): pytest-django's
-test database in tests/test_faults.py, a fresh one in `python -m tests.faults`.
+test database in tests/e2e/test_faults.py, a fresh one in `python -m tests.faults`.
 """
 
 import logging

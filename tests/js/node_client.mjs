@@ -1,4 +1,4 @@
-// Drives the served mqclient.js in Node for tests/test_client_js.py, as a user's program would:
+// Drives the served mqclient.js in Node for tests/clients/test_client_js.py, as a user's program would:
 // one JSON command a line on stdin, one JSON event a line on stdout.
 //   node node_client.mjs MODULE_PATH URL TOKEN
 // Commands: {"cmd": "subscribe", "queue", "event", "sync", "delay_ms", "fail": "first" | "always"},

@@ -10,7 +10,7 @@ the other process (the Celery worker) still meets SQLite's busy handler.
 
 Writes outside a transaction (autocommit statements) take the same lock, through `writing()`.
 
-Its test: tests/test_sqlite_writer.py. It can go when Django's SQLite backend queues a process's
+Its test: tests/mqsite/test_sqlite_writer.py. It can go when Django's SQLite backend queues a process's
 writers itself, or SQLite's busy handler wakes a waiter when the lock frees instead of sleeping
 on a fixed schedule.
 """

@@ -1,0 +1,197 @@
+"""How the analytics are operated: the beat task, the Spark settings as the session's
+arguments, and the session itself on the masters operators give it."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from analytics import analysis, job, spark_settings, tasks
+from analytics.models import AnalyticsRun
+from tests.support.servers import ROOT
+
+
+@pytest.mark.django_db
+def test_the_beat_task_runs_the_analysis(monkeypatch):
+    runs = []
+    monkeypatch.setattr(analysis, "run_analysis", lambda: runs.append(1) or {"events": [], "subscribers": []})
+    assert tasks.analyze.apply().get() == "done" and runs == [1]
+
+
+@pytest.mark.django_db
+def test_the_beat_task_skips_while_another_run_holds_the_analysis(monkeypatch, caplog):
+    def busy():
+        raise analysis.AnalysisBusy("a run started at 12:00 is still going")
+
+    monkeypatch.setattr(analysis, "run_analysis", busy)
+    with caplog.at_level("INFO", logger="analytics.tasks"):
+        assert tasks.analyze.apply().get() == "busy"
+    assert "still going" in caplog.text and not AnalyticsRun.objects.exists()
+
+
+def test_the_task_may_run_longer_than_other_tasks(settings):
+    assert tasks.analyze.soft_time_limit > settings.CELERY_TASK_TIME_LIMIT
+    assert tasks.analyze.time_limit > tasks.analyze.soft_time_limit
+
+
+@pytest.mark.parametrize(
+    "master, cores",
+    [
+        ("local", 1),
+        ("local[3]", 3),
+        ("local[*]", os.cpu_count()),
+        ("local[2,4]", 2),  # 4 is the failures allowed per task
+        ("local[*,4]", os.cpu_count()),
+        ("local-cluster[2,3,1024]", 6),
+        ("spark://host:7077", None),
+        ("yarn", None),
+        (None, None),
+    ],
+)
+def test_it_sizes_the_shuffle_for_the_cores_of_a_master_on_this_machine(master, cores):
+    assert job._local_cores(master) == cores
+
+
+def test_spark_settings_become_the_sessions_arguments(settings):
+    settings.SPARK_REMOTE = ""
+    settings.SPARK_MASTER = "local[2]"
+    settings.MQ_SPARK_DRIVER_MEMORY = "1g"
+    settings.MQ_SPARK_EVENT_LOG_DIR = ""
+    settings.MQ_SPARK_CLASS_ARCHIVE = "/srv/mq/spark.jsa"
+    assert spark_settings.session_options() == {
+        "master": "local[2]",
+        "remote": None,
+        "driver_memory": "1g",
+        "event_log_dir": None,
+        "class_archive": "/srv/mq/spark.jsa",
+    }
+    settings.MQ_SPARK_CLASS_ARCHIVE = ""
+    assert spark_settings.session_options()["class_archive"] is None
+    assert spark_settings.session_options("local[1]")["master"] == "local[1]"
+    # A Spark Connect server has its own master: SPARK_MASTER is not used then
+    settings.SPARK_REMOTE = "sc://spark:15002"
+    settings.MQ_SPARK_EVENT_LOG_DIR = "/var/log/spark"
+    options = spark_settings.session_options("local[1]")
+    assert (options["master"], options["remote"], options["event_log_dir"]) == (
+        None,
+        "sc://spark:15002",
+        "/var/log/spark",
+    )
+
+
+def test_a_local_driver_makes_its_class_archive_once_then_uses_it(tmp_path):
+    """The first JVM writes Spark's classes' archive as it exits; the next ones map it."""
+    path = tmp_path / "var" / "spark.jsa"
+    assert "-XX:ArchiveClassesAtExit=" + str(path) in job._class_sharing(str(path))
+    assert path.parent.is_dir()
+    path.write_bytes(b"made by the first run")
+    assert "-XX:SharedArchiveFile=" + str(path) in job._class_sharing(str(path))
+    assert job._class_sharing(None) == ""
+
+
+# The first four bytes of a dynamic class archive (HotSpot's CDS_DYNAMIC_ARCHIVE_MAGIC).
+DYNAMIC_ARCHIVE_MAGIC = (0xF00BABA8).to_bytes(4, "little")
+
+
+@pytest.mark.skipif(
+    connection.vendor != "sqlite",
+    reason="a JVM for half a minute, with no database in it: the SQLite pass of make test runs it",
+)
+def test_sparkclasses_makes_the_class_archive_before_the_first_run(tmp_path, settings):
+    # Given no class archive yet
+    settings.MQ_SPARK_CLASS_ARCHIVE = str(tmp_path / "var" / "spark.jsa")
+    out = io.StringIO()
+
+    # When `manage.py sparkclasses` runs (make install does)
+    call_command("sparkclasses", stdout=out)
+
+    # Then the JVM it ran has written a whole class archive there (a dynamic CDS archive)
+    archive = tmp_path / "var" / "spark.jsa"
+    assert out.getvalue().startswith("made the class archive")
+    assert archive.read_bytes()[:4] == DYNAMIC_ARCHIVE_MAGIC and archive.stat().st_size > 10_000_000
+
+    # ... and run again it keeps it
+    out = io.StringIO()
+    call_command("sparkclasses", stdout=out)
+    assert out.getvalue().startswith("kept the class archive")
+
+
+@pytest.mark.parametrize(
+    "setting, value, says",
+    [
+        ("MQ_SPARK_CLASS_ARCHIVE", "", "MQ_SPARK_CLASS_ARCHIVE is empty"),
+        ("SPARK_REMOTE", "sc://spark:15002", "has its own JVM"),
+    ],
+)
+def test_sparkclasses_makes_none_where_no_local_driver_would_use_it(settings, tmp_path, setting, value, says):
+    settings.MQ_SPARK_CLASS_ARCHIVE = str(tmp_path / "spark.jsa")
+    setattr(settings, setting, value)
+    out = io.StringIO()
+    call_command("sparkclasses", stdout=out)
+    assert says in out.getvalue() and not (tmp_path / "spark.jsa").exists()
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("SPARK_REMOTE", "http://spark:15002", "Spark Connect URL"),
+        ("MQ_SPARK_DRIVER_MEMORY", "2 GB", "JVM memory size"),
+        ("MQ_ANALYZE_EVERY_SECS", "0", "positive"),
+        ("MQ_ANALYTICS_LOCAL_BYTES", "-1", "0 or a positive"),
+    ],
+)
+def test_a_malformed_spark_setting_stops_start_up(name, value, says):
+    env = {**os.environ, name: value}
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='mqsite.settings'; django.setup()",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and name in done.stderr and says in done.stderr
+
+
+SESSION_SCRIPT = """
+import os, sys
+from analytics import job
+log_dir = sys.argv[1]
+with job.session("local[1]", driver_memory="700m", event_log_dir="file://" + log_dir,
+                 conf={"spark.ui.enabled": "false"}) as spark:
+    assert spark.conf.get("spark.driver.memory") == "700m"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert spark.range(10).count() == 10
+    app_id = spark.sparkContext.applicationId
+    jvm = spark.sparkContext._gateway.proc
+# Its JVM ends with the session (job.end_driver_jvm), and a session after starts another
+jvm.wait(60)
+with job.session("local[1]", conf={"spark.ui.enabled": "false"}) as spark:
+    assert spark.range(3).count() == 3 and spark.sparkContext.applicationId != app_id
+print(app_id)
+"""
+
+
+def test_a_local_session_gets_its_driver_memory_writes_its_event_log_and_ends_its_jvm(tmp_path):
+    # A process of its own: the driver's memory is read when the JVM starts, and the tests'
+    # shared session has started one already.
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    app_id = done.stdout.strip().splitlines()[-1]
+    # Spark 4 writes a folder per application (rolling event logs): eventlog_v2_<app id>
+    assert any(app_id in name for name in os.listdir(tmp_path)), os.listdir(tmp_path)

@@ -1,0 +1,248 @@
+"""The socket's hot operations from the event loop (mqsite/adb.py): publish, lease, ack and nack
+give the same results as the sync ledger and publishing (each test runs both ways), a publish
+is answered and its subscribers woken only after its commit, and a transaction that fails
+leaves nothing. On PostgreSQL the async ones run on the async connection with no thread (the
+`no_threads` fixture fails a test that takes one); on SQLite they run the sync ones in a
+thread."""
+
+import asyncio
+from datetime import datetime, timedelta
+
+import pytest
+from channels.db import database_sync_to_async
+from django.db import IntegrityError, connection
+from django.utils import timezone
+
+from delivery import group_commit, ledger, publishing, subscribing, wakeups
+from delivery.models import Delivery, Status
+from mqsite import adb
+from queues.models import Event, Message, Queue
+from subscribers.models import Subscriber
+from tests.support.queue_lock import QueueLock
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+on_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason=(
+        "the async connection is PostgreSQL's (SQLite takes a thread): "
+        "the PostgreSQL pass of make test runs it"
+    ),
+)
+
+
+@pytest.fixture(params=["sync", "async"])
+def way(request):
+    """Call a ledger or publishing operation by its sync name, the sync way (in a thread, as
+    a REST view would) or the async way (its `a` twin, on the event loop)."""
+
+    def call(module, name):
+        if request.param == "sync":  # in a thread of its own, as the consumer's db() does
+            return adb.thread(getattr(module, name))
+        return getattr(module, f"a{name}")
+
+    call.param = request.param
+    return call
+
+
+@pytest.fixture
+def no_threads(monkeypatch, way):
+    """On PostgreSQL the async way takes no thread."""
+    if way.param == "async" and connection.vendor == "postgresql":
+        real = adb.thread
+
+        def thread(fn):
+            # Except the other processes' wake-ups (Redis, webhook jobs), sent after the answer.
+            if fn is wakeups._send_hints:
+                return real(fn)
+            raise AssertionError(f"{fn} went to a thread")
+
+        monkeypatch.setattr(adb, "thread", thread)
+
+
+@pytest.fixture
+def both_subscribed_warm(db_queue, logger, peer):
+    subscribing.subscribe(logger, db_queue)
+    subscribing.subscribe(peer, db_queue)
+    # The event is made (and remembered) once: a publish that makes one goes by the sync path.
+    publishing.publish(db_queue, [publishing.prepare("warm", {})])
+    Delivery.objects.all().delete()
+    return db_queue, logger, peer
+
+
+def messages(n, event="create", start=0):
+    return [publishing.prepare(event, {"n": start + i}) for i in range(n)]
+
+
+async def published(queue, n, publisher=None):
+    return await database_sync_to_async(publishing.publish)(queue, messages(n, "warm"), publisher=publisher)
+
+
+async def test_it_publishes_the_same_answers_and_rows(both_subscribed_warm, way, no_threads):
+    queue, logger, _ = both_subscribed_warm
+    publish = way(publishing, "publish")
+    answers = await publish(queue, messages(2, "warm"), publisher=logger)
+    assert [(a["queue"], a["event"], a["seq"], a["deliveries"], created) for a, created in answers] == [
+        ("db", "warm", 2, 2, True),
+        ("db", "warm", 3, 2, True),
+    ]
+    assert all(isinstance(a["created_at"], datetime) and a["created_at"].tzinfo for a, _ in answers)
+
+    def stored():
+        return list(
+            Message.objects.filter(pk__in=[a["id"] for a, _ in answers])
+            .order_by("seq")
+            .values_list("seq", "payload_json", "publisher_id", "event__name")
+        ), sorted(Delivery.objects.values_list("subscriber__name", "status", "seq"))
+
+    assert await database_sync_to_async(stored)() == (
+        [(2, '{"n":0}', logger.pk, "warm"), (3, '{"n":1}', logger.pk, "warm")],
+        [("logger", "pending", 2), ("logger", "pending", 3), ("peer", "pending", 2), ("peer", "pending", 3)],
+    )
+
+
+async def test_it_leases_the_same_deliveries(both_subscribed_warm, way, no_threads):
+    queue, logger, _ = both_subscribed_warm
+    await published(queue, 3)
+    now = timezone.now()
+    leased = await way(ledger, "lease_deliveries")(logger, limit=2, holder="h", now=now)
+    assert [(d["queue"], d["event"], d["seq"], d["payload"], d["attempt"]) for d in leased] == [
+        ("db", "warm", 2, {"n": 0}, 1),
+        ("db", "warm", 3, {"n": 1}, 1),
+    ]
+    assert all(d["ack_deadline"] == now + timedelta(seconds=queue.ack_timeout) for d in leased)
+    assert all(d["published_at"].tzinfo is not None for d in leased)
+    held = await database_sync_to_async(
+        lambda: sorted(Delivery.objects.filter(lease_holder="h").values_list("id", "status", "subscriber_id"))
+    )()
+    assert held == sorted((d["id"], Status.INFLIGHT, logger.pk) for d in leased)
+    assert await way(ledger, "lease_deliveries")(logger, limit=0) == []
+
+
+async def test_it_acks_the_same_way(both_subscribed_warm, way, no_threads):
+    queue, logger, peer = both_subscribed_warm
+    await published(queue, 3)
+    mine = [d["id"] for d in await database_sync_to_async(ledger.lease_deliveries)(logger, limit=3)]
+    theirs = await database_sync_to_async(lambda: Delivery.objects.filter(subscriber=peer).first().pk)()
+    await database_sync_to_async(ledger.ack_deliveries)(logger, mine[:1])
+    ack = way(ledger, "ack_deliveries")
+    assert await ack(logger, [*mine, mine[1], theirs, 10**12]) == (2, [theirs, 10**12])
+    assert await ack(logger, []) == (0, [])
+    statuses = await database_sync_to_async(
+        lambda: dict(Delivery.objects.filter(pk__in=[*mine, theirs]).values_list("pk", "status"))
+    )()
+    assert statuses == {**dict.fromkeys(mine, Status.ACKED), theirs: Status.PENDING}
+
+
+async def test_it_nacks_the_same_way_and_wakes_after(both_subscribed_warm, way, no_threads):
+    queue, logger, peer = both_subscribed_warm
+    await database_sync_to_async(Queue.objects.filter(pk=queue.pk).update)(max_attempts=2)
+    await published(queue, 3)
+    first, second, third = [
+        d["id"] for d in await database_sync_to_async(ledger.lease_deliveries)(logger, limit=3)
+    ]
+    # The second has had its last attempt: a nack kills it.
+    await database_sync_to_async(Delivery.objects.filter(pk=second).update)(attempt=2)
+    await database_sync_to_async(ledger.ack_deliveries)(logger, [third])
+    theirs = await database_sync_to_async(lambda: Delivery.objects.filter(subscriber=peer).first().pk)()
+    woken = wakeups.generation(logger.pk)
+    now = timezone.now()
+    nacked = await way(ledger, "nack_deliveries")(
+        logger, [first, second, third, theirs, -1], retry_in=0, now=now, error="no"
+    )
+    assert nacked.done == {first: (Status.PENDING, 1, now), second: (Status.DEAD, 2, nacked.done[second][2])}
+    assert nacked.unknown == [theirs, -1]
+    assert nacked.settled == {third: Status.ACKED}
+    assert wakeups.generation(logger.pk) > woken  # one ready now: its subscriber was woken
+    rows = await database_sync_to_async(
+        lambda: dict(Delivery.objects.filter(pk__in=[first, second]).values_list("pk", "last_error"))
+    )()
+    assert rows == {first: "no", second: "no; dead after 2 attempts"}
+
+
+async def test_a_publish_is_answered_and_wakes_only_after_its_commit(both_subscribed_warm, way):
+    queue, logger, peer = both_subscribed_warm
+    lock = QueueLock(queue)
+    lock.start()
+    assert lock.held.wait(10)
+    woken = asyncio.Event()
+    waiter = wakeups.watch(peer.pk, woken)
+    try:
+        publish = asyncio.ensure_future(
+            way(group_commit, "publish")(queue, messages(1, "warm"), publisher=logger)
+        )
+        await asyncio.sleep(0.3)
+        assert not publish.done() and not woken.is_set()
+        assert (
+            await database_sync_to_async(Message.objects.filter(event__name="warm", seq=2).exists)() is False
+        )
+    finally:
+        lock.release.set()
+        lock.join()
+    [(answer, _)] = await asyncio.wait_for(publish, 10)
+    # By the time it is answered, every other connection sees it, and its subscribers were woken.
+    assert await database_sync_to_async(Message.objects.filter(pk=answer["id"]).exists)()
+    assert woken.is_set()
+    wakeups.unwatch(peer.pk, waiter)
+
+
+async def test_publishes_waiting_together_share_a_commit_each_with_its_own_answer(both_subscribed_warm, way):
+    queue, logger, _ = both_subscribed_warm
+    lock = QueueLock(queue)
+    lock.start()
+    assert lock.held.wait(10)
+    publish = way(group_commit, "publish")
+    try:
+        calls = [
+            asyncio.ensure_future(publish(queue, messages(2, "warm", 2 * i), publisher=logger))
+            for i in range(3)
+        ]
+        await asyncio.sleep(0.05)
+        # One the database refuses (its publisher does not exist): it fails, alone.
+        calls.insert(
+            1, asyncio.ensure_future(publish(queue, messages(1, "warm"), publisher=Subscriber(pk=10**9)))
+        )
+        await asyncio.sleep(0.2)
+    finally:
+        lock.release.set()
+        lock.join()
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 20)
+    assert isinstance(results[1], IntegrityError), results[1]
+    answered = [[(a["seq"], a["deliveries"]) for a, _ in r] for r in results[:1] + results[2:]]
+    assert sorted(seq for r in answered for seq, _ in r) == [2, 3, 4, 5, 6, 7]
+    assert all(a[0][0] + 1 == a[1][0] and a[0][1] == 2 for a in answered)
+    assert await database_sync_to_async(Message.objects.count)() == 7
+
+
+@on_postgres
+async def test_a_failed_transaction_on_the_async_connection_leaves_nothing(both_subscribed_warm):
+    queue, logger, _ = both_subscribed_warm
+    await published(queue, 1)
+    [leased] = await ledger.alease_deliveries(logger, limit=1)
+    with pytest.raises(RuntimeError):
+        async with adb.transaction() as conn:
+            op = ledger._nack(logger.pk, [leased["id"]], 0, timezone.now(), "no")
+            nacked, _, _ = await adb.run(op, conn)
+            assert nacked.done
+            raise RuntimeError("after the statement, before the commit")
+    status = await database_sync_to_async(lambda: Delivery.objects.get(pk=leased["id"]).status)()
+    assert status == Status.INFLIGHT
+    # A publish whose statement fails (its event is gone) takes no seq and leaves no row.
+    gone = Event(pk=10**9, queue=queue, name="gone")
+    with pytest.raises(IntegrityError):
+        await adb.run(
+            publishing._publish_statement(queue, messages(1, "gone"), logger, timezone.now(), {"gone": gone})
+        )
+    assert await database_sync_to_async(lambda: Queue.objects.get(pk=queue.pk).last_seq)() == 2
+    assert await database_sync_to_async(Message.objects.count)() == 2
+
+
+@on_postgres
+async def test_the_async_connection_reads_what_django_reads():
+    """Same adapters: aware datetimes in UTC, text as text."""
+    async with adb.connect() as conn:
+        [(now, text)] = await adb.run(_select("SELECT now(), %s", ["ü"]), conn)
+    assert now.utcoffset() == timedelta(0) and text == "ü"
+
+
+def _select(sql, params):
+    return (yield sql, params)

@@ -17,7 +17,7 @@ import time
 import pytest
 from django.db import connection
 
-from tests.support.servers import ROOT
+from tests.support.servers import ROOT, free_port
 
 
 def _connect_missing():
@@ -76,12 +76,6 @@ with job.session(**spark_settings.session_options()) as spark:
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_listening(port, proc, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,7 +91,7 @@ def _wait_listening(port, proc, timeout):
 
 def test_with_spark_remote_the_job_runs_on_a_spark_connect_server():
     assert _connect_missing() is None, f"Spark Connect's client cannot run: {_connect_missing()}"
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(port)],
         cwd=ROOT,

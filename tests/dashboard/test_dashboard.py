@@ -68,13 +68,6 @@ async def next_snapshot(comm, timeout=5):
 
 
 @pytest.fixture
-def staff_user(django_user_model):
-    return django_user_model.objects.create_user(
-        "op", password="op-password-1", is_staff=True, is_superuser=True
-    )
-
-
-@pytest.fixture
 def plain_user(django_user_model):
     return django_user_model.objects.create_user("visitor", password="visitor-password-1")
 
@@ -84,9 +77,9 @@ def plain_user(django_user_model):
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_it_sends_staff_a_snapshot_that_matches_the_database(staff_user):
+async def test_it_sends_staff_a_snapshot_that_matches_the_database(operator):
     world = await database_sync_to_async(make_world)()
-    cookie = await database_sync_to_async(session_cookie)(staff_user)
+    cookie = await database_sync_to_async(session_cookie)(operator)
 
     comm, connected, _ = await open_dashboard(cookie)
     assert connected
@@ -167,8 +160,8 @@ async def test_it_refuses_anyone_but_staff(plain_user):
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_it_refuses_a_page_of_another_site(staff_user):
-    cookie = await database_sync_to_async(session_cookie)(staff_user)
+async def test_it_refuses_a_page_of_another_site(operator):
+    cookie = await database_sync_to_async(session_cookie)(operator)
     comm, connected, _ = await open_dashboard(cookie, origin=(b"origin", b"https://evil.example"))
     assert not connected
     await comm.disconnect()
@@ -176,10 +169,10 @@ async def test_it_refuses_a_page_of_another_site(staff_user):
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_it_refuses_an_opaque_origin_that_would_carry_the_operators_cookie(staff_user):
+async def test_it_refuses_an_opaque_origin_that_would_carry_the_operators_cookie(operator):
     """`Origin: null` is let in on /ws/ (token only), never here: any site can make a browser
     send it, from a sandboxed iframe, with the operator's session cookie."""
-    cookie = await database_sync_to_async(session_cookie)(staff_user)
+    cookie = await database_sync_to_async(session_cookie)(operator)
     comm, connected, _ = await open_dashboard(cookie, origin=(b"origin", b"null"))
     assert not connected
     await comm.disconnect()
@@ -187,10 +180,10 @@ async def test_it_refuses_an_opaque_origin_that_would_carry_the_operators_cookie
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_it_closes_when_the_operator_logs_out(staff_user, monkeypatch):
+async def test_it_closes_when_the_operator_logs_out(operator, monkeypatch):
     monkeypatch.setattr(consumers, "RECHECK_USER_SECS", 0)
     client = await database_sync_to_async(Client)()
-    await database_sync_to_async(client.force_login)(staff_user)
+    await database_sync_to_async(client.force_login)(operator)
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
     comm, connected, _ = await open_dashboard(cookie)
     assert connected
@@ -403,12 +396,12 @@ def test_it_asks_the_same_number_of_queries_for_many_rows(django_assert_max_num_
 
 
 @pytest.mark.django_db
-def test_the_page_sends_everyone_but_staff_to_the_admin_login(client, plain_user, staff_user):
+def test_the_page_sends_everyone_but_staff_to_the_admin_login(client, plain_user, operator):
     r = client.get("/")
     assert r.status_code == 302 and r["Location"] == "/admin/login/?next=/"
     client.force_login(plain_user)
     assert client.get("/")["Location"] == "/admin/login/?next=/"
-    client.force_login(staff_user)
+    client.force_login(operator)
     page = client.get("/")
     assert page.status_code == 200
     html = page.content.decode()
@@ -420,13 +413,13 @@ def test_the_page_sends_everyone_but_staff_to_the_admin_login(client, plain_user
 
 
 @pytest.mark.django_db
-def test_it_redelivers_a_dead_letter_with_a_csrf_checked_post(staff_user, plain_user):
+def test_it_redelivers_a_dead_letter_with_a_csrf_checked_post(operator, plain_user):
     make_world()
     dead = Delivery.objects.get(status=Status.DEAD)
     url = reverse("dashboard-redeliver", args=[dead.pk])
 
     staff = Client(enforce_csrf_checks=True)
-    staff.force_login(staff_user)
+    staff.force_login(operator)
     assert staff.post(url).status_code == 403  # no CSRF token
     assert staff.get(url).status_code == 405
     token = str(staff.get("/").context["csrf_token"])
@@ -437,7 +430,7 @@ def test_it_redelivers_a_dead_letter_with_a_csrf_checked_post(staff_user, plain_
     dead.refresh_from_db()
     assert (dead.status, dead.attempt, dead.last_error) == (Status.PENDING, 0, "redelivered by an operator")
     assert dead.next_attempt_at <= timezone.now()
-    assert LogEntry.objects.get(object_id=str(dead.pk)).user == staff_user
+    assert LogEntry.objects.get(object_id=str(dead.pk)).user == operator
     # Not dead any more: a second press says so instead of moving it again.
     assert staff.post(url, HTTP_X_CSRFTOKEN=token).status_code == 409
     assert staff.post(reverse("dashboard-redeliver", args=[10**9]), HTTP_X_CSRFTOKEN=token).status_code == 404

@@ -20,7 +20,7 @@ from subscribers.provisioning import create_subscriber
 from tests.conftest import client_for
 from tests.support.publish import publish
 from tests.support.rest import pull
-from tests.support.sockets import connect, recv, send
+from tests.support.sockets import connect, db, recv, send
 
 
 def extend(who, body):
@@ -253,22 +253,17 @@ def socket_world(ack_timeout=30):
     return queue, owner, owner_token, peer
 
 
-@database_sync_to_async
-def sync(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_the_extend_frame_extends_what_the_socket_holds_and_answers_nothing():
     queue, owner, token, _ = await socket_world()
-    await sync(publish, queue, 2)
+    await db(publish, queue, 2)
     comm = await connect(token)
     ids = [(await recv(comm))["id"] for _ in range(2)]
     before = timezone.now()
     await send(comm, {"type": "extend", "ids": ids, "seconds": 3600, "ref": "e1"})
     assert await comm.receive_nothing(timeout=0.3)
-    for d in await sync(lambda: list(Delivery.objects.filter(id__in=ids))):
+    for d in await db(lambda: list(Delivery.objects.filter(id__in=ids))):
         assert d.status == Status.INFLIGHT and d.attempt == 1
         assert d.ack_deadline >= before + timedelta(seconds=3600)
     await comm.disconnect()
@@ -278,17 +273,17 @@ async def test_the_extend_frame_extends_what_the_socket_holds_and_answers_nothin
 @pytest.mark.django_db(transaction=True)
 async def test_an_extend_frame_with_unknown_ids_gets_the_ack_frames_error_with_its_ref():
     queue, owner, token, peer = await socket_world()
-    await sync(publish, queue, 1)
+    await db(publish, queue, 1)
     comm = await connect(token)
     mine = (await recv(comm))["id"]
-    peers = await sync(lambda: list(Delivery.objects.filter(subscriber=peer).values_list("id", flat=True)))
-    before = await sync(rows, subscriber=peer)
+    peers = await db(lambda: list(Delivery.objects.filter(subscriber=peer).values_list("id", flat=True)))
+    before = await db(rows, subscriber=peer)
     await send(comm, {"type": "extend", "ids": [mine, *peers, 999999], "seconds": 60, "ref": 7})
     err = await recv(comm)
     assert err["type"] == "error" and err["code"] == "unknown_ids" and err["ref"] == 7
     assert err["ids"] == err["unknown"] == [*peers, 999999] and err["extended"] == 1
     assert err["detail"]
-    assert await sync(rows, subscriber=peer) == before
+    assert await db(rows, subscriber=peer) == before
     await comm.disconnect()
 
 
@@ -310,17 +305,17 @@ async def test_an_extend_frame_with_unknown_ids_gets_the_ack_frames_error_with_i
 )
 async def test_a_malformed_extend_frame_gets_bad_frame_with_its_ref_and_the_socket_stays_open(frame, field):
     queue, owner, token, _ = await socket_world()
-    await sync(publish, queue, 1)
+    await db(publish, queue, 1)
     comm = await connect(token)
     mine = (await recv(comm))["id"]
-    before = await sync(rows)
+    before = await db(rows)
     if frame.get("ids") is MINE:
         frame = {**frame, "ids": [mine]}
     await send(comm, {**frame, "ref": "x"})
     err = await recv(comm)
     assert err["type"] == "error" and err["code"] == "bad_frame" and err["ref"] == "x", err
     assert f"'{field}'" in err["detail"], err
-    assert await sync(rows) == before
+    assert await db(rows) == before
     await send(comm, {"type": "ping"})
     assert (await recv(comm))["type"] == "pong"
     await comm.disconnect()
@@ -335,22 +330,22 @@ async def test_an_extension_keeps_a_delivery_from_another_connection_after_the_f
     subscriber gets nothing (nor A again); A's ack then counts its one attempt. Without the
     extension, the delivery goes out again (the check that this test can fail)."""
     queue, owner, token, _ = await socket_world(ack_timeout=1)
-    await sync(publish, queue, 1)
+    await db(publish, queue, 1)
     a = await connect(token)
     first = await recv(a)
     if extending:
         await send(a, {"type": "extend", "ids": [first["id"]], "seconds": 30})
     await asyncio.sleep(1.2)  # past the first deadline
-    await sync(ledger.expire_overdue_leases)
+    await db(ledger.expire_overdue_leases)
     b = await connect(token)  # its resume leases, expiring what is overdue first
     await asyncio.sleep(1.0)  # past the retry backoff of an expired lease
-    await sync(ledger.expire_overdue_leases)
+    await db(ledger.expire_overdue_leases)
     if extending:
         assert await b.receive_nothing(timeout=1.0)
         assert await a.receive_nothing(timeout=0.1)
         await send(a, {"type": "ack", "ids": [first["id"]]})
         assert await a.receive_nothing(timeout=0.3)  # no unknown_ids: it was still A's
-        row = await sync(Delivery.objects.get, pk=first["id"])
+        row = await db(Delivery.objects.get, pk=first["id"])
         assert row.status == Status.ACKED and row.attempt == 1
     else:
         again, deadline = [], time.monotonic() + 5  # the sockets' recheck finds it within 2 s
@@ -369,22 +364,22 @@ async def test_a_socket_extends_only_the_leases_it_holds():
     """A delivery keeps its id across attempts: a socket whose lease expired and went to
     another holder must not prolong that holder's lease, nor one of a sibling socket."""
     queue, owner, token, _ = await socket_world(ack_timeout=1)
-    await sync(publish, queue, 1)
+    await db(publish, queue, 1)
     a = await connect(token)
     first = await recv(a)
     # its lease expires and, once its backoff has passed, another worker of the subscriber pulls it
     await asyncio.sleep(1.1)
-    await sync(ledger.expire_overdue_leases)
+    await db(ledger.expire_overdue_leases)
     later = timezone.now() + timedelta(seconds=1.5)
-    (pulled,) = await sync(ledger.lease_deliveries, owner, limit=1, holder="elsewhere/pull", now=later)
+    (pulled,) = await db(ledger.lease_deliveries, owner, limit=1, holder="elsewhere/pull", now=later)
     assert pulled["id"] == first["id"] and pulled["attempt"] == 2
-    before = await sync(rows)
+    before = await db(rows)
     # when A, late, extends it
     await send(a, {"type": "extend", "ids": [first["id"]], "seconds": 600})
     err = await recv(a)
     # then it is not A's: unknown, and the other holder's lease is as it was
     assert err["code"] == "unknown_ids" and err["ids"] == [first["id"]] and err["extended"] == 0
-    assert await sync(rows) == before
+    assert await db(rows) == before
     await a.disconnect()
 
 
@@ -393,8 +388,8 @@ async def test_a_socket_extends_only_the_leases_it_holds():
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the async connection is PostgreSQL's")
 async def test_the_socket_extends_on_the_async_connection_with_no_thread(monkeypatch):
     queue, owner, token, _ = await socket_world()
-    await sync(publish, queue, 1)
-    (d,) = await sync(ledger.lease_deliveries, owner, limit=1, holder="h")
+    await db(publish, queue, 1)
+    (d,) = await db(ledger.lease_deliveries, owner, limit=1, holder="h")
 
     def no_thread(fn):
         raise AssertionError(f"{fn} went to a thread")
@@ -403,5 +398,5 @@ async def test_the_socket_extends_on_the_async_connection_with_no_thread(monkeyp
     extended = await ledger.aextend_deliveries(owner, [d["id"], 999999], 120, holder="h")
     assert extended == ledger.Extended([d["id"]], [999999])
     monkeypatch.undo()
-    row = await sync(Delivery.objects.get, pk=d["id"])
+    row = await db(Delivery.objects.get, pk=d["id"])
     assert row.ack_deadline > timezone.now() + timedelta(seconds=100)

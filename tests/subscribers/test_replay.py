@@ -5,7 +5,6 @@ seq or a time owes exactly those still in the hot tables from that point, in seq
 hands acked ones out again with the same delivery ids and a new attempt.
 """
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -28,6 +27,7 @@ from tests.conftest import client_for
 from tests.support.commands import listen
 from tests.support.publish import publish
 from tests.support.rest import pull, subscribe
+from tests.support.sockets import recv, send
 
 
 def seek(who, subscription_id, body):
@@ -449,14 +449,6 @@ async def _socket(token):
     return comm
 
 
-async def _send(comm, frame):
-    await comm.send_to(text_data=json.dumps(frame))
-
-
-async def _recv(comm, timeout=3):
-    return json.loads(await comm.receive_from(timeout=timeout))
-
-
 def _setup_socket_world(ordered=False, n=3):
     from queues.models import Queue
     from subscribers.provisioning import create_subscriber
@@ -472,23 +464,23 @@ def _setup_socket_world(ordered=False, n=3):
 async def test_a_subscribe_frame_from_all_is_answered_with_the_replay_then_the_history_in_order():
     queue, _, token = await database_sync_to_async(_setup_socket_world)(n=3)
     comm = await _socket(token)
-    await _send(comm, {"type": "subscribe", "queue": "db", "from": "all"})
-    subscribed = await _recv(comm)
+    await send(comm, {"type": "subscribe", "queue": "db", "from": "all"})
+    subscribed = await recv(comm)
     assert subscribed["type"] == "subscribed"
     assert subscribed["replay"] == {"from_seq": 1, "deliveries": 3}
-    frames = [await _recv(comm) for _ in range(3)]
+    frames = [await recv(comm) for _ in range(3)]
     assert [(f["type"], f["seq"], f["payload"]) for f in frames] == [
         ("message", i + 1, {"n": i}) for i in range(3)
     ]
-    await _send(comm, {"type": "ack", "ids": [f["id"] for f in frames]})
+    await send(comm, {"type": "ack", "ids": [f["id"] for f in frames]})
     # sent again (a reconnecting client does): the same subscription, nothing replayed again
-    await _send(comm, {"type": "subscribe", "queue": "db", "from": "all"})
-    again = await _recv(comm)
+    await send(comm, {"type": "subscribe", "queue": "db", "from": "all"})
+    again = await recv(comm)
     assert again == {**subscribed, "replay": {"from_seq": None, "deliveries": 0}}
     assert await comm.receive_nothing(0.3)
     # without "from", the answer is as it always was
-    await _send(comm, {"type": "subscribe", "queue": "db"})
-    assert "replay" not in await _recv(comm)
+    await send(comm, {"type": "subscribe", "queue": "db"})
+    assert "replay" not in await recv(comm)
     await comm.disconnect()
 
 
@@ -498,13 +490,13 @@ async def test_a_subscribe_frame_from_all_is_answered_with_the_replay_then_the_h
 async def test_a_subscribe_frame_with_a_bad_from_is_an_error_frame_and_makes_nothing(point):
     _, _, token = await database_sync_to_async(_setup_socket_world)()
     comm = await _socket(token)
-    await _send(comm, {"type": "subscribe", "queue": "db", "from": point, "ref": 7})
-    error = await _recv(comm)
+    await send(comm, {"type": "subscribe", "queue": "db", "from": point, "ref": 7})
+    error = await recv(comm)
     assert error["type"] == "error" and error["code"] == "bad_frame" and error["ref"] == 7
     assert error["detail"].startswith("from: ")
     assert not await database_sync_to_async(Subscription.objects.exists)()
-    await _send(comm, {"type": "ping"})  # the socket stays open
-    assert (await _recv(comm))["type"] == "pong"
+    await send(comm, {"type": "ping"})  # the socket stays open
+    assert (await recv(comm))["type"] == "pong"
     await comm.disconnect()
 
 
@@ -513,14 +505,14 @@ async def test_a_subscribe_frame_with_a_bad_from_is_an_error_frame_and_makes_not
 async def test_a_replay_on_an_ordered_queue_comes_over_the_socket_one_at_a_time_in_seq_order():
     queue, subscriber, token = await database_sync_to_async(_setup_socket_world)(ordered=True, n=4)
     comm = await _socket(token)
-    await _send(comm, {"type": "subscribe", "queue": "db", "from": {"seq": 2}})
-    assert (await _recv(comm))["replay"] == {"from_seq": 2, "deliveries": 3}
+    await send(comm, {"type": "subscribe", "queue": "db", "from": {"seq": 2}})
+    assert (await recv(comm))["replay"] == {"from_seq": 2, "deliveries": 3}
     seen = []
     for _ in range(3):
-        frame = await _recv(comm)
+        frame = await recv(comm)
         assert await comm.receive_nothing(0.2)  # nothing else while it is in flight
         seen.append(frame["seq"])
-        await _send(comm, {"type": "ack", "ids": [frame["id"]]})
+        await send(comm, {"type": "ack", "ids": [frame["id"]]})
     assert seen == [2, 3, 4]
     await comm.disconnect()
 

@@ -8,7 +8,8 @@ request's headers must all arrive within MQ_HTTP_HEADER_TIMEOUT_SECS of the conn
 headers gets 408 and the connection is closed, an idle one is closed. Once the headers are in,
 Twisted's own timeouts and Daphne's apply as before.
 
-Its test: tests/e2e/test_socket_floods.py::test_an_http_client_dripping_its_headers_is_cut_off_at_the_deadline.
+Its test:
+tests/e2e/test_socket_floods.py::test_an_http_client_dripping_its_headers_is_cut_off_at_the_deadline.
 It can go when Daphne (or a server in front of it, such as nginx's client_header_timeout) sets
 a total deadline on a request's headers.
 """

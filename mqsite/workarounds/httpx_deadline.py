@@ -6,7 +6,8 @@ operation of a post goes through DeadlineBackend, which waits at most until the 
 deadline() for its thread and fails once it has passed, with no thread of its own. httpx takes
 no network backend, so transport() builds its connection pool with this one (a private field).
 
-Its test: tests/delivery/test_webhook_hardening.py::test_a_peer_dripping_bytes_fails_the_attempt_at_the_deadline.
+Its test:
+tests/delivery/test_webhook_hardening.py::test_a_peer_dripping_bytes_fails_the_attempt_at_the_deadline.
 It can go when httpx bounds a whole request by one timeout, or takes a network backend as an
 argument (then transport() needs no private field).
 """

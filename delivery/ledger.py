@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -198,14 +198,9 @@ def fan_out_statement(messages, where, now, receipt=False):
     may still subscribe to the queue (revocation: a subscription stays, but is owed nothing
     while its right is gone). Deliveries are numbered in seq order, as the messages are. It
     returns (message id, subscriber id) per delivery made."""
-    # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
-    at = connection.ops.adapt_datetimefield_value(now)
-    column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
+    insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt)
     sql = f"""
-        INSERT INTO {Delivery._meta.db_table}
-            (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-             attempt, next_attempt_at, created_at, lease_holder, last_error{column})
-        SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}
+        {insert}
         FROM {messages}
         JOIN {Subscription._meta.db_table} s
           ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id) AND NOT s.leaving
@@ -214,7 +209,22 @@ def fan_out_statement(messages, where, now, receipt=False):
         ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
     """
-    return sql, [Status.PENDING, at, at, True, True]
+    return sql, [*params, True, True]
+
+
+def owed_insert(owner, owner_params, now, receipt=False):
+    """The deliveries' INSERT ... SELECT up to its FROM (and its parameters), for fan-out and
+    replay alike: one pending delivery, ready at `now`, per row of the SELECT's message `m`.
+    `owner`: the SQL of its subscription's and its subscriber's ids (with `owner_params`).
+    `receipt`: copy the message's receipt_wanted (the column keeps its default otherwise)."""
+    # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
+    at = connection.ops.adapt_datetimefield_value(now)
+    column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
+    sql = f"""INSERT INTO {Delivery._meta.db_table}
+            (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
+             attempt, next_attempt_at, created_at, lease_holder, last_error{column})
+        SELECT {owner}, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}"""
+    return sql, [*owner_params, Status.PENDING, at, at]
 
 
 @functools.cache
@@ -398,17 +408,8 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
     # "seq, id" PostgreSQL read and sorted every pending row of the backlog on each lease.
     order = "seq" if len(sub_ids) == 1 else "seq, id"
     pick = f"SELECT id FROM {table} p WHERE {where} AND {ready_sql('p')} ORDER BY {order} LIMIT %s"
-    at = connection.ops.adapt_datetimefield_value
-    params = [
-        Status.INFLIGHT,
-        at(now + timedelta(seconds=ack_timeout)),
-        at(now),
-        holder,
-        *where_params,
-        at(now),
-        limit,
-    ]
-    set_ = "status = %s, attempt = attempt + 1, ack_deadline = %s, delivered_at = %s, lease_holder = %s"
+    set_, set_params = _leased_set(ack_timeout, holder, now)
+    params = [*set_params, *where_params, connection.ops.adapt_datetimefield_value(now), limit]
     if connection.vendor != "postgresql":  # the ids, that _lease_ready() describes
         leased = yield f"UPDATE {table} SET {set_} WHERE id IN ({pick}) RETURNING id", params
         return [row[0] for row in leased]
@@ -428,14 +429,20 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
     return [_delivery(*row) for row in leased]
 
 
-def _mark_leased(ids, ack_timeout, holder, now):
-    Delivery.objects.filter(id__in=ids).update(
-        status=Status.INFLIGHT,
-        attempt=F("attempt") + 1,
-        ack_deadline=now + timedelta(seconds=ack_timeout),
-        delivered_at=now,
-        lease_holder=holder,
+def _leased_set(ack_timeout, holder, now):
+    """The SET of a lease (and its parameters): in flight to `holder` until now + `ack_timeout`
+    seconds, its attempt counted."""
+    at = connection.ops.adapt_datetimefield_value
+    return (
+        "status = %s, attempt = attempt + 1, ack_deadline = %s, delivered_at = %s, lease_holder = %s",
+        [Status.INFLIGHT, at(now + timedelta(seconds=ack_timeout)), at(now), holder],
     )
+
+
+def _mark_leased(ids, ack_timeout, holder, now):
+    set_, params = _leased_set(ack_timeout, holder, now)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Delivery._meta.db_table} SET {set_} WHERE id IN {_in(ids)}", [*params, *ids])
     return list(ids)
 
 
@@ -1205,30 +1212,17 @@ def replay_chunk(subscription_id, now=None):
         of_events, event_params = ("", []) if event_id is None else (" AND m.event_id = %s", [event_id])
         narrow, narrow_params = _of_events("m.event_id", event_ids)
         # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
+        insert, insert_params = owed_insert("%s, %s", [subscription_id, subscriber_id], now)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""
-                INSERT INTO {table}
-                    (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-                     attempt, next_attempt_at, created_at, lease_holder, last_error)
-                SELECT %s, %s, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
+                {insert}
                 FROM {Message._meta.db_table} m
                 WHERE m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}
                 ORDER BY m.seq
                 ON CONFLICT (subscription_id, message_id) DO NOTHING
                 """,
-                [
-                    subscription_id,
-                    subscriber_id,
-                    Status.PENDING,
-                    at,
-                    at,
-                    queue_id,
-                    first,
-                    last,
-                    *event_params,
-                    *narrow_params,
-                ],
+                [*insert_params, queue_id, first, last, *event_params, *narrow_params],
             )
             owed = cursor.rowcount
             if reopen:

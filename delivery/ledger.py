@@ -25,12 +25,12 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from mqsite import adb, limits, rows
+from mqsite import adb, bus, limits, rows
 from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription
 
-from . import receipts, wakeups
+from . import receipts
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
 
@@ -716,7 +716,7 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     with transaction.atomic():
         nacked, wake, died = adb.run_sync(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error))
         if wake:
-            wakeups.notify_after_commit([subscriber.pk])
+            bus.send_after_commit(bus.WAKE, [subscriber.pk])
         receipts.check_after_commit(died)
     return nacked
 
@@ -731,7 +731,7 @@ async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKE
             _nack(subscriber.pk, ids, retry_in, now or timezone.now(), error), conn
         )
     if wake:
-        wakeups.notify_from_loop([subscriber.pk])
+        bus.send(bus.WAKE, [subscriber.pk])
     await receipts.acheck(died)
     return nacked
 
@@ -863,7 +863,7 @@ def fail_delivery(delivery_id, holder, error, now=None):
             return None
         delivery = Delivery.objects.get(pk=delivery_id)
         if wake:
-            wakeups.notify_after_commit([delivery.subscriber_id])
+            bus.send_after_commit(bus.WAKE, [delivery.subscriber_id])
         receipts.check_after_commit(died)
     return delivery
 
@@ -878,7 +878,7 @@ def expire_overdue_leases(now=None):
     with transaction.atomic():
         expired = _expire_overdue(now, None)
         # Those that are pending again may be ready at once (the backoff runs from the deadline).
-        wakeups.notify_after_commit(set(expired))
+        bus.send_after_commit(bus.WAKE, set(expired))
     return len(expired)
 
 
@@ -926,7 +926,7 @@ def redeliver(deliveries, now=None):
             lease_holder="",
             last_error=REDELIVERED,
         )
-    wakeups.notify_after_commit(subscriber_ids)
+    bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
@@ -938,7 +938,7 @@ def kill_deliveries(deliveries, reason=KILLED):
         receipts.moved(_receipt_messages(moving))
         count = moving.update(status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=reason)
         # A killed head of an ordered queue lets the next one go: as skip_deliveries().
-        wakeups.notify_after_commit(subscriber_ids)
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
@@ -968,7 +968,7 @@ def retry_now(deliveries, reason=None, now=None):
             lease_holder="",
             last_error=reason or retried_now_by(),
         )
-        wakeups.notify_after_commit(subscriber_ids)
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
@@ -985,7 +985,7 @@ def skip_deliveries(deliveries, operator):
             status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=skipped_by(operator)
         )
         # What waited behind it is ready now.
-        wakeups.notify_after_commit(subscriber_ids)
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
@@ -1061,7 +1061,7 @@ def _release(where, params, reason, wake, spend):
         )
         released = cursor.fetchall()
         if wake:
-            wakeups.notify_after_commit({subscriber_id for _, subscriber_id, _ in released})
+            bus.send_after_commit(bus.WAKE, {subscriber_id for _, subscriber_id, _ in released})
         receipts.moved(message_id for _, _, message_id in released)
     return [id_ for id_, _, _ in released]
 
@@ -1253,7 +1253,7 @@ def replay_chunk(subscription_id, now=None):
         done = last >= until and not extend
         if done:
             Subscription.objects.filter(pk=subscription_id).update(**_NOT_BUSY)
-            wakeups.notify_after_commit([subscriber_id])  # leased again, the history first
+            bus.send_after_commit(bus.WAKE, [subscriber_id])  # leased again, the history first
         else:
             Subscription.objects.filter(pk=subscription_id).update(replay_next=last + 1, busy_since=now)
     return owed, done

@@ -25,7 +25,7 @@ from collections import Counter
 from django.conf import settings
 from rest_framework import exceptions, status
 
-from mqsite import limits
+from mqsite import bus, limits
 from subscribers import auth
 
 from . import frames, ledger, liveness, wakeups
@@ -109,7 +109,7 @@ def wait_for_deliveries(request, lease, wait_secs, between_leases):
 
 @functools.cache
 def _take_script():
-    return wakeups._redis().register_script(_TAKE)
+    return bus.client().register_script(_TAKE)
 
 
 def _key(subscriber_id):
@@ -120,7 +120,7 @@ def _key(subscriber_id):
 def slot(subscriber_id, wait_secs):
     """Hold one of the subscriber's long-poll slots for the body; TooManyLongPolls if none is free."""
     cap = settings.MQ_MAX_LONG_POLLS
-    client = wakeups._redis()
+    client = bus.client()
     if client is None:
         with _lock:
             if _held[subscriber_id] >= cap:

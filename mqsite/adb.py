@@ -17,7 +17,7 @@ Both bind parameters on the client, as Django's psycopg backend does, so one SQL
 are Django's (an IntegrityError is django.db.IntegrityError on both paths).
 
 Side effects after commit are the caller's: on the sync path transaction.on_commit(), on the
-async path simply the next line after the commit (delivery.wakeups.notify_from_loop()).
+async path simply the next line after the commit (mqsite.bus.send()).
 """
 
 import asyncio

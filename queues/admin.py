@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils.html import format_html, format_html_join
 
-from delivery import ledger, tallies, wakeups
+from delivery import ledger, tallies
 from delivery.admin import (
     DeliveriesGoWithTheirOwner,
     EventFilter,
@@ -28,6 +28,7 @@ from delivery.big_lists import BigListAdmin
 from delivery.models import Delivery, Status
 from delivery.querysets import UNSETTLED
 from delivery.reports import correlated_count, not_acked, status_count, status_counts
+from mqsite import bus
 from subscribers.admin import (
     DeliveryCountColumns,
     SubscriptionInlineBase,
@@ -193,11 +194,12 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         with transaction.atomic():
             resumed = Queue.objects.filter(pk__in=ids, paused=True).update(paused=False)
             # Waiting subscribers would see the work on their next timer tick; wake them now.
-            wakeups.notify_after_commit(
+            bus.send_after_commit(
+                bus.WAKE,
                 Subscription.objects.filter(queue_id__in=ids)
                 .order_by()
                 .values_list("subscriber_id", flat=True)
-                .distinct()
+                .distinct(),
             )
         self.message_user(request, f"{resumed} queues resumed.")
 

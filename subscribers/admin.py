@@ -8,7 +8,7 @@ view subscribers read too. A subscription removed here goes through
 subscribing.unsubscribe, so what it was still owed is dropped as the API would drop it.
 Connections belong to presence: they are only looked at here, or closed (by a superuser)
 through presence.close_connection, so that what they held goes back to pending, and the
-socket is told to close (delivery.wakeups.announce).
+socket is told to close (the bus's `changed` word, delivery.revocation).
 """
 
 from django import forms
@@ -24,7 +24,6 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from delivery import wakeups
 from delivery.admin import DeliveriesGoWithTheirOwner, admin_link, count_badge
 from delivery.models import Status
 from delivery.reports import (
@@ -34,7 +33,7 @@ from delivery.reports import (
     status_count,
     subscriber_backlog,
 )
-from mqsite import limits
+from mqsite import bus, limits
 from queues.models import Event
 
 from . import presence, provisioning, replay, subscribing
@@ -681,7 +680,8 @@ class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         names = [connection.channel_name for connection in queryset]
         presence.close_connections(names)
         # The socket itself closes, in whichever server process holds it.
-        wakeups.announce_after_commit(channel_names=names)
+        if names:
+            bus.send_after_commit(bus.CHANGED, {"connections": sorted(set(names))})
 
     @admin.display(description="subscriber", ordering="subscriber__name")
     def subscriber_link(self, obj):

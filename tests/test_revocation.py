@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from delivery import frames, ledger, wakeups
+from delivery import frames, ledger, revocation
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
 from queues import publishing
@@ -221,7 +221,7 @@ async def test_an_announced_connection_is_closed_by_its_process():
     comm = await connect(token)
     await ping(comm)
     (name,) = await db(lambda: list(Connection.objects.values_list("channel_name", flat=True)))
-    await db(lambda: (presence.close_connection(name), wakeups.announce(channel_names=[name])))
+    await db(lambda: (presence.close_connection(name), revocation.announce(channel_names=[name])))
     code, took = await closed_with(comm, timeout=2)
     assert code == frames.CLOSE_BY_OPERATOR and took < 2
 

@@ -33,7 +33,7 @@ from mqsite.client_address import scope_client_address
 from queues import group_commit, publishing
 from subscribers import presence, replay, subscribing
 from subscribers.auth import auth_failed, subscriber_for_token
-from subscribers.models import Subscriber, Subscription
+from subscribers.models import Subscriber, Subscription, may_subscribe_q
 
 from . import frames, ledger, liveness, receipts, socket_loops, wakeups
 from .frames import (
@@ -296,11 +296,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 or subscriber.token_hash != self.subscriber.token_hash
             ):
                 return None, []
-            forbidden = Subscription.objects.filter(subscriber=subscriber)
-            if subscriber.subscribe_all:
-                forbidden = forbidden.none()
-            granted = Subscriber.subscribe_queues.through.objects.filter(subscriber_id=pk).values("queue_id")
-            forbidden = forbidden.exclude(queue_id__in=granted)
+            forbidden = Subscription.objects.filter(subscriber=subscriber).exclude(may_subscribe_q())
             return subscriber, list(forbidden.values_list("id", "queue__name", "event__name"))
 
         subscriber, forbidden = await db(look)()

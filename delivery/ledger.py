@@ -21,14 +21,14 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from mqsite import adb, bus, limits, rows
 from mqsite.api import is_db_id
 from queues.models import Event, Message, Queue
-from subscribers.models import Subscriber, Subscription
+from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
 from . import receipts
 from .models import Delivery, DeliveryAttempt, Status
@@ -230,11 +230,9 @@ def owed_insert(owner, owner_params, now, receipt=False):
 @functools.cache
 def _may_subscribe():
     """SQL: the subscriber `r` of subscription `s` is active and may subscribe to its queue
-    (two parameters, both True). A primary-key row and an EXISTS on the rights' unique index:
-    cheap enough for every publish. (A function: the rights table is known once apps load.)"""
-    return f"""r.is_active = %s AND (r.subscribe_all = %s OR EXISTS (
-        SELECT 1 FROM {Subscriber.subscribe_queues.through._meta.db_table} g
-        WHERE g.subscriber_id = s.subscriber_id AND g.queue_id = s.queue_id))"""
+    (two parameters, both True): a primary-key row and may_subscribe_sql. (A function: the
+    rights table is known once apps load.)"""
+    return f"r.is_active = %s AND {may_subscribe_sql('r', 's')}"
 
 
 def fanned_out(rows):
@@ -548,12 +546,7 @@ def subscribers_with_work(subscriber_ids, now=None):
     subscribers and of queues they may still subscribe to: what a revoked right left owed
     wakes nobody."""
     now = now or timezone.now()
-    granted = Subscriber.subscribe_queues.through.objects.filter(
-        subscriber_id=OuterRef("subscriber_id"), queue_id=OuterRef("queue_id")
-    )
-    owed = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(
-        Q(subscriber__subscribe_all=True) | Exists(granted)
-    )
+    owed = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(may_subscribe_q())
     return set(
         Subscriber.objects.filter(pk__in=subscriber_ids, is_active=True)
         .filter(Exists(owed.ready(now)) | Exists(owed.overdue(now)))

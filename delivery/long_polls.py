@@ -89,22 +89,21 @@ def wait_for_deliveries(request, lease, wait_secs, between_leases):
     (the attempt not counted: it never reached the client)."""
     subscriber_id = auth.subscriber_of(request).pk
     holder = liveness.holder(f"poll.{uuid.uuid4().hex[:12]}")  # its own: to give back only its lease
-    deadline = time.monotonic() + wait_secs
+
+    def lease_unless_revoked():
+        forgotten = auth.subscribers_forgotten()
+        if not auth.token_still_holds(request):
+            raise Revoked()
+        leased = lease(holder)
+        if leased and auth.subscribers_forgotten() != forgotten and not auth.token_still_holds(request):
+            ledger.release_held([holder], reason=frames.REVOKED)
+            raise Revoked()
+        return leased
+
     with slot(subscriber_id, wait_secs):
-        while True:
-            seen = wakeups.generation(subscriber_id)
-            forgotten = auth.subscribers_forgotten()
-            if not auth.token_still_holds(request):
-                raise Revoked()
-            leased = lease(holder)
-            if leased and auth.subscribers_forgotten() != forgotten and not auth.token_still_holds(request):
-                ledger.release_held([holder], reason=frames.REVOKED)
-                raise Revoked()
-            left = deadline - time.monotonic()
-            if leased or left <= 0 or wakeups.stopping():
-                return leased
-            between_leases()
-            wakeups.wait(subscriber_id, seen, min(left, RECHECK_SECS))
+        return wakeups.lease_when_woken(
+            subscriber_id, lease_unless_revoked, time.monotonic() + wait_secs, between_leases, RECHECK_SECS
+        )
 
 
 @functools.cache

@@ -9,6 +9,7 @@ ledger on a timer (the sweeper, for webhooks).
 
 import asyncio
 import threading
+import time
 from collections import defaultdict
 
 from mqsite import bus
@@ -159,6 +160,23 @@ def wait(subscriber_id, since, timeout):
         return _lock.wait_for(
             lambda: _generation[subscriber_id] != since or _stopping.is_set(), timeout=timeout
         )
+
+
+def lease_when_woken(subscriber_id, lease, deadline, between_leases=lambda: None, recheck_secs=0.5):
+    """The loop of a waiter without a socket (a long poll, the listen command): `lease()` until
+    it gives something, time.monotonic() passes `deadline` or the server stops, waiting between
+    tries for the subscriber's next wake-up (`between_leases()` first), or `recheck_secs` at most:
+    a wake-up from another process, or a lost one, costs no more latency than that. Returns
+    what the last lease gave. The wake-up count is read before each lease, so that one that
+    comes while it runs is not missed."""
+    while True:
+        seen = generation(subscriber_id)
+        leased = lease()
+        left = deadline - time.monotonic()
+        if leased or left <= 0 or stopping():
+            return leased
+        between_leases()
+        wait(subscriber_id, seen, min(left, recheck_secs))
 
 
 def wake_long_polls(subscriber_ids):

@@ -31,6 +31,7 @@ from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
 from . import receipts
+from .bounds import MAX_EXTEND_SECS
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
 
@@ -616,11 +617,6 @@ def _ack(subscriber_id, ids, now):
 
 
 # --- lease extension ----------------------------------------------------------------------------
-
-# The longest a client may push its ack deadline out in one call (API.md, Extensions): SQS's
-# limit on a visibility timeout. A worker that needs longer extends again; one that died holds
-# its deliveries no longer than this.
-MAX_EXTEND_SECS = 12 * 3600
 
 
 class Extended(NamedTuple):

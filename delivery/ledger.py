@@ -281,15 +281,12 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
     return leased
 
 
+@adb.twin(lease_deliveries)
 async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
     """lease_deliveries() from the event loop. Its common case (nothing overdue, one group of
     unordered subscriptions) runs on the async connection: the read and the one UPDATE. The
     others (an expiry first, an ordered queue's head under its lock) take a thread, where the
     sync lease reads again and does it all in its transaction."""
-    if not adb.enabled():
-        return await adb.thread(lease_deliveries)(
-            subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now
-        )
     now = now or timezone.now()
     if limit <= 0:
         return []
@@ -571,10 +568,9 @@ def ack_deliveries(subscriber, ids, now=None):
     return acked, unknown
 
 
+@adb.twin(ack_deliveries)
 async def aack_deliveries(subscriber, ids, now=None):
     """ack_deliveries() from the event loop: the same statements on the async connection."""
-    if not adb.enabled():
-        return await adb.thread(ack_deliveries)(subscriber, ids, now=now)
     acked, unknown, receipt_messages = await adb.run(_ack(subscriber.pk, ids, now or timezone.now()))
     await receipts.acheck(receipt_messages)  # committed: the statement was its own transaction
     return acked, unknown
@@ -641,10 +637,9 @@ def extend_deliveries(subscriber, ids, seconds, holder=None, now=None):
         return adb.run_sync(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
 
 
+@adb.twin(extend_deliveries)
 async def aextend_deliveries(subscriber, ids, seconds, holder=None, now=None):
     """extend_deliveries() from the event loop: the same statement on the async connection."""
-    if not adb.enabled():
-        return await adb.thread(extend_deliveries)(subscriber, ids, seconds, holder=holder, now=now)
     return await adb.run(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
 
 
@@ -710,11 +705,10 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     return nacked
 
 
+@adb.twin(nack_deliveries)
 async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     """nack_deliveries() from the event loop: the same statements, in one transaction of the
     async connection, the wake-up after its commit."""
-    if not adb.enabled():
-        return await adb.thread(nack_deliveries)(subscriber, ids, retry_in=retry_in, now=now, error=error)
     async with adb.transaction() as conn:
         nacked, wake, died = await adb.run(
             _nack(subscriber.pk, ids, retry_in, now or timezone.now(), error), conn

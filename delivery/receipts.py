@@ -122,11 +122,10 @@ def counts_statement(message_ids):
     return out
 
 
+@adb.twin(adb.run_sync)
 async def arun(op):
     """A statement above, from the event loop (a thread where the async connection is off)."""
-    if adb.enabled():
-        return await adb.run(op)
-    return await adb.thread(adb.run_sync)(op)
+    return await adb.run(op)
 
 
 # --- the ledger's side: after a commit that settled receipt deliveries ---------------------------

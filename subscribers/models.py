@@ -107,14 +107,14 @@ class Subscriber(models.Model):
 
     async def amay_publish(self, queue):
         """may_publish() from the event loop (mqsite/adb.py)."""
-        if self.publish_all:
-            return True
-        if not adb.enabled():
-            return await adb.thread(self.may_publish)(queue)
-        return await adb.run(self._granted_statement(self.publish_queues.through, queue))
+        return self.publish_all or await self._agranted(self.publish_queues.through, queue)
 
     def _granted(self, through, queue):
         return adb.run_sync(self._granted_statement(through, queue))
+
+    @adb.twin(_granted)
+    async def _agranted(self, through, queue):
+        return await adb.run(self._granted_statement(through, queue))
 
     def _granted_statement(self, through, queue):
         # Asked on every publish: plain SQL, since building the ORM's query cost more than

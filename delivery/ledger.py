@@ -686,16 +686,16 @@ class Nacked(NamedTuple):
 
 
 def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
-    """Give back the subscriber's deliveries among `ids`, as _fail does one: pending again after
-    `retry_in` seconds or its backoff, or dead if that was its last attempt.
+    """Give back the subscriber's deliveries among `ids` (dead_or_retry, as a failed push):
+    pending again after `retry_in` seconds or its backoff, or dead if that was its last attempt.
 
     One transaction of at most three statements whatever the number of ids (a nack frame of
     10,000 ids was 10,000 transactions, each a write lock and a disk flush on SQLite): one
-    UPDATE, compare-and-set on the owner and the status, with the queue's max_attempts and the
-    backoff by attempt written as CASEs; then, only when it did not move them all, one read to
-    tell settled ids from unknown ones; and, only when one died, one to see whether it was the
-    head of an ordered queue. The ids go as one parameter (an array, or JSON on SQLite), so
-    there is no limit of parameters to mind.
+    UPDATE (_end_attempts), compare-and-set on the owner and the status, with the queue's
+    max_attempts and the backoff by attempt written as CASEs; then, only when it did not move
+    them all, one read to tell settled ids from unknown ones; and, only when one died, one to
+    see whether it was the head of an ordered queue. The ids go as one parameter (an array, or
+    JSON on SQLite), so there is no limit of parameters to mind.
     """
     with transaction.atomic():
         nacked, wake, died = adb.run_sync(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error))

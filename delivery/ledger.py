@@ -107,6 +107,12 @@ def died_of(error):
     return f"{error}; dead after ", " attempts"
 
 
+# What every move out of flight sets: a delivery that is not in flight holds no lease (no
+# deadline, no holder). The SQL, and the same as an ORM update's fields.
+UNLEASED_SQL = "ack_deadline = NULL, lease_holder = ''"
+UNLEASED = {"ack_deadline": None, "lease_holder": ""}
+
+
 def dead_or_retry(retried, died, next_at, next_params, dead_at="next_attempt_at", dead_at_params=()):
     """The one rule for an attempt that ended without an ack, as the SET clauses (and their
     parameters) of an UPDATE of the delivery table: dead if it was its queue's last attempt,
@@ -122,8 +128,7 @@ def dead_or_retry(retried, died, next_at, next_params, dead_at="next_attempt_at"
         f"""status = CASE WHEN {dead} THEN %s ELSE %s END,
             next_attempt_at = CASE WHEN {dead} THEN {dead_at} ELSE {next_at} END,
             last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || %s ELSE %s END,
-            ack_deadline = NULL,
-            lease_holder = ''""",
+            {UNLEASED_SQL}""",
         [Status.DEAD, Status.PENDING, *dead_at_params, *next_params, before, after, retried],
     )
 
@@ -588,7 +593,7 @@ def _ack(subscriber_id, ids, now):
     table = Delivery._meta.db_table
     returned = yield (
         f"""
-        UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
+        UPDATE {table} SET status = %s, acked_at = %s, {UNLEASED_SQL}
         WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
         RETURNING id, CASE WHEN receipt THEN message_id END
         """,
@@ -905,8 +910,7 @@ def redeliver(deliveries, now=None):
             status=Status.PENDING,
             attempt=0,
             next_attempt_at=now,
-            ack_deadline=None,
-            lease_holder="",
+            **UNLEASED,
             last_error=REDELIVERED,
         )
     bus.send_after_commit(bus.WAKE, subscriber_ids)
@@ -919,7 +923,7 @@ def kill_deliveries(deliveries, reason=KILLED):
         moving = Delivery.objects.filter(id__in=deliveries.exclude(status=Status.ACKED).values("id"))
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.moved(_receipt_messages(moving))
-        count = moving.update(status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=reason)
+        count = moving.update(status=Status.DEAD, **UNLEASED, last_error=reason)
         # A killed head of an ordered queue lets the next one go: as skip_deliveries().
         bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
@@ -947,8 +951,7 @@ def retry_now(deliveries, reason=None, now=None):
         count = moving.update(
             status=Status.PENDING,
             next_attempt_at=now,
-            ack_deadline=None,
-            lease_holder="",
+            **UNLEASED,
             last_error=reason or retried_now_by(),
         )
         bus.send_after_commit(bus.WAKE, subscriber_ids)
@@ -964,9 +967,7 @@ def skip_deliveries(deliveries, operator):
         moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.moved(_receipt_messages(moving))
-        count = moving.update(
-            status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=skipped_by(operator)
-        )
+        count = moving.update(status=Status.DEAD, **UNLEASED, last_error=skipped_by(operator))
         # What waited behind it is ready now.
         bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
@@ -1030,7 +1031,7 @@ def _release(where, params, reason, wake, spend):
         # attempts that never reached it.
         set_ = (
             "status = %s, attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, last_error = %s,"
-            " next_attempt_at = %s, ack_deadline = NULL, lease_holder = ''"
+            f" next_attempt_at = %s, {UNLEASED_SQL}"
         )
         set_params = [Status.PENDING, reason, at]
     with transaction.atomic(), connection.cursor() as cursor:
@@ -1212,8 +1213,8 @@ def replay_chunk(subscription_id, now=None):
                 narrow, narrow_params = _of_events("event_id", event_ids)
                 cursor.execute(
                     f"""
-                    UPDATE {table} SET status = %s, next_attempt_at = %s, ack_deadline = NULL,
-                        lease_holder = '', acked_at = NULL,
+                    UPDATE {table} SET status = %s, next_attempt_at = %s, {UNLEASED_SQL},
+                        acked_at = NULL,
                         attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
                         last_error = CASE WHEN status = %s THEN %s ELSE last_error END
                     WHERE subscription_id = %s AND seq BETWEEN %s AND %s AND status IN (%s, %s){narrow}

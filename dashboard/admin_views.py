@@ -87,7 +87,7 @@ def _act_on_head(request):
     operator = request.user.get_username()
     which = Delivery.objects.filter(pk=delivery.pk)
     if action == "retry":
-        moved = ledger.retry_now(which, reason=f"retried now by {operator}")
+        moved = ledger.retry_now(which, reason=ledger.retried_now_by(operator))
         done = "retried now: pending, ready at once"
     else:
         moved = ledger.skip_deliveries(which, operator)

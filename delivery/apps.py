@@ -6,9 +6,18 @@ class DeliveryConfig(AppConfig):
 
     def ready(self):
         # Here, not in subscribers: the signals announce to delivery's sockets, and imports
-        # point down (mqsite <- queues <- subscribers <- delivery).
-        from . import revocation, tasks, wakeups
+        # point down (mqsite <- queues <- subscribers <- delivery). The waiters (wakeups) and
+        # receipts register their words on the bus as they are imported.
+        from mqsite import bus
+
+        from . import receipts, revocation, wakeups  # noqa: F401
 
         revocation.connect_signals()
         # A commit's wake-ups also enqueue the webhook jobs of subscribers without a socket.
-        wakeups.on_wake(tasks.enqueue_webhooks)
+        bus.on(bus.WAKE, _enqueue_webhooks, blocking=True)
+
+
+def _enqueue_webhooks(subscriber_ids, _source):
+    from . import tasks
+
+    tasks.enqueue_webhooks(subscriber_ids)

@@ -1,11 +1,12 @@
 """The websocket at /ws/: live delivery, with the same ledger as pull.
 
-Notify-then-lease: a wake-up (delivery.wakeups) only says "subscriber N may have work"; the
-socket whose turn it is leases from the ledger up to its free prefetch window and sends what it
-got. It does so on connect (the catch-up: every subscription of the subscriber resumes by
-itself), on a wake-up, after an ack or nack frees room, and when a lease it holds runs out.
-Several sockets of one subscriber (a service's workers) take turns: each leases a share and
-passes the turn on when it leaves work behind, so N workers each get about 1/N of a stream.
+Notify-then-lease: a wake-up (the bus's `wake` word, heard by delivery.wakeups) only says
+"subscriber N may have work"; the socket whose turn it is leases from the ledger up to its free
+prefetch window and sends what it got. It does so on connect (the catch-up: every subscription
+of the subscriber resumes by itself), on a wake-up, after an ack or nack frees room, and when a
+lease it holds runs out. Several sockets of one subscriber (a service's workers) take turns:
+each leases a share and passes the turn on when it leaves work behind, so N workers each get
+about 1/N of a stream.
 
 This module is the frame protocol of one connection; delivery.frames says what each frame
 holds, and delivery.socket_loops runs what every process does for all its sockets (heartbeat,
@@ -34,7 +35,7 @@ from mqsite.values import is_db_id
 from queues import lookup
 from subscribers import replay
 from subscribers.auth import auth_failed, subscriber_for_token
-from subscribers.models import Subscriber, Subscription
+from subscribers.models import Subscriber, Subscription, may_subscribe_q
 
 from . import frames, ledger, liveness, receipts, socket_loops, wakeups
 from .frames import (
@@ -75,8 +76,8 @@ def token_from_scope(scope):
 
 class DeliveryConsumer(AsyncWebsocketConsumer):
     # No channel layer: nothing is sent to a socket through it (wake-ups go through
-    # delivery.wakeups), and with channels_redis every socket held a Redis connection blocked
-    # in BZPOPMIN for nothing, which capped how many idle sockets a process could hold.
+    # mqsite.bus and delivery.wakeups), and with channels_redis every socket held a Redis
+    # connection blocked in BZPOPMIN for nothing, which capped how many idle sockets a process could hold.
     channel_layer_alias = None
     subscriber = None
     pump_task = None
@@ -297,11 +298,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 or subscriber.token_hash != self.subscriber.token_hash
             ):
                 return None, []
-            forbidden = Subscription.objects.filter(subscriber=subscriber)
-            if subscriber.subscribe_all:
-                forbidden = forbidden.none()
-            granted = Subscriber.subscribe_queues.through.objects.filter(subscriber_id=pk).values("queue_id")
-            forbidden = forbidden.exclude(queue_id__in=granted)
+            forbidden = Subscription.objects.filter(subscriber=subscriber).exclude(may_subscribe_q())
             return subscriber, list(forbidden.values_list("id", "queue__name", "event__name"))
 
         subscriber, forbidden = await db(look)()

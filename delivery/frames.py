@@ -25,8 +25,7 @@ from mqsite.parsers import (
 from mqsite.values import storable_text
 from subscribers import replay
 
-from .api.serializers import MAX_NACK_ERROR_CHARS
-from .ledger import MAX_EXTEND_SECS
+from .bounds import MAX_EXTEND_SECS, MAX_IDS, MAX_NACK_ERROR_CHARS, MAX_RETRY_IN_SECS
 
 CLOSE_BAD_TOKEN = 4401
 CLOSE_BY_OPERATOR = 4000  # an operator closed the connection (the admin)
@@ -39,7 +38,6 @@ UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
 NOT_EXTENDED = "Not extended: these delivery ids are not in flight on this connection (or not yours)."
 MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
 PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
-MAX_IDS = 10_000
 
 
 class FrameError(Exception):
@@ -161,10 +159,10 @@ def nack_of(frame):
     if retry_in is not None and (
         isinstance(retry_in, bool)
         or not isinstance(retry_in, int | float)
-        or not 0 <= retry_in <= 7 * 86400
+        or not 0 <= retry_in <= MAX_RETRY_IN_SECS
         or not math.isfinite(retry_in)
     ):
-        raise FrameError("bad_frame", "retry_in must be a number of seconds from 0 to 604800.")
+        raise FrameError("bad_frame", f"retry_in must be a number of seconds from 0 to {MAX_RETRY_IN_SECS}.")
     error = frame.get("error")
     if error is not None and (
         not isinstance(error, str) or len(error) > MAX_NACK_ERROR_CHARS or not storable_text(error)

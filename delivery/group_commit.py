@@ -147,14 +147,13 @@ _loops = weakref.WeakKeyDictionary()  # event loop -> {queue id: [_Waiter], in o
 _draining = set()  # the batching tasks (referenced, or they could be collected while running)
 
 
+@adb.twin(publish)
 async def apublish(queue, outgoing, publisher=None):
     """publish() from the event loop: publishing.apublish() in batches, each answer after the
     commit that holds it. In the embedded mode, publish() in a thread (it shares its
     transaction with the requests' publishes)."""
     if not outgoing:
         return []
-    if not adb.enabled():
-        return await adb.thread(publish)(queue, outgoing, publisher=publisher)
     if publisher is not None:
         outgoing = [o if o.publisher is not None else replace(o, publisher=publisher) for o in outgoing]
     loop = asyncio.get_running_loop()

@@ -21,17 +21,18 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from mqsite import adb, limits, rows
+from mqsite import adb, bus, limits, rows
 from mqsite.service_errors import ServiceError
 from mqsite.values import is_db_id
 from queues.models import Event, Message, Queue
-from subscribers.models import Subscriber, Subscription
+from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import receipts, wakeups
+from . import receipts
+from .bounds import MAX_EXTEND_SECS
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
 
@@ -68,6 +69,112 @@ def backoff_secs(attempt):
     return min(settings.MQ_BACKOFF_BASE_SECS * (2 ** min(exponent, 30)), settings.MQ_BACKOFF_MAX_SECS)
 
 
+# --- dead or retry ------------------------------------------------------------------------------
+
+# Why an attempt ended without an ack, as the delivery's last error says it: one text per cause,
+# all here (operators read them in the admin and the dashboard; the README quotes them). A
+# retried delivery keeps the cause's words; a dead one adds its count of attempts (died_of).
+NACKED = "nacked by the client"
+ACK_DEADLINE_PASSED = "ack deadline passed"
+CONNECTION_CLOSED = "the connection holding it closed"
+CLOSED_IN_FLIGHT = "connection closed while in flight"
+# And an operator's or a seek's, which hand a delivery out again (or give up on it) at once.
+REDELIVERED = "redelivered by an operator"
+KILLED = "killed by an operator"
+REPLAYED = "replayed by a seek"
+
+
+def retried_now_by(operator="an operator"):
+    """The last error of a delivery an operator handed out again at once (retry_now)."""
+    return f"retried now by {operator}"
+
+
+def skipped_by(operator):
+    """The last error of an ordered queue's head an operator gave up on (skip_deliveries)."""
+    return f"skipped by {operator}"
+
+
+def nack_reason(error):
+    """The last error a nack leaves: the client's own words when it gave any."""
+    return f"{NACKED}: {error}" if error else NACKED
+
+
+def died_of(error):
+    """The last error of a delivery that `error` ended at its last attempt, as the text before
+    its count of attempts and the text after: "<error>; dead after 3 attempts", and for a
+    connection that closed while holding it "connection closed while in flight, 3 times"."""
+    if error == CLOSED_IN_FLIGHT:
+        return f"{CLOSED_IN_FLIGHT}, ", " times"
+    return f"{error}; dead after ", " attempts"
+
+
+# What every move out of flight sets: a delivery that is not in flight holds no lease (no
+# deadline, no holder). The SQL, and the same as an ORM update's fields.
+UNLEASED_SQL = "ack_deadline = NULL, lease_holder = ''"
+UNLEASED = {"ack_deadline": None, "lease_holder": ""}
+
+
+def dead_or_retry(retried, died, next_at, next_params, dead_at="next_attempt_at", dead_at_params=()):
+    """The one rule for an attempt that ended without an ack, as the SET clauses (and their
+    parameters) of an UPDATE of the delivery table: dead if it was its queue's last attempt,
+    with the last error `died` (died_of) around its count; else pending again from `next_at`
+    (SQL and `next_params`) with the last error `retried`. The lease goes either way. Used by
+    nacks, failed pushes, expired leases and closed connections. `dead_at`: what a dead one's
+    next_attempt_at becomes (dead letters are listed by it, newest first); unchanged by default.
+
+    Every expression reads the row as it was before the UPDATE (SQL's rule), so the CASEs agree."""
+    dead = _AT_LAST_ATTEMPT()
+    before, after = died
+    return (
+        f"""status = CASE WHEN {dead} THEN %s ELSE %s END,
+            next_attempt_at = CASE WHEN {dead} THEN {dead_at} ELSE {next_at} END,
+            last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || %s ELSE %s END,
+            {UNLEASED_SQL}""",
+        [Status.DEAD, Status.PENDING, *dead_at_params, *next_params, before, after, retried],
+    )
+
+
+@functools.cache
+def _AT_LAST_ATTEMPT():  # noqa: N802 (a constant, made once the models are loaded)
+    """SQL, in an UPDATE of the delivery table: this delivery had its queue's last attempt."""
+    table = Delivery._meta.db_table
+    return f"attempt >= (SELECT q.max_attempts FROM {Queue._meta.db_table} q WHERE q.id = {table}.queue_id)"
+
+
+def _backoff_steps():
+    """[(attempt, seconds)] of the backoff's growing steps, and the seconds of every attempt
+    after them: at most 31 steps (it stops growing at its cap, or at 2 ** 30)."""
+    steps = []
+    for attempt in range(1, 32):
+        if backoff_secs(attempt) == backoff_secs(31):
+            break
+        steps.append((attempt, backoff_secs(attempt)))
+    return steps, backoff_secs(31)
+
+
+def _backoff_case(now):
+    """SQL for `now + backoff_secs(attempt)`, and its parameters: one CASE on the attempt."""
+    at = connection.ops.adapt_datetimefield_value
+    steps, rest = _backoff_steps()
+    whens = [f"WHEN attempt <= {attempt} THEN %s" for attempt, _ in steps]
+    params = [at(now + timedelta(seconds=secs)) for _, secs in steps]
+    return f"CASE {' '.join(whens)} ELSE %s END", [*params, at(now + timedelta(seconds=rest))]
+
+
+def _backoff_after(column):
+    """SQL for `<column> + backoff_secs(attempt)` (a datetime column of the row; no parameter):
+    one CASE on the attempt, in whole microseconds as timedelta(seconds=...) rounds them."""
+    steps, rest = _backoff_steps()
+    micros = [(attempt, round(secs * 1_000_000)) for attempt, secs in steps]
+    whens = " ".join(f"WHEN attempt <= {attempt} THEN {us}" for attempt, us in micros)
+    case = f"(CASE {whens} ELSE {round(rest * 1_000_000)} END)"
+    if connection.vendor == "postgresql":
+        return f"{column} + {case} * INTERVAL '1 microsecond'"
+    # Django's own SQLite function for datetime arithmetic: the text it gives is the text the
+    # ORM writes (str() of a naive datetime), so comparisons with it stay right.
+    return f"django_format_dtdelta('+', {column}, {case})"
+
+
 # --- fan-out ----------------------------------------------------------------------------------
 
 
@@ -98,14 +205,9 @@ def fan_out_statement(messages, where, now, receipt=False):
     may still subscribe to the queue (revocation: a subscription stays, but is owed nothing
     while its right is gone). Deliveries are numbered in seq order, as the messages are. It
     returns (message id, subscriber id) per delivery made."""
-    # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
-    at = connection.ops.adapt_datetimefield_value(now)
-    column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
+    insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt)
     sql = f"""
-        INSERT INTO {Delivery._meta.db_table}
-            (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-             attempt, next_attempt_at, created_at, lease_holder, last_error{column})
-        SELECT s.id, s.subscriber_id, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}
+        {insert}
         FROM {messages}
         JOIN {Subscription._meta.db_table} s
           ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id) AND NOT s.leaving
@@ -114,17 +216,30 @@ def fan_out_statement(messages, where, now, receipt=False):
         ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
     """
-    return sql, [Status.PENDING, at, at, True, True]
+    return sql, [*params, True, True]
+
+
+def owed_insert(owner, owner_params, now, receipt=False):
+    """The deliveries' INSERT ... SELECT up to its FROM (and its parameters), for fan-out and
+    replay alike: one pending delivery, ready at `now`, per row of the SELECT's message `m`.
+    `owner`: the SQL of its subscription's and its subscriber's ids (with `owner_params`).
+    `receipt`: copy the message's receipt_wanted (the column keeps its default otherwise)."""
+    # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
+    at = connection.ops.adapt_datetimefield_value(now)
+    column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
+    sql = f"""INSERT INTO {Delivery._meta.db_table}
+            (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
+             attempt, next_attempt_at, created_at, lease_holder, last_error{column})
+        SELECT {owner}, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}"""
+    return sql, [*owner_params, Status.PENDING, at, at]
 
 
 @functools.cache
 def _may_subscribe():
     """SQL: the subscriber `r` of subscription `s` is active and may subscribe to its queue
-    (two parameters, both True). A primary-key row and an EXISTS on the rights' unique index:
-    cheap enough for every publish. (A function: the rights table is known once apps load.)"""
-    return f"""r.is_active = %s AND (r.subscribe_all = %s OR EXISTS (
-        SELECT 1 FROM {Subscriber.subscribe_queues.through._meta.db_table} g
-        WHERE g.subscriber_id = s.subscriber_id AND g.queue_id = s.queue_id))"""
+    (two parameters, both True): a primary-key row and may_subscribe_sql. (A function: the
+    rights table is known once apps load.)"""
+    return f"r.is_active = %s AND {may_subscribe_sql('r', 's')}"
 
 
 def fanned_out(rows):
@@ -172,15 +287,12 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
     return leased
 
 
+@adb.twin(lease_deliveries)
 async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
     """lease_deliveries() from the event loop. Its common case (nothing overdue, one group of
     unordered subscriptions) runs on the async connection: the read and the one UPDATE. The
     others (an expiry first, an ordered queue's head under its lock) take a thread, where the
     sync lease reads again and does it all in its transaction."""
-    if not adb.enabled():
-        return await adb.thread(lease_deliveries)(
-            subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now
-        )
     now = now or timezone.now()
     if limit <= 0:
         return []
@@ -298,17 +410,8 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
     # "seq, id" PostgreSQL read and sorted every pending row of the backlog on each lease.
     order = "seq" if len(sub_ids) == 1 else "seq, id"
     pick = f"SELECT id FROM {table} p WHERE {where} AND {ready_sql('p')} ORDER BY {order} LIMIT %s"
-    at = connection.ops.adapt_datetimefield_value
-    params = [
-        Status.INFLIGHT,
-        at(now + timedelta(seconds=ack_timeout)),
-        at(now),
-        holder,
-        *where_params,
-        at(now),
-        limit,
-    ]
-    set_ = "status = %s, attempt = attempt + 1, ack_deadline = %s, delivered_at = %s, lease_holder = %s"
+    set_, set_params = _leased_set(ack_timeout, holder, now)
+    params = [*set_params, *where_params, connection.ops.adapt_datetimefield_value(now), limit]
     if connection.vendor != "postgresql":  # the ids, that _lease_ready() describes
         leased = yield f"UPDATE {table} SET {set_} WHERE id IN ({pick}) RETURNING id", params
         return [row[0] for row in leased]
@@ -328,14 +431,20 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
     return [_delivery(*row) for row in leased]
 
 
-def _mark_leased(ids, ack_timeout, holder, now):
-    Delivery.objects.filter(id__in=ids).update(
-        status=Status.INFLIGHT,
-        attempt=F("attempt") + 1,
-        ack_deadline=now + timedelta(seconds=ack_timeout),
-        delivered_at=now,
-        lease_holder=holder,
+def _leased_set(ack_timeout, holder, now):
+    """The SET of a lease (and its parameters): in flight to `holder` until now + `ack_timeout`
+    seconds, its attempt counted."""
+    at = connection.ops.adapt_datetimefield_value
+    return (
+        "status = %s, attempt = attempt + 1, ack_deadline = %s, delivered_at = %s, lease_holder = %s",
+        [Status.INFLIGHT, at(now + timedelta(seconds=ack_timeout)), at(now), holder],
     )
+
+
+def _mark_leased(ids, ack_timeout, holder, now):
+    set_, params = _leased_set(ack_timeout, holder, now)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Delivery._meta.db_table} SET {set_} WHERE id IN {_in(ids)}", [*params, *ids])
     return list(ids)
 
 
@@ -441,12 +550,7 @@ def subscribers_with_work(subscriber_ids, now=None):
     subscribers and of queues they may still subscribe to: what a revoked right left owed
     wakes nobody."""
     now = now or timezone.now()
-    granted = Subscriber.subscribe_queues.through.objects.filter(
-        subscriber_id=OuterRef("subscriber_id"), queue_id=OuterRef("queue_id")
-    )
-    owed = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(
-        Q(subscriber__subscribe_all=True) | Exists(granted)
-    )
+    owed = Delivery.objects.filter(subscriber=OuterRef("pk")).filter(may_subscribe_q())
     return set(
         Subscriber.objects.filter(pk__in=subscriber_ids, is_active=True)
         .filter(Exists(owed.ready(now)) | Exists(owed.overdue(now)))
@@ -470,10 +574,9 @@ def ack_deliveries(subscriber, ids, now=None):
     return acked, unknown
 
 
+@adb.twin(ack_deliveries)
 async def aack_deliveries(subscriber, ids, now=None):
     """ack_deliveries() from the event loop: the same statements on the async connection."""
-    if not adb.enabled():
-        return await adb.thread(ack_deliveries)(subscriber, ids, now=now)
     acked, unknown, receipt_messages = await adb.run(_ack(subscriber.pk, ids, now or timezone.now()))
     await receipts.acheck(receipt_messages)  # committed: the statement was its own transaction
     return acked, unknown
@@ -491,7 +594,7 @@ def _ack(subscriber_id, ids, now):
     table = Delivery._meta.db_table
     returned = yield (
         f"""
-        UPDATE {table} SET status = %s, acked_at = %s, ack_deadline = NULL, lease_holder = ''
+        UPDATE {table} SET status = %s, acked_at = %s, {UNLEASED_SQL}
         WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
         RETURNING id, CASE WHEN receipt THEN message_id END
         """,
@@ -517,11 +620,6 @@ def _ack(subscriber_id, ids, now):
 
 # --- lease extension ----------------------------------------------------------------------------
 
-# The longest a client may push its ack deadline out in one call (API.md, Extensions): SQS's
-# limit on a visibility timeout. A worker that needs longer extends again; one that died holds
-# its deliveries no longer than this.
-MAX_EXTEND_SECS = 12 * 3600
-
 
 class Extended(NamedTuple):
     """What an extension did: the ids whose deadline moved, and the ids that are not the
@@ -545,10 +643,9 @@ def extend_deliveries(subscriber, ids, seconds, holder=None, now=None):
         return adb.run_sync(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
 
 
+@adb.twin(extend_deliveries)
 async def aextend_deliveries(subscriber, ids, seconds, holder=None, now=None):
     """extend_deliveries() from the event loop: the same statement on the async connection."""
-    if not adb.enabled():
-        return await adb.thread(extend_deliveries)(subscriber, ids, seconds, holder=holder, now=now)
     return await adb.run(_extend(subscriber.pk, ids, seconds, holder, now or timezone.now()))
 
 
@@ -575,14 +672,6 @@ def _extend(subscriber_id, ids, seconds, holder, now):
     )
     extended = {row[0] for row in returned}
     return Extended([i for i in ids if i in extended], [i for i in ids if i not in extended])
-
-
-NACKED = "nacked by the client"
-
-
-def nack_reason(error):
-    """The last error a nack leaves: the client's own words when it gave any."""
-    return f"{NACKED}: {error}" if error else NACKED
 
 
 class NotOwned(ServiceError, LookupError):
@@ -613,36 +702,35 @@ class Nacked(NamedTuple):
 
 
 def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
-    """Give back the subscriber's deliveries among `ids`, as _fail does one: pending again after
-    `retry_in` seconds or its backoff, or dead if that was its last attempt.
+    """Give back the subscriber's deliveries among `ids` (dead_or_retry, as a failed push):
+    pending again after `retry_in` seconds or its backoff, or dead if that was its last attempt.
 
     One transaction of at most three statements whatever the number of ids (a nack frame of
     10,000 ids was 10,000 transactions, each a write lock and a disk flush on SQLite): one
-    UPDATE, compare-and-set on the owner and the status, with the queue's max_attempts and the
-    backoff by attempt written as CASEs; then, only when it did not move them all, one read to
-    tell settled ids from unknown ones; and, only when one died, one to see whether it was the
-    head of an ordered queue. The ids go as one parameter (an array, or JSON on SQLite), so
-    there is no limit of parameters to mind.
+    UPDATE (_end_attempts), compare-and-set on the owner and the status, with the queue's
+    max_attempts and the backoff by attempt written as CASEs; then, only when it did not move
+    them all, one read to tell settled ids from unknown ones; and, only when one died, one to
+    see whether it was the head of an ordered queue. The ids go as one parameter (an array, or
+    JSON on SQLite), so there is no limit of parameters to mind.
     """
     with transaction.atomic():
         nacked, wake, died = adb.run_sync(_nack(subscriber.pk, ids, retry_in, now or timezone.now(), error))
         if wake:
-            wakeups.notify_after_commit([subscriber.pk])
+            bus.send_after_commit(bus.WAKE, [subscriber.pk])
         receipts.check_after_commit(died)
     return nacked
 
 
+@adb.twin(nack_deliveries)
 async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
     """nack_deliveries() from the event loop: the same statements, in one transaction of the
     async connection, the wake-up after its commit."""
-    if not adb.enabled():
-        return await adb.thread(nack_deliveries)(subscriber, ids, retry_in=retry_in, now=now, error=error)
     async with adb.transaction() as conn:
         nacked, wake, died = await adb.run(
             _nack(subscriber.pk, ids, retry_in, now or timezone.now(), error), conn
         )
     if wake:
-        wakeups.notify_from_loop([subscriber.pk])
+        bus.send(bus.WAKE, [subscriber.pk])
     await receipts.acheck(died)
     return nacked
 
@@ -654,42 +742,14 @@ def _nack(subscriber_id, ids, retry_in, now, error):
     valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
     if not valid:
         return Nacked({}, ids, {}), False, set()
-    table, at = Delivery._meta.db_table, connection.ops.adapt_datetimefield_value
-    dead = _AT_LAST_ATTEMPT()
-    if retry_in is None:
-        next_at, next_params = _backoff_case(now)
-    else:
-        next_at, next_params = "%s", [at(now + timedelta(seconds=retry_in))]
+    table = Delivery._meta.db_table
     of_ids, ids_param = _id_set(valid)
-    rows = yield (
-        f"""
-        UPDATE {table} SET
-            status = CASE WHEN {dead} THEN %s ELSE %s END,
-            next_attempt_at = CASE WHEN {dead} THEN next_attempt_at ELSE {next_at} END,
-            last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || ' attempts' ELSE %s END,
-            ack_deadline = NULL,
-            lease_holder = ''
-        WHERE id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)
-        RETURNING id, status, attempt, next_attempt_at, queue_id, CASE WHEN receipt THEN message_id END
-        """,
-        [
-            Status.DEAD,
-            Status.PENDING,
-            *next_params,
-            f"{error}; dead after ",
-            error,
-            ids_param,
-            subscriber_id,
-            Status.PENDING,
-            Status.INFLIGHT,
-        ],
-    )
-    done = {
-        id_: (status, attempt, _datetime(next_attempt_at))
-        for id_, status, attempt, next_attempt_at, _, _ in rows
-    }
-    died = yield from receipts.moved_statement(
-        message_id for _, status, _, _, _, message_id in rows if message_id and status == Status.DEAD
+    done, wake, died = yield from _end_attempts(
+        f"id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)",
+        [ids_param, subscriber_id, Status.PENDING, Status.INFLIGHT],
+        retry_in,
+        now,
+        error,
     )
     settled = {}
     if len(done) < len(valid):
@@ -702,8 +762,39 @@ def _nack(subscriber_id, ids, retry_in, now, error):
                 )
             )
         )
-    # Wake only for what is ready now, or for a dead head of an ordered queue (what waited
-    # behind it may go): as _fail.
+    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled), wake, died
+
+
+def _end_attempts(where, params, retry_in, now, error):
+    """A nack's or a failed push's statements for the deliveries `where` selects (dead_or_retry:
+    pending again after `retry_in` seconds or their backoff, with `error`, or dead): ({id:
+    (status, attempt, next_attempt_at)} of those moved, whether to wake their subscriber after
+    the commit, message ids of the receipt deliveries that died). One UPDATE; then one INSERT
+    only when receipt rows died, and one read only when one died and none is ready."""
+    at = connection.ops.adapt_datetimefield_value
+    if retry_in is None:
+        next_at, next_params = _backoff_case(now)
+    else:
+        next_at, next_params = "%s", [at(now + timedelta(seconds=retry_in))]
+    set_, set_params = dead_or_retry(error, died_of(error), next_at, next_params)
+    rows = yield (
+        f"""
+        UPDATE {Delivery._meta.db_table} SET {set_}
+        WHERE {where}
+        RETURNING id, status, attempt, next_attempt_at, queue_id, CASE WHEN receipt THEN message_id END
+        """,
+        [*set_params, *params],
+    )
+    done = {
+        id_: (status, attempt, _datetime(next_attempt_at))
+        for id_, status, attempt, next_attempt_at, _, _ in rows
+    }
+    died = yield from receipts.moved_statement(
+        message_id for _, status, _, _, _, message_id in rows if message_id and status == Status.DEAD
+    )
+    # Wake only for what is ready now: a retry after a backoff is found by the sweeper and the
+    # waiters' own timers when it falls due (and a wake-up now would start a webhook job that
+    # finds nothing to post). A dead head of an ordered queue lets the next one go now.
     wake = any(is_ready(status, at_, now) for status, _, at_ in done.values())
     died_in = sorted({queue_id for _, status, _, _, queue_id, _ in rows if status == Status.DEAD})
     if not wake and died_in:
@@ -715,20 +806,7 @@ def _nack(subscriber_id, ids, retry_in, now, error):
                 )
             )
         )
-    return Nacked(done, [i for i in ids if i not in done and i not in settled], settled), wake, died
-
-
-def _backoff_case(now):
-    """SQL for `now + backoff_secs(attempt)`, and its parameters: one CASE on the attempt, with
-    at most 31 branches (the backoff stops growing at its cap, or at 2 ** 30)."""
-    at = connection.ops.adapt_datetimefield_value
-    whens, params = [], []
-    for attempt in range(1, 32):
-        if backoff_secs(attempt) == backoff_secs(31):
-            break
-        whens.append(f"WHEN attempt <= {attempt} THEN %s")
-        params.append(at(now + timedelta(seconds=backoff_secs(attempt))))
-    return f"CASE {' '.join(whens)} ELSE %s END", [*params, at(now + timedelta(seconds=backoff_secs(31)))]
+    return done, wake, died
 
 
 def _id_set(ids):
@@ -737,13 +815,6 @@ def _id_set(ids):
     if connection.vendor == "postgresql":
         return "= ANY(%s::bigint[])", list(ids)
     return "IN (SELECT value FROM json_each(%s))", json.dumps(list(ids))
-
-
-@functools.cache
-def _AT_LAST_ATTEMPT():  # noqa: N802 (a constant, made once the models are loaded)
-    """SQL, in an UPDATE of the delivery table: this delivery had its queue's last attempt."""
-    table = Delivery._meta.db_table
-    return f"attempt >= (SELECT q.max_attempts FROM {Queue._meta.db_table} q WHERE q.id = {table}.queue_id)"
 
 
 def _datetime(value):
@@ -778,36 +849,22 @@ def fail_delivery(delivery_id, holder, error, now=None):
     dead after the last attempt. Does nothing if the lease has since moved on (expired, acked).
     Returns the Delivery, or None."""
     with transaction.atomic():
-        delivery = (
-            Delivery.objects.select_for_update(of=("self",))  # not the queue row: publishers hold it
-            .select_related("queue")
-            .filter(id=delivery_id, status=Status.INFLIGHT, lease_holder=holder)
-            .first()
+        done, wake, died = adb.run_sync(
+            _end_attempts(
+                "id = %s AND status = %s AND lease_holder = %s",
+                [delivery_id, Status.INFLIGHT, holder],
+                None,
+                now or timezone.now(),
+                error,
+            )
         )
-        if delivery is not None:
-            _fail(delivery, error, None, now or timezone.now())
+        if not done:
+            return None
+        delivery = Delivery.objects.get(pk=delivery_id)
+        if wake:
+            bus.send_after_commit(bus.WAKE, [delivery.subscriber_id])
+        receipts.check_after_commit(died)
     return delivery
-
-
-def _fail(delivery, error, retry_in, now):
-    if delivery.attempt >= delivery.queue.max_attempts:
-        delivery.status = Status.DEAD
-        delivery.last_error = f"{error}; dead after {delivery.attempt} attempts"
-    else:
-        wait = backoff_secs(delivery.attempt) if retry_in is None else retry_in
-        delivery.status = Status.PENDING
-        delivery.next_attempt_at = now + timedelta(seconds=wait)
-        delivery.last_error = error
-    delivery.ack_deadline = None
-    delivery.lease_holder = ""
-    delivery.save(update_fields=["status", "next_attempt_at", "ack_deadline", "lease_holder", "last_error"])
-    # Wake only for what is ready now: a retry after a backoff is found by the sweeper and the
-    # waiters' own timers when it falls due (and a wake-up now would start a webhook job that
-    # finds nothing to post). A dead head of an ordered queue lets the next one go now.
-    if delivery.is_ready(now) or (delivery.status == Status.DEAD and delivery.queue.ordered):
-        wakeups.notify_after_commit([delivery.subscriber_id])
-    if delivery.status == Status.DEAD and delivery.receipt:
-        receipts.moved([delivery.message_id])
 
 
 # --- expiry, redelivery, death ------------------------------------------------------------------
@@ -820,54 +877,37 @@ def expire_overdue_leases(now=None):
     with transaction.atomic():
         expired = _expire_overdue(now, None)
         # Those that are pending again may be ready at once (the backoff runs from the deadline).
-        wakeups.notify_after_commit({d.subscriber_id for d in expired})
+        bus.send_after_commit(bus.WAKE, set(expired))
     return len(expired)
 
 
 def _expire_overdue(now, subscription_ids):
+    """One UPDATE of the overdue leases (of these subscriptions, if not None): dead_or_retry,
+    the backoff running from the missed deadline, so that a late sweep does not add to it.
+    Returns the subscriber id of each delivery expired."""
     table = Delivery._meta.db_table
     of_subscriptions, params = "", [connection.ops.adapt_datetimefield_value(now)]
     if subscription_ids is not None:
         of_subscriptions = f" AND d.subscription_id IN {_in(subscription_ids)}"
         params += list(subscription_ids)
+    set_, set_params = dead_or_retry(
+        ACK_DEADLINE_PASSED, died_of(ACK_DEADLINE_PASSED), _backoff_after("ack_deadline"), []
+    )
     # Plain SQL for the status literal (delivery_overdue is partial). Locks the rows, not
     # their queue's (publishers hold that); SKIP LOCKED: the sweeper and leases at once.
     lock = " FOR UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT d.id, d.attempt, d.ack_deadline, d.next_attempt_at, d.subscriber_id, q.max_attempts,
-                   CASE WHEN d.receipt THEN d.message_id END
-            FROM {table} d JOIN {Queue._meta.db_table} q ON q.id = d.queue_id
-            WHERE {overdue_sql("d")}{of_subscriptions}{lock}
+            UPDATE {table} SET {set_}
+            WHERE id IN (SELECT d.id FROM {table} d WHERE {overdue_sql("d")}{of_subscriptions}{lock})
+            RETURNING subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END
             """,
-            params,
+            [*set_params, *params, Status.DEAD],
         )
-        found = cursor.fetchall()
-    rows, died = [], set()
-    for id_, attempt, deadline, next_attempt_at, subscriber_id, max_attempts, receipt_message in found:
-        d = Delivery(
-            id=id_, attempt=attempt, subscriber_id=subscriber_id, next_attempt_at=_datetime(next_attempt_at)
-        )
-        deadline = _datetime(deadline)
-        d.ack_deadline = None
-        d.lease_holder = ""
-        if attempt >= max_attempts:
-            d.status = Status.DEAD
-            d.last_error = f"ack deadline passed; dead after {d.attempt} attempts"
-            died.add(receipt_message)
-        else:
-            # The backoff runs from the missed deadline, so a late sweep does not add to it.
-            d.status = Status.PENDING
-            d.next_attempt_at = deadline + timedelta(seconds=backoff_secs(d.attempt))
-            d.last_error = "ack deadline passed"
-        rows.append(d)
-    if rows:
-        Delivery.objects.bulk_update(
-            rows, ["status", "ack_deadline", "lease_holder", "next_attempt_at", "last_error"], batch_size=500
-        )
-    receipts.moved(died)
-    return rows
+        expired = cursor.fetchall()
+    receipts.moved(message_id for _, message_id in expired)
+    return [subscriber_id for subscriber_id, _ in expired]
 
 
 def redeliver(deliveries, now=None):
@@ -881,20 +921,23 @@ def redeliver(deliveries, now=None):
             status=Status.PENDING,
             attempt=0,
             next_attempt_at=now,
-            ack_deadline=None,
-            lease_holder="",
-            last_error="redelivered by an operator",
+            **UNLEASED,
+            last_error=REDELIVERED,
         )
-    wakeups.notify_after_commit(subscriber_ids)
+    bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
-def kill_deliveries(deliveries, reason="killed by an operator"):
+def kill_deliveries(deliveries, reason=KILLED):
     """Operator action: mark the given deliveries (a queryset) dead. Acked ones stay acked."""
     with transaction.atomic():
         moving = Delivery.objects.filter(id__in=deliveries.exclude(status=Status.ACKED).values("id"))
+        subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.moved(_receipt_messages(moving))
-        return moving.update(status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=reason)
+        count = moving.update(status=Status.DEAD, **UNLEASED, last_error=reason)
+        # A killed head of an ordered queue lets the next one go: as skip_deliveries().
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
+    return count
 
 
 def _receipt_messages(deliveries):
@@ -905,7 +948,7 @@ def _receipt_messages(deliveries):
     return set(open_receipts.values_list("message_id", flat=True).distinct())
 
 
-def retry_now(deliveries, reason="retried now by an operator", now=None):
+def retry_now(deliveries, reason=None, now=None):
     """Operator action on a stuck delivery (the blocking head of an ordered subscription):
     hand it out again now. A pending one stops waiting for its retry; an in-flight one is
     taken back from its holder (a late ack from it still counts). Its attempts keep counting,
@@ -917,9 +960,12 @@ def retry_now(deliveries, reason="retried now by an operator", now=None):
         moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         count = moving.update(
-            status=Status.PENDING, next_attempt_at=now, ack_deadline=None, lease_holder="", last_error=reason
+            status=Status.PENDING,
+            next_attempt_at=now,
+            **UNLEASED,
+            last_error=reason or retried_now_by(),
         )
-        wakeups.notify_after_commit(subscriber_ids)
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
@@ -932,11 +978,9 @@ def skip_deliveries(deliveries, operator):
         moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.moved(_receipt_messages(moving))
-        count = moving.update(
-            status=Status.DEAD, ack_deadline=None, lease_holder="", last_error=f"skipped by {operator}"
-        )
+        count = moving.update(status=Status.DEAD, **UNLEASED, last_error=skipped_by(operator))
         # What waited behind it is ready now.
-        wakeups.notify_after_commit(subscriber_ids)
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
 
@@ -953,9 +997,6 @@ def drop_undelivered(subscription):
     receipt_messages = _receipt_messages(dropping)
     dropping.delete()
     receipts.moved(receipt_messages)  # what is left of them may be settled now
-
-
-CONNECTION_CLOSED = "the connection holding it closed"
 
 
 def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subscription_ids=None):
@@ -988,43 +1029,34 @@ def release_held_by_prefix(prefix, reason):
     return _release("lease_holder LIKE %s ESCAPE '\\'", [f"{escaped}%"], reason, True, False)
 
 
-CLOSED_IN_FLIGHT = "connection closed while in flight"
-
-
 def _release(where, params, reason, wake, spend):
     """One UPDATE of the in-flight deliveries `where` selects, returning whom to wake."""
     table = Delivery._meta.db_table
+    at = connection.ops.adapt_datetimefield_value(timezone.now())
     if spend:
-        dead = _AT_LAST_ATTEMPT()
-        set_ = (
-            f"status = CASE WHEN {dead} THEN %s ELSE %s END,"
-            f" last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || ' times' ELSE %s END"
-        )
-        set_params = [Status.DEAD, Status.PENDING, f"{CLOSED_IN_FLIGHT}, ", reason]
+        # Ready at once, and a dead one listed among the dead letters as dying now.
+        set_, set_params = dead_or_retry(reason, died_of(CLOSED_IN_FLIGHT), "%s", [at], "%s", [at])
     else:
         # Whether the client saw the message cannot be known (or it was never sent): given
         # back, so that a subscriber whose server restarts does not see its deliveries die of
         # attempts that never reached it.
-        set_ = "status = %s, attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, last_error = %s"
-        set_params = [Status.PENDING, reason]
+        set_ = (
+            "status = %s, attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, last_error = %s,"
+            f" next_attempt_at = %s, {UNLEASED_SQL}"
+        )
+        set_params = [Status.PENDING, reason, at]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"""
-            UPDATE {table} SET {set_}, next_attempt_at = %s, ack_deadline = NULL, lease_holder = ''
+            UPDATE {table} SET {set_}
             WHERE status = %s AND {where}
             RETURNING id, subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END
             """,
-            [
-                *set_params,
-                connection.ops.adapt_datetimefield_value(timezone.now()),
-                Status.INFLIGHT,
-                *params,
-                Status.DEAD,
-            ],
+            [*set_params, Status.INFLIGHT, *params, Status.DEAD],
         )
         released = cursor.fetchall()
         if wake:
-            wakeups.notify_after_commit({subscriber_id for _, subscriber_id, _ in released})
+            bus.send_after_commit(bus.WAKE, {subscriber_id for _, subscriber_id, _ in released})
         receipts.moved(message_id for _, _, message_id in released)
     return [id_ for id_, _, _ in released]
 
@@ -1175,38 +1207,25 @@ def replay_chunk(subscription_id, now=None):
         of_events, event_params = ("", []) if event_id is None else (" AND m.event_id = %s", [event_id])
         narrow, narrow_params = _of_events("m.event_id", event_ids)
         # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
+        insert, insert_params = owed_insert("%s, %s", [subscription_id, subscriber_id], now)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""
-                INSERT INTO {table}
-                    (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-                     attempt, next_attempt_at, created_at, lease_holder, last_error)
-                SELECT %s, %s, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''
+                {insert}
                 FROM {Message._meta.db_table} m
                 WHERE m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}
                 ORDER BY m.seq
                 ON CONFLICT (subscription_id, message_id) DO NOTHING
                 """,
-                [
-                    subscription_id,
-                    subscriber_id,
-                    Status.PENDING,
-                    at,
-                    at,
-                    queue_id,
-                    first,
-                    last,
-                    *event_params,
-                    *narrow_params,
-                ],
+                [*insert_params, queue_id, first, last, *event_params, *narrow_params],
             )
             owed = cursor.rowcount
             if reopen:
                 narrow, narrow_params = _of_events("event_id", event_ids)
                 cursor.execute(
                     f"""
-                    UPDATE {table} SET status = %s, next_attempt_at = %s, ack_deadline = NULL,
-                        lease_holder = '', acked_at = NULL,
+                    UPDATE {table} SET status = %s, next_attempt_at = %s, {UNLEASED_SQL},
+                        acked_at = NULL,
                         attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
                         last_error = CASE WHEN status = %s THEN %s ELSE last_error END
                     WHERE subscription_id = %s AND seq BETWEEN %s AND %s AND status IN (%s, %s){narrow}
@@ -1216,7 +1235,7 @@ def replay_chunk(subscription_id, now=None):
                         at,
                         Status.DEAD,
                         Status.DEAD,
-                        "replayed by a seek",
+                        REPLAYED,
                         subscription_id,
                         first,
                         last,
@@ -1229,7 +1248,7 @@ def replay_chunk(subscription_id, now=None):
         done = last >= until and not extend
         if done:
             Subscription.objects.filter(pk=subscription_id).update(**_NOT_BUSY)
-            wakeups.notify_after_commit([subscriber_id])  # leased again, the history first
+            bus.send_after_commit(bus.WAKE, [subscriber_id])  # leased again, the history first
         else:
             Subscription.objects.filter(pk=subscription_id).update(replay_next=last + 1, busy_since=now)
     return owed, done

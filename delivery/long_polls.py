@@ -25,7 +25,7 @@ from collections import Counter
 from django.conf import settings
 from rest_framework import exceptions, status
 
-from mqsite import limits
+from mqsite import bus, limits
 from subscribers import auth
 
 from . import frames, ledger, liveness, wakeups
@@ -89,27 +89,26 @@ def wait_for_deliveries(request, lease, wait_secs, between_leases):
     (the attempt not counted: it never reached the client)."""
     subscriber_id = auth.subscriber_of(request).pk
     holder = liveness.holder(f"poll.{uuid.uuid4().hex[:12]}")  # its own: to give back only its lease
-    deadline = time.monotonic() + wait_secs
+
+    def lease_unless_revoked():
+        forgotten = auth.subscribers_forgotten()
+        if not auth.token_still_holds(request):
+            raise Revoked()
+        leased = lease(holder)
+        if leased and auth.subscribers_forgotten() != forgotten and not auth.token_still_holds(request):
+            ledger.release_held([holder], reason=frames.REVOKED)
+            raise Revoked()
+        return leased
+
     with slot(subscriber_id, wait_secs):
-        while True:
-            seen = wakeups.generation(subscriber_id)
-            forgotten = auth.subscribers_forgotten()
-            if not auth.token_still_holds(request):
-                raise Revoked()
-            leased = lease(holder)
-            if leased and auth.subscribers_forgotten() != forgotten and not auth.token_still_holds(request):
-                ledger.release_held([holder], reason=frames.REVOKED)
-                raise Revoked()
-            left = deadline - time.monotonic()
-            if leased or left <= 0 or wakeups.stopping():
-                return leased
-            between_leases()
-            wakeups.wait(subscriber_id, seen, min(left, RECHECK_SECS))
+        return wakeups.lease_when_woken(
+            subscriber_id, lease_unless_revoked, time.monotonic() + wait_secs, between_leases, RECHECK_SECS
+        )
 
 
 @functools.cache
 def _take_script():
-    return wakeups._redis().register_script(_TAKE)
+    return bus.client().register_script(_TAKE)
 
 
 def _key(subscriber_id):
@@ -120,7 +119,7 @@ def _key(subscriber_id):
 def slot(subscriber_id, wait_secs):
     """Hold one of the subscriber's long-poll slots for the body; TooManyLongPolls if none is free."""
     cap = settings.MQ_MAX_LONG_POLLS
-    client = wakeups._redis()
+    client = bus.client()
     if client is None:
         with _lock:
             if _held[subscriber_id] >= cap:

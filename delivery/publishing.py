@@ -12,13 +12,13 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from mqsite import adb, limits
+from mqsite import adb, bus, limits
 from mqsite.names import BadName, clean_name
 from mqsite.values import storable_text
 from queues.headers import BadHeaders, encode_headers
 from queues.models import Event, Message, Queue
 
-from . import ledger, wakeups
+from . import ledger
 
 MAX_BATCH = 1000
 MAX_KEY_LENGTH = 255
@@ -169,7 +169,7 @@ def _publish(queue, outgoing, publisher):
             counts, owed = ledger.fan_out(queue.pk, first_seq, first_seq + len(new) - 1, now, receipt)
             for m in messages:
                 m.delivery_count = counts.get(m.pk, 0)
-            wakeups.notify_after_commit(owed)
+            bus.send_after_commit(bus.WAKE, owed)
         for m in existing.values():
             m.delivery_count = m.deliveries.count()
     return [
@@ -197,7 +197,7 @@ def _publish_at_once(queue, outgoing, publisher, now):
     The UPDATE of last_seq still locks the queue row until the commit, as _take_seqs does."""
     events = _events(queue, {o.event for o in outgoing}, outgoing, publisher)
     answers, owed = adb.run_sync(_publish_statement(queue, outgoing, publisher, now, events))
-    wakeups.notify_after_commit(owed)
+    bus.send_after_commit(bus.WAKE, owed)
     return answers
 
 
@@ -218,7 +218,7 @@ async def apublish(queue, outgoing, publisher=None):
         # A remembered event deleted since (the admin): publish() looks them up again.
         _forget_events(queue.pk)
         return await adb.thread(publish)(queue, outgoing, publisher=publisher)
-    wakeups.notify_from_loop(owed)
+    bus.send(bus.WAKE, owed)
     return answers
 
 

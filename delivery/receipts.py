@@ -21,7 +21,7 @@ The socket's way rides on the ledger's settling statements and costs nothing to 
   announce: the waiting socket sends one frame whatever it hears.
 - An announcement reaches the sockets that wait for the message: in this process through the
   registry below, in the others through the same Redis channel as wake-ups
-  (wakeups.tell_settled). Each reads the counts once (counts_statement) and sends the frame.
+  (mqsite.bus, the `settled` word). Each reads the counts once (counts_statement) and sends the frame.
 - Only the message's publisher waits for it. A publish whose idempotency key names a message
   already there answers with that message (API.md), but another publisher's repeat neither
   marks it nor waits for its receipt (Owed.published, publishing._publish): its progress, and
@@ -52,10 +52,9 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from mqsite import adb, limits
+from mqsite import adb, bus, limits
 from queues.models import Message
 
-from . import wakeups
 from .models import Delivery, ReceiptMove, Status
 from .querysets import open_in_sql
 
@@ -123,11 +122,10 @@ def counts_statement(message_ids):
     return out
 
 
+@adb.twin(adb.run_sync)
 async def arun(op):
     """A statement above, from the event loop (a thread where the async connection is off)."""
-    if adb.enabled():
-        return await adb.run(op)
-    return await adb.thread(adb.run_sync)(op)
+    return await adb.run(op)
 
 
 # --- the ledger's side: after a commit that settled receipt deliveries ---------------------------
@@ -176,10 +174,7 @@ async def acheck(message_ids):
 
 def announce(message_ids):
     """These messages are settled: tell the sockets waiting for them, here and elsewhere."""
-    ids = list(message_ids)
-    if ids:
-        settled_here(ids)
-        wakeups.tell_settled(ids)
+    bus.send(bus.SETTLED, message_ids)  # settled_here() at once, then the other processes
 
 
 # --- the sockets' side ---------------------------------------------------------------------------
@@ -241,7 +236,14 @@ def settled_here(message_ids):
                 pass
 
 
-wakeups.on_settled(settled_here)
+def _heard(message_ids, source):
+    """The bus's `settled` word: this process's own, and the others' (not its echo: its sockets
+    were handed them when it was said)."""
+    if source in (bus.SENT, bus.HEARD):
+        settled_here(message_ids)
+
+
+bus.on(bus.SETTLED, _heard)
 
 
 def owned_statement(message_ids, publisher_id):

@@ -2,7 +2,7 @@
 process.
 
 A subscriber saved (token rotated, deactivated, anything), deleted, or given or refused a
-queue in its rights is announced after commit (delivery.wakeups.announce): each socket of it
+queue in its rights is announced after commit (announce(): the bus's `changed` word): each socket of it
 looks at the row again, closes with 4401 if its token no longer holds, and ends the
 subscriptions it may no longer have. Changes that bypass the signals (a queryset update) are
 caught by each process's periodic check of its sockets' tokens (socket_loops.check_tokens).
@@ -13,8 +13,10 @@ this process, at once (before its commit: a test's transaction never commits); w
 announcement told of is forgotten by age (MQ_REVOCATION_CHECK_SECS).
 """
 
+from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
+from mqsite import bus
 from queues import lookup
 from queues.models import Queue
 from subscribers import auth
@@ -23,8 +25,47 @@ from subscribers.models import Subscriber
 from . import wakeups
 
 
+def announce(subscriber_ids=(), channel_names=(), queue_ids=()):
+    """Tell every process: these subscribers' token, activity or rights changed (or they are
+    gone), these connections were closed by an operator, these queues changed. Their sockets
+    look again and close, or end the subscriptions they may no longer have; the rows kept
+    for requests are looked up again. This returns once each process that heard it has acted
+    on it (mqsite.bus): from then on no process answers a request with what changed (a rotated
+    token is refused by all of them). A lost word is caught by each process's own periodic
+    check and by the kept rows' age (MQ_REVOCATION_CHECK_SECS), which is also the longest this
+    waits for a process that does not answer."""
+    change = {
+        "subscribers": sorted(set(subscriber_ids)),
+        "connections": sorted(set(channel_names)),
+        "queues": sorted(set(queue_ids)),
+    }
+    if any(change.values()):
+        bus.send(bus.CHANGED, change)
+
+
+def announce_after_commit(subscriber_ids=(), channel_names=(), queue_ids=()):
+    ids, names, queues = list(subscriber_ids), list(channel_names), list(queue_ids)
+    if ids or names or queues:
+        transaction.on_commit(lambda: announce(ids, names, queues))
+
+
+def on_change(handler):
+    """Call `handler(subscriber_ids, channel_names, queue_ids)` at every announcement, this
+    process's own at once and the others' when heard, from any thread; and with nothing named
+    when announcements may have been lost (the bus reconnected): the websocket consumers
+    register one, this module another."""
+
+    def heard(change, source):
+        if source == bus.ECHO:  # this process acted before it announced
+            return
+        change = change or {}  # LOST
+        handler(change.get("subscribers", []), change.get("connections", []), change.get("queues", []))
+
+    bus.on(bus.CHANGED, heard)
+
+
 def forget_kept_rows(subscriber_ids=(), *_announced):
-    """A wakeups.on_change handler: whatever changed, the rows kept for requests go (changes
+    """An on_change() handler: whatever changed, the rows kept for requests go (changes
     are rare, lookups are not), and the long polls of the subscribers named wake up to ask
     their token again (delivery.long_polls): forgotten first, so that they look it up anew."""
     auth.forget_subscribers()
@@ -34,7 +75,7 @@ def forget_kept_rows(subscriber_ids=(), *_announced):
 
 def _announce(subscriber_ids=(), queue_ids=()):
     forget_kept_rows()
-    wakeups.announce_after_commit(subscriber_ids, queue_ids=queue_ids)
+    announce_after_commit(subscriber_ids, queue_ids=queue_ids)
 
 
 def _saved(sender, instance, created, raw=False, **kwargs):
@@ -72,6 +113,6 @@ def connect_signals():
     post_delete.connect(_deleted, sender=Subscriber, dispatch_uid="mq-revocation-deleted")
     post_save.connect(_queue_changed, sender=Queue, dispatch_uid="mq-revocation-queue-saved")
     post_delete.connect(_queue_changed, sender=Queue, dispatch_uid="mq-revocation-queue-deleted")
-    wakeups.on_change(forget_kept_rows)
+    on_change(forget_kept_rows)
     for through in (Subscriber.subscribe_queues.through, Subscriber.publish_queues.through):
         m2m_changed.connect(_rights_changed, sender=through, dispatch_uid=f"mq-revocation-{through.__name__}")

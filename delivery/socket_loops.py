@@ -7,7 +7,7 @@ was lost (an idle socket costs no query of its own), and finds the receipts its 
 for that are settled (only while some are waited for, and only those the ledger logged as
 moved since the last pass: delivery.receipts.recheck); one
 checks the sockets' tokens and rights (the safety net of revocation); and, in the services
-mode, one hears the other processes' wake-ups and announcements (delivery.wakeups.listen)."""
+mode, one hears the other processes' wake-ups and announcements (mqsite.bus.listen)."""
 
 import asyncio
 import contextlib
@@ -19,9 +19,10 @@ from channels.db import DatabaseSyncToAsync
 from django.conf import settings
 
 from delivery import presence
+from mqsite import bus
 from subscribers.models import Subscriber
 
-from . import ledger, liveness, receipts, wakeups
+from . import ledger, liveness, receipts, revocation, wakeups
 from .frames import CLOSE_BY_OPERATOR
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def ensure_running():
         _maintenance = asyncio.ensure_future(_maintain())
     if not _running(_recheck):
         _recheck = asyncio.ensure_future(_wake_those_with_work())
-    wakeups.ensure_listening()
+    bus.ensure_listening()
 
 
 def _running(task):
@@ -161,7 +162,7 @@ async def check_tokens(consumers):
 
 
 def _changed(subscriber_ids, channel_names, queue_ids=()):
-    """An announcement (delivery.wakeups.announce), from any thread: the sockets it names
+    """An announcement (delivery.revocation.announce), from any thread: the sockets it names
     look again, on their event loop."""
     loop = _loop
     if loop is None or loop.is_closed():
@@ -186,4 +187,4 @@ def _changed(subscriber_ids, channel_names, queue_ids=()):
             loop.call_soon_threadsafe(look_again)
 
 
-wakeups.on_change(_changed)
+revocation.on_change(_changed)

@@ -17,11 +17,12 @@ Both bind parameters on the client, as Django's psycopg backend does, so one SQL
 are Django's (an IntegrityError is django.db.IntegrityError on both paths).
 
 Side effects after commit are the caller's: on the sync path transaction.on_commit(), on the
-async path simply the next line after the commit (delivery.wakeups.notify_from_loop()).
+async path simply the next line after the commit (mqsite.bus.send()).
 """
 
 import asyncio
 import contextlib
+import functools
 import logging
 import weakref
 
@@ -47,6 +48,23 @@ def thread(fn):
     """`fn` (sync, using Django's connection) as a coroutine function run in a pool thread,
     its connection returned after each call (the consumer's db() does the same)."""
     return DatabaseSyncToAsync(fn, thread_sensitive=False)
+
+
+def twin(sync_fn):
+    """Decorate the async twin of `sync_fn` (its arguments the same): where the async
+    connection is off (not enabled(): SQLite, MQ_ASYNC_DB=false) the twin is `sync_fn` in a
+    thread; else its own body runs, on the event loop. The one guard every twin needs."""
+
+    def decorate(afn):
+        @functools.wraps(afn)
+        async def either(*args, **kwargs):
+            if not enabled():
+                return await thread(sync_fn)(*args, **kwargs)
+            return await afn(*args, **kwargs)
+
+        return either
+
+    return decorate
 
 
 def run_sync(op):

@@ -21,6 +21,7 @@ from django.urls import path, re_path  # noqa: E402
 from dashboard.consumers import DashboardConsumer  # noqa: E402
 from delivery import stopping  # noqa: E402
 from delivery.consumers import DeliveryConsumer  # noqa: E402
+from mqsite import bus  # noqa: E402
 from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
 from mqsite.workarounds import daphne_shutdown  # noqa: E402
 
@@ -53,7 +54,7 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
-    from delivery import liveness, wakeups
+    from delivery import liveness
     from mqsite.workarounds import autobahn_quiet, daphne_bodies, daphne_headers
 
     daphne_shutdown.install(reactor, stopping.stop, stopping.drain, stopping.describe)
@@ -63,9 +64,9 @@ if "twisted.internet.reactor" in sys.modules:
     # What this process holds is handed back within seconds if it is killed (delivery.liveness).
     # Once the reactor runs: a test process that merely imported Daphne never beats.
     reactor.callWhenRunning(liveness.start, "web")
-    # A publish's answer waits for no Redis round trip or webhook query (delivery.wakeups).
-    wakeups.send_hints_from_a_thread()
+    # A publish's answer waits for no Redis round trip or webhook query (mqsite.bus).
+    bus.send_from_a_thread()
     # The other processes' wake-ups and announcements, heard from the start (not from the
     # first socket): a process that serves only REST keeps rows that a change in another
     # process must make it forget (delivery.revocation). Scheduled on the loop once it runs.
-    reactor.callWhenRunning(reactor.callLater, 0, wakeups.ensure_listening)
+    reactor.callWhenRunning(reactor.callLater, 0, bus.ensure_listening)

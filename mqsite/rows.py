@@ -56,7 +56,7 @@ class Cached:
     lookups every request makes, which each cost a round trip to the database.
 
     Whoever changes such a row calls forget() in every process (delivery.revocation, through
-    the announcements of delivery.wakeups), so a change holds from the next request on. A
+    the bus's `changed` words), so a change holds from the next request on. A
     change no announcement told of (one made by a process without Redis, a queryset update,
     a word Redis lost) holds once the row is MQ_REVOCATION_CHECK_SECS old here, the bound the
     sockets' periodic token check keeps too. A row read before a forget() and stored after it

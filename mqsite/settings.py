@@ -206,7 +206,7 @@ if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
     )
 
 # The channel layer serves the operators' dashboard socket: Redis between processes (services
-# mode), in memory in one process (embedded mode). Wake-ups do not use it (delivery/wakeups.py).
+# mode), in memory in one process (embedded mode). Wake-ups do not use it (mqsite/bus.py).
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

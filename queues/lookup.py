@@ -19,10 +19,9 @@ def find_queue(name):
         return None
 
 
+@adb.twin(find_queue)
 async def afind_queue(name):
     """find_queue() from the event loop."""
-    if not adb.enabled():
-        return await adb.thread(find_queue)(name)
     try:
         return await _by_name.afirst(clean_name(name, "queue"))
     except BadName:

@@ -2,6 +2,7 @@ from datetime import timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from mqsite import adb
@@ -100,18 +101,19 @@ class Subscriber(models.Model):
         return self.publish_all or self._granted(self.publish_queues.through, queue)
 
     def may_subscribe(self, queue):
+        """may_subscribe_q / may_subscribe_sql, below, for this row and a queue."""
         return self.subscribe_all or self._granted(self.subscribe_queues.through, queue)
 
     async def amay_publish(self, queue):
         """may_publish() from the event loop (mqsite/adb.py)."""
-        if self.publish_all:
-            return True
-        if not adb.enabled():
-            return await adb.thread(self.may_publish)(queue)
-        return await adb.run(self._granted_statement(self.publish_queues.through, queue))
+        return self.publish_all or await self._agranted(self.publish_queues.through, queue)
 
     def _granted(self, through, queue):
         return adb.run_sync(self._granted_statement(through, queue))
+
+    @adb.twin(_granted)
+    async def _agranted(self, through, queue):
+        return await adb.run(self._granted_statement(through, queue))
 
     def _granted_statement(self, through, queue):
         # Asked on every publish: plain SQL, since building the ORM's query cost more than
@@ -127,6 +129,32 @@ class Subscriber(models.Model):
         if self.publish_all or self.subscribe_all:
             return models.Q()
         return models.Q(publishers=self) | models.Q(subscribers=self)
+
+
+# --- may subscribe: to every queue (subscribe_all), or to this one (a row of its rights) ----------
+# Publishing fans out only to subscriptions whose subscriber still may subscribe, leases skip
+# the others, and sockets end them (revocation): each spelling of the rule is here, side by
+# side, as delivery.querysets keeps those of a delivery's state. Activity (is_active) is a rule
+# of its own, checked beside it.
+
+
+def may_subscribe_q(subscriber="subscriber", queue="queue"):
+    """Subscriber.may_subscribe as a Q over rows with a subscriber and a queue (a Subscription,
+    a Delivery): `subscriber` and `queue` name their foreign keys."""
+    granted = Subscriber.subscribe_queues.through.objects.filter(
+        subscriber_id=OuterRef(f"{subscriber}_id"), queue_id=OuterRef(f"{queue}_id")
+    )
+    return Q(**{f"{subscriber}__subscribe_all": True}) | Exists(granted)
+
+
+def may_subscribe_sql(subscriber, row):
+    """Subscriber.may_subscribe in SQL: the subscriber row `subscriber` (joined) may subscribe to
+    the queue of `row` (with subscriber_id and queue_id); its one parameter is True. An EXISTS
+    on the rights' unique index: cheap enough for every publish."""
+    through = Subscriber.subscribe_queues.through._meta.db_table
+    return f"""({subscriber}.subscribe_all = %s OR EXISTS (
+        SELECT 1 FROM {through} g
+        WHERE g.subscriber_id = {row}.subscriber_id AND g.queue_id = {row}.queue_id))"""
 
 
 class Subscription(models.Model):

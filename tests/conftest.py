@@ -84,14 +84,14 @@ def outsider(make_subscriber):
 @pytest.fixture
 def announcing(settings):
     """This process announces changes over the end-to-end servers' Redis, as a server or
-    worker would (delivery.wakeups.announce)."""
-    from delivery import wakeups
+    worker would (delivery.revocation.announce)."""
+    from mqsite import bus
     from tests.support.servers import E2E_REDIS
 
     settings.REDIS_URL = E2E_REDIS
-    wakeups._redis.cache_clear()
+    bus.client.cache_clear()
     yield
-    wakeups._redis.cache_clear()
+    bus.client.cache_clear()
 
 
 @pytest.fixture

@@ -13,12 +13,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils.html import format_html, format_html_join
 
+from mqsite import bus
 from mqsite.names import BadName, clean_name
 from queues.headers import NAME_RE, stored_pair
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscription
 
-from .. import ledger, tallies, wakeups
+from .. import ledger, tallies
 from ..big_lists import BigListAdmin
 from ..models import Delivery, Status
 from ..querysets import UNSETTLED
@@ -191,11 +192,12 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         with transaction.atomic():
             resumed = Queue.objects.filter(pk__in=ids, paused=True).update(paused=False)
             # Waiting subscribers would see the work on their next timer tick; wake them now.
-            wakeups.notify_after_commit(
+            bus.send_after_commit(
+                bus.WAKE,
                 Subscription.objects.filter(queue_id__in=ids)
                 .order_by()
                 .values_list("subscriber_id", flat=True)
-                .distinct()
+                .distinct(),
             )
         self.message_user(request, f"{resumed} queues resumed.")
 

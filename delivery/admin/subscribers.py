@@ -8,7 +8,7 @@ view subscribers read too. A subscription removed here goes through
 subscribing.unsubscribe, so what it was still owed is dropped as the API would drop it.
 Connections belong to presence: they are only looked at here, or closed (by a superuser)
 through presence.close_connection, so that what they held goes back to pending, and the
-socket is told to close (delivery.wakeups.announce).
+socket is told to close (the bus's `changed` word, delivery.revocation).
 """
 
 from django import forms
@@ -23,12 +23,12 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from mqsite import limits
+from mqsite import bus, limits
 from queues.models import Event
 from subscribers import provisioning, replay
 from subscribers.models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
 
-from .. import presence, subscribing, wakeups
+from .. import presence, subscribing
 from ..models import Status
 from ..reports import (
     correlated_count,
@@ -545,7 +545,8 @@ class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         names = [connection.channel_name for connection in queryset]
         presence.close_connections(names)
         # The socket itself closes, in whichever server process holds it.
-        wakeups.announce_after_commit(channel_names=names)
+        if names:
+            bus.send_after_commit(bus.CHANGED, {"connections": sorted(set(names))})
 
     @admin.display(description="subscriber", ordering="subscriber__name")
     def subscriber_link(self, obj):

@@ -1,6 +1,13 @@
 from rest_framework import serializers
 
-from delivery.ledger import MAX_EXTEND_SECS
+from delivery.bounds import (
+    MAX_EXTEND_SECS,
+    MAX_IDS,
+    MAX_LEASE,
+    MAX_NACK_ERROR_CHARS,
+    MAX_RETRY_IN_SECS,
+    MAX_WAIT_SECS,
+)
 from mqsite.api import (
     BoundedListField,
     NameField,
@@ -9,18 +16,12 @@ from mqsite.api import (
     StrictIntegerField,
 )
 
-MAX_LIMIT = 1000
-MAX_WAIT_SECS = 30
-MAX_RETRY_IN_SECS = 7 * 24 * 3600
-MAX_ACK_IDS = 10000
-MAX_NACK_ERROR_CHARS = 1000
-
 
 class LeaseQuerySerializer(serializers.Serializer):
     # Empty ("?queue=") is no filter, as if absent.
     queue = NameField(required=False, allow_blank=True)
     event = NameField(required=False, allow_blank=True)
-    limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=MAX_LIMIT)
+    limit = serializers.IntegerField(required=False, default=100, min_value=1, max_value=MAX_LEASE)
     wait = serializers.FloatField(
         required=False,
         default=0,
@@ -52,7 +53,7 @@ class DeliveryListSerializer(serializers.Serializer):
 
 
 class AckSerializer(serializers.Serializer):
-    ids = BoundedListField(child=StrictIntegerField(), max_length=MAX_ACK_IDS)
+    ids = BoundedListField(child=StrictIntegerField(), max_length=MAX_IDS)
 
 
 class AckResultSerializer(serializers.Serializer):
@@ -61,7 +62,7 @@ class AckResultSerializer(serializers.Serializer):
 
 
 class ExtendSerializer(serializers.Serializer):
-    ids = BoundedListField(child=StrictIntegerField(), max_length=MAX_ACK_IDS)
+    ids = BoundedListField(child=StrictIntegerField(), max_length=MAX_IDS)
     seconds = StrictIntegerField(
         min_value=1,
         max_value=MAX_EXTEND_SECS,

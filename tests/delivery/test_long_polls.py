@@ -161,7 +161,7 @@ def test_a_slot_of_a_killed_process_frees_itself_in_redis(settings, monkeypatch)
     try:
         settings.REDIS_URL = redis.url
         settings.MQ_MAX_LONG_POLLS = 2
-        long_polls.wakeups._redis.cache_clear()
+        long_polls.bus.client.cache_clear()
         long_polls._take_script.cache_clear()
         monkeypatch.setattr(long_polls, "SLOT_MARGIN_SECS", 0.3)
         killed = [long_polls.slot(7, 0.2) for _ in range(2)]
@@ -178,6 +178,6 @@ def test_a_slot_of_a_killed_process_frees_itself_in_redis(settings, monkeypatch)
         for held in killed:
             held.__exit__(None, None, None)  # (only so the generators end while Redis is up)
     finally:
-        long_polls.wakeups._redis.cache_clear()
+        long_polls.bus.client.cache_clear()
         long_polls._take_script.cache_clear()
         redis.stop()

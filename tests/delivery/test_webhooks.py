@@ -176,10 +176,11 @@ def test_the_sweeper_enqueues_for_work_due_before_its_next_run(hooked, db_queue,
 def test_a_nack_with_a_backoff_wakes_nobody_and_one_due_now_does(
     hooked, db_queue, monkeypatch, django_capture_on_commit_callbacks
 ):
-    from delivery import ledger, wakeups
+    from delivery import ledger
+    from mqsite import bus
 
     woken = []
-    monkeypatch.setattr(wakeups, "notify", woken.append)
+    monkeypatch.setattr(bus, "send", lambda kind, ids: kind == bus.WAKE and woken.append(list(ids)))
     publish(db_queue, 2)
     first, second = ledger.lease_deliveries(hooked, limit=2)
     with django_capture_on_commit_callbacks(execute=True):

@@ -21,8 +21,9 @@ from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from delivery import ledger, publishing, subscribing, wakeups
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery, Status
+from mqsite import bus
 from mqsite.limits import FrameRate
 from queues.models import Event, Message
 from subscribers.models import Connection, Subscription
@@ -117,7 +118,7 @@ def test_a_nack_waits_its_backoff_by_attempt_and_wakes_only_for_what_is_ready(
 ):
     settings.MQ_BACKOFF_BASE_SECS, settings.MQ_BACKOFF_MAX_SECS = 1.0, 5.0
     woken = []
-    monkeypatch.setattr(wakeups, "notify", lambda ids: woken.append(list(ids)))
+    monkeypatch.setattr(bus, "send", lambda kind, ids: kind == bus.WAKE and woken.append(list(ids)))
     subscribing.subscribe(logger, db_queue)
     publish_in_batches(db_queue, 4)
     ids = [d["id"] for d in lease_all(logger)]

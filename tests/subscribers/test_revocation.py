@@ -10,7 +10,7 @@ import time
 import pytest
 from django.test import override_settings
 
-from delivery import frames, ledger, presence, subscribing, wakeups
+from delivery import frames, ledger, presence, revocation, subscribing
 from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers.models import Connection, Subscriber, Subscription
@@ -180,7 +180,7 @@ async def test_an_announced_connection_is_closed_by_its_process():
     comm = await connect(token)
     await ping(comm)
     (name,) = await db(lambda: list(Connection.objects.values_list("channel_name", flat=True)))
-    await db(lambda: (presence.close_connection(name), wakeups.announce(channel_names=[name])))
+    await db(lambda: (presence.close_connection(name), revocation.announce(channel_names=[name])))
     code, took = await closed_with(comm, timeout=2)
     assert code == frames.CLOSE_BY_OPERATOR and took < 2
 

@@ -10,11 +10,13 @@ subscription is made from it, and an existing one is sought back to it (its acke
 from there are handed out again), as an operator asking for history means.
 """
 
+import functools
 import json
 import os
 import signal
 import sys
 import threading
+import time
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
@@ -86,11 +88,19 @@ class Command(BaseCommand):
                 if not connection.in_atomic_block:
                     # A long-running loop drops a broken or expired connection, as a request does.
                     close_old_connections()
-                seen = wakeups.generation(subscriber.pk)
                 limit = LEASE_BATCH if count is None else min(LEASE_BATCH, count - printed)
-                leased = ledger.lease_deliveries(subscriber, limit=limit, queue=queue, event_ids=event_ids)
+                lease = functools.partial(
+                    ledger.lease_deliveries, subscriber, limit=limit, queue=queue, event_ids=event_ids
+                )
+                # One wait for a wake-up at most, then a look at `stop` again (nothing is leased
+                # once it is asked).
+                leased = wakeups.lease_when_woken(
+                    subscriber.pk,
+                    lambda lease=lease: [] if stop.requested else lease(),
+                    time.monotonic() + RECHECK_SECS,
+                    recheck_secs=RECHECK_SECS,
+                )
                 if not leased:
-                    wakeups.wait(subscriber.pk, seen, RECHECK_SECS)
                     continue
                 # The whole batch is printed even if a stop was asked meanwhile: it is leased.
                 for delivery in leased:

@@ -7,11 +7,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
-# One test database per `make test`, so that two runs on one machine never share one.
-RUN_ID := $(shell echo $$PPID)
-PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/mqsite_$(RUN_ID)
 
-.PHONY: run install install-dev test lint test-sqlite test-postgres bench clean demo
+.PHONY: run install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
+	test-postgres-e2e test-postgres-rest bench clean demo
 # The browser test drives Debian's Chromium (never a browser download); we run as root.
 CHROMIUM := /usr/bin/chromium
 
@@ -84,34 +82,37 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The two passes run at once (`make test`), so each has its own job folder (the embedded mode's
-# broker) and its own Redis: the SQLite pass a private redis-server on a free port, the
-# PostgreSQL pass the machine's. pytest prints the slowest tests, to see where the time goes.
-PYTEST := $(BIN)/pytest -q --create-db --durations=15
+# One pass of the whole suite on each database (tests/support/run_pass.sh gives each pass its
+# own test database, job folder and Redis, so that passes can run at once).
+PG_SERVER ?= postgres://postgres@127.0.0.1:5432
+RUN_PASS := BIN=$(BIN) PG_SERVER=$(PG_SERVER) bash tests/support/run_pass.sh
 
 test-sqlite: install-dev $(TEST_TOOLS)
-	port=$$($(BIN)/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
-	$(REDIS_SERVER) --port $$port --bind 127.0.0.1 --save '' --appendonly no >/dev/null & redis=$$!; \
-	env -u DATABASE_URL MQ_TEST_SQLITE=var/test-$(RUN_ID).sqlite3 MQ_CELERY_DIR=var/celery-test-sqlite-$(RUN_ID) \
-		MQ_TEST_REDIS=redis://127.0.0.1:$$port $(PYTEST); status=$$?; \
-	kill $$redis; rm -rf var/celery-test-sqlite-$(RUN_ID) var/test-$(RUN_ID).sqlite3*; \
-	exit $$status
+	$(RUN_PASS) sqlite sqlite
 
-# pytest-django cannot drop its database while a connection of a child process lingers (it
-# warns and leaves it): drop it here, keeping pytest's exit status.
 test-postgres: install-dev $(TEST_TOOLS)
-	DATABASE_URL=$(PG_TEST_URL) MQ_CELERY_DIR=var/celery-test-postgres-$(RUN_ID) $(PYTEST); status=$$?; \
-	psql "$(dir $(PG_TEST_URL))postgres" -qc 'DROP DATABASE IF EXISTS "test_$(notdir $(PG_TEST_URL))" WITH (FORCE)' \
-		>/dev/null 2>&1 || true; \
-	rm -rf var/celery-test-postgres-$(RUN_ID); \
-	exit $$status
+	REDIS=machine $(RUN_PASS) postgres postgres
 
-# Lint first, then both passes at once: on two cores they take about as long as one, since
-# most of a pass waits on servers, sockets and timers. The Debian packages come first, one
-# apt-get at a time. Each pass's output is printed whole
-# when it ends (--output-sync), not interleaved.
+# `make test` cuts each database's pass in two and runs the four at once: the tests that start
+# real processes (tests/e2e, tests/clients) spend most of their time waiting on servers,
+# sockets and timers, so beside the others they cost two cores little. Each part prints its
+# output whole when it ends (--output-sync), with its slowest tests.
+E2E_TESTS := tests/e2e tests/clients
+NOT_E2E := $(addprefix --ignore=,$(E2E_TESTS))
+
+test-sqlite-e2e: install-dev $(TEST_TOOLS)
+	$(RUN_PASS) sqlite sqlite-e2e $(E2E_TESTS)
+test-sqlite-rest: install-dev $(TEST_TOOLS)
+	$(RUN_PASS) sqlite sqlite-rest $(NOT_E2E)
+test-postgres-e2e: install-dev $(TEST_TOOLS)
+	$(RUN_PASS) postgres postgres-e2e $(E2E_TESTS)
+test-postgres-rest: install-dev $(TEST_TOOLS)
+	REDIS=machine $(RUN_PASS) postgres postgres-rest $(NOT_E2E)
+
+# Lint and the manual first, and the Debian packages one apt-get at a time, then the parts.
 test: lint docs $(TEST_TOOLS)
-	$(MAKE) --no-print-directory --output-sync=target -j2 test-sqlite test-postgres
+	$(MAKE) --no-print-directory --output-sync=target -j4 \
+		test-sqlite-e2e test-postgres-e2e test-sqlite-rest test-postgres-rest
 
 # The benchmark's own clients (RabbitMQ, NATS, py-spy) go into the same venv; reinstalled
 # whenever bench/requirements.txt changes.

@@ -55,6 +55,11 @@ def current(max_age=FRESH_SECS, fresh=False):
         return held
     if _cached(cache.add, LOCK_KEY, os.getpid(), LOCK_SECS) is not False:
         try:
+            # Another process may have stored one between our read and our lock (it computed,
+            # stored and let go): serve that one rather than compute a second in that second.
+            again = _cached(cache.get, KEY)
+            if again is not None and time.time() - again[0] <= max_age:
+                return again
             return _store(compute())
         finally:
             _cached(cache.delete, LOCK_KEY)

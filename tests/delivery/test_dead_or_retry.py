@@ -73,7 +73,7 @@ def test_an_expired_lease_is_retried_after_its_backoff_from_the_missed_deadline_
     assert d.next_attempt_at == deadline + timedelta(seconds=1.5)
 
 
-def _nack(worker, delivery_id):
+def _nack_it(worker, delivery_id):
     ledger.nack_deliveries(worker, [delivery_id])
 
 
@@ -81,21 +81,21 @@ def _fail_the_push(worker, delivery_id):
     ledger.fail_delivery(delivery_id, "ws.a", "HTTP 500")
 
 
-def _expire(worker, delivery_id):
+def _let_its_lease_expire(worker, delivery_id):
     ledger.expire_overdue_leases(now=timezone.now() + timedelta(days=1))
 
 
-def _close_the_socket(worker, delivery_id):
+def _close_its_socket(worker, delivery_id):
     ledger.release_held(["ws.a"], spend=True)
 
 
 @pytest.mark.parametrize(
     "end, retried, died",
     [
-        (_nack, "nacked by the client", "nacked by the client; dead after 2 attempts"),
+        (_nack_it, "nacked by the client", "nacked by the client; dead after 2 attempts"),
         (_fail_the_push, "HTTP 500", "HTTP 500; dead after 2 attempts"),
-        (_expire, "ack deadline passed", "ack deadline passed; dead after 2 attempts"),
-        (_close_the_socket, "the connection holding it closed", "connection closed while in flight, 2 times"),
+        (_let_its_lease_expire, "ack deadline passed", "ack deadline passed; dead after 2 attempts"),
+        (_close_its_socket, "the connection holding it closed", "connection closed while in flight, 2 times"),
     ],
     ids=["nack", "failed push", "expiry", "closed connection"],
 )

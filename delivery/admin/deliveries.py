@@ -20,6 +20,7 @@ from ..reports import dead_letters
 from .widgets import (
     EventFilter,
     LedgerOperatorMixin,
+    QueueEventColumns,
     admin_link,
     may_view_deliveries,
     pretty_json,
@@ -64,7 +65,7 @@ class DeliveryAttemptInline(admin.TabularInline):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(LedgerOperatorMixin, BigListAdmin):
+class DeliveryAdmin(QueueEventColumns, LedgerOperatorMixin, BigListAdmin):
     list_display = [
         "id",
         "subscriber_name",
@@ -130,14 +131,6 @@ class DeliveryAdmin(LedgerOperatorMixin, BigListAdmin):
     @admin.display(description="subscriber", ordering="subscriber__name")
     def subscriber_name(self, obj):
         return obj.subscriber.name
-
-    @admin.display(description="queue", ordering="queue__name")
-    def queue_name(self, obj):
-        return obj.queue.name
-
-    @admin.display(description="event", ordering="event__name")
-    def event_name(self, obj):
-        return obj.event.name
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj):

@@ -29,6 +29,7 @@ from .widgets import (
     DeliveryCountColumns,
     EventFilter,
     LedgerOperatorMixin,
+    QueueEventColumns,
     SubscriptionInlineBase,
     UnsubscribeOnDelete,
     admin_link,
@@ -240,7 +241,7 @@ class EventAdmin(DeliveriesGoWithTheirOwner, DeliveryCountColumns, admin.ModelAd
 
 
 @admin.register(Message)
-class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, BigListAdmin):
+class MessageAdmin(DeliveriesGoWithTheirOwner, QueueEventColumns, LedgerOperatorMixin, BigListAdmin):
     list_display = [
         "id",
         "queue_name",
@@ -310,14 +311,6 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, LedgerOperatorMixin, BigListAdmin
     def has_delete_permission(self, request, obj=None):
         # Deleting a message deletes what is owed of it, outside the ledger: superusers only.
         return request.user.is_superuser
-
-    @admin.display(description="queue", ordering="queue__name")
-    def queue_name(self, obj):
-        return obj.queue.name
-
-    @admin.display(description="event", ordering="event__name")
-    def event_name(self, obj):
-        return obj.event.name
 
     @admin.display(description="deliveries", ordering="n_deliveries")
     def delivery_count(self, obj):

@@ -178,6 +178,18 @@ def owed_links(obj, **filters):
     )
 
 
+class QueueEventColumns:
+    """The queue and event of a row with both (a delivery, a message), as sortable columns."""
+
+    @admin.display(description="queue", ordering="queue__name")
+    def queue_name(self, obj):
+        return obj.queue.name
+
+    @admin.display(description="event", ordering="event__name")
+    def event_name(self, obj):
+        return obj.event.name
+
+
 class DeliveryCountColumns:
     """List columns for the counts that with_delivery_counts annotates."""
 

@@ -172,6 +172,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         # frames (a lease names the queue and event of each delivery, not its subscription)
         self.batched = set()
         self.held = {}  # delivery id -> monotonic time its lease ends
+        self.ordered_held = set()  # those of them of ordered queues
+        self.wake_after_acks = False  # an acked one was an ordered queue's: lease after commit
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
         self.ack_task = None
         self.publish_buffer = []  # [_Publish] not yet published
@@ -353,9 +355,21 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             now_wall, now = time.time(), time.monotonic()
             for d in leased:
                 self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
+            self.ordered_held.intersection_update(self.held)
+            self.ordered_held.update(await self.of_ordered_queues(leased))
             await self.send_deliveries(leased)
         if sharing and len(leased) == want:
             wakeups.pass_turn(pk)  # more may be ready: the next socket's turn (or ours again)
+
+    async def of_ordered_queues(self, leased):
+        """The ids of those deliveries whose queue is ordered (queues are kept in the process:
+        no query on PostgreSQL's async path)."""
+        ordered = set()
+        for name in {d["queue"] for d in leased}:
+            queue = await lookup.afind_queue(name)
+            if queue is not None and queue.ordered:
+                ordered.add(name)
+        return {d["id"] for d in leased if d["queue"] in ordered}
 
     async def send_deliveries(self, leased):
         """Each as a `message` frame, but those of subscriptions asked with `batch` together in
@@ -501,11 +515,23 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ids = frames.ids_of(frame)
         unknown = [i for i in ids if not is_db_id(i)]
         self.ack_buffer += [i for i in ids if is_db_id(i)]
+        was_full = len(self.held) >= self.prefetch
+        ordered = 0
         for i in ids:
             self.held.pop(i, None)
-        # The window has room now: lease the next ones while the acks are written, not after
-        # (they are other rows; a catch-up waited a round trip per window for nothing).
-        self.wake.set()
+            if i in self.ordered_held:
+                ordered += 1
+                # An ordered queue's next message is leasable only once this ack commits: the
+                # pump is woken then (write_acks), since a lease before it would find the head
+                # still in flight, and nothing else would wake it.
+                self.ordered_held.discard(i)
+                self.wake_after_acks = True
+        if was_full and ordered < len(ids):
+            # The window has room now: lease the next ones while the acks are written, not
+            # after (they are other rows; a catch-up waited a round trip per window for
+            # nothing). A window that had room took all that was ready at its last lease:
+            # woken now, it would make an empty lease per ack (new messages wake it anyway).
+            self.wake.set()
         if self.ack_task is None or self.ack_task.done():
             self.ack_task = asyncio.ensure_future(self.write_acks())
         if unknown:
@@ -515,7 +541,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """Write buffered acks, one ledger call for all that arrived while the last ran."""
         while self.ack_buffer:
             ids, self.ack_buffer = self.ack_buffer, []
-            _, unknown = await ledger.aack_deliveries(self.subscriber, ids)
+            wake, self.wake_after_acks = self.wake_after_acks, False
+            try:
+                _, unknown = await ledger.aack_deliveries(self.subscriber, ids)
+            finally:
+                if wake:
+                    self.wake.set()  # committed (or failed: the pump looks again either way)
             if unknown:
                 await self.send_json(FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown).frame())
 

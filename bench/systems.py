@@ -81,19 +81,26 @@ class Rabbit:
 
         return await aio_pika.connect(RABBIT_URL)
 
-    async def prepare(self, run, n):
+    async def prepare(self, run, n, ordered=False):
+        """`ordered` (W7): each queue has a single active consumer, and the consumer a prefetch
+        of 1, RabbitMQ's way to hand a queue's messages out one at a time in order."""
         import aio_pika
 
+        arguments = {"x-queue-type": "quorum"}
+        if ordered:
+            arguments["x-single-active-consumer"] = True
         conn = await self._connect()
         async with conn:
             ch = await conn.channel()
             ex = await ch.declare_exchange(f"mqbench.{run}", aio_pika.ExchangeType.FANOUT, durable=True)
             for k in range(n):
-                q = await ch.declare_queue(
-                    f"mqbench.{run}.{k}", durable=True, arguments={"x-queue-type": "quorum"}
-                )
+                q = await ch.declare_queue(f"mqbench.{run}.{k}", durable=True, arguments=arguments)
                 await q.bind(ex)
-        return {"system": "rabbitmq", "queues": [f"mqbench.{run}.{k}" for k in range(n)]}
+        return {
+            "system": "rabbitmq",
+            "queues": [f"mqbench.{run}.{k}" for k in range(n)],
+            "prefetch": 1 if ordered else PREFETCH,
+        }
 
     async def publisher(self, run):
         return RabbitPublisher(await self._connect(), run)
@@ -127,11 +134,15 @@ class Rabbit:
 class RabbitPublisher:
     def __init__(self, conn, run):
         self.conn, self.run, self.ex = conn, run, None
+        self.opening = asyncio.Lock()
 
     async def _ex(self):
-        if self.ex is None:
-            ch = await self.conn.channel(publisher_confirms=True)
-            self.ex = await ch.get_exchange(f"mqbench.{self.run}")
+        # One channel for all: the publishes of a first many() would otherwise each open one,
+        # and messages on different channels reach the queue in any order (W7 checks it).
+        async with self.opening:
+            if self.ex is None:
+                ch = await self.conn.channel(publisher_confirms=True)
+                self.ex = await ch.get_exchange(f"mqbench.{self.run}")
         return self.ex
 
     async def one(self, payload):
@@ -150,14 +161,14 @@ class RabbitPublisher:
 
 class RabbitConsumer:
     def __init__(self, spec, k):
-        self.queue_name = spec["queues"][k]
+        self.queue_name, self.prefetch = spec["queues"][k], spec.get("prefetch", PREFETCH)
 
     async def start(self):
         import aio_pika
 
         self.conn = await aio_pika.connect(RABBIT_URL)
         self.ch = await self.conn.channel()
-        await self.ch.set_qos(prefetch_count=PREFETCH)
+        await self.ch.set_qos(prefetch_count=self.prefetch)
         queue = await self.ch.get_queue(self.queue_name, ensure=False)
         self.incoming = asyncio.Queue()
         await queue.consume(self.incoming.put, no_ack=False)
@@ -583,9 +594,10 @@ class PeerRuns:
     def run_name(self, workload):
         return f"{workload.lower()}-{self.stamp}"
 
-    async def prepare(self, run, n, consumer=None):
+    async def prepare(self, run, n, consumer=None, ordered=False):
         self.made.append((run, n))
-        return await self.peer.prepare(run, n)
+        # Only the peers that run W7 (workloads.ORDERED_PEERS) know `ordered`.
+        return await self.peer.prepare(run, n, **({"ordered": True} if ordered else {}))
 
     def __getattr__(self, name):
         return getattr(self.peer, name)
@@ -844,6 +856,22 @@ class OursConsumerRest:
         await self.client.aclose()
 
 
+class OursConsumerPull(OursConsumerRest):
+    """W7's prompt pull consumer: lease one delivery (a long-poll, so that it is answered as
+    soon as one is ready), ack it, lease the next; two requests a message."""
+
+    async def batches(self):
+        while True:
+            r = await self.client.get(
+                "/api/deliveries", params={"queue": self.spec["queue"], "limit": 1, "wait": 5}
+            )
+            if r.status_code != 200:
+                raise RuntimeError(f"pull answered {r.status_code}: {r.text[:200]}")
+            got = r.json()["deliveries"]
+            if got:
+                yield [(d["id"], d["payload"]) for d in got]
+
+
 CONSUMERS = {
     "rabbitmq": RabbitConsumer,
     "nats": NatsConsumer,
@@ -852,4 +880,5 @@ CONSUMERS = {
     "ours-ws": OursConsumerWs,
     "ours-ws-batch": OursConsumerWsBatch,
     "ours-rest": OursConsumerRest,
+    "ours-pull": OursConsumerPull,
 }

@@ -8,6 +8,7 @@ and counts those that still answer a ping.
 
 import asyncio
 import contextlib
+import importlib
 import json
 import multiprocessing
 import time
@@ -60,8 +61,11 @@ async def _consume(consumer, expect, phase, record, acked_all, ack_each=False):
 
 
 async def _subscriber_main(spec, n, expect, phase, limit, pipe, ack_each=False):
+    kind = CONSUMERS[spec["system"]]
+    for module in getattr(kind, "client_modules", ()):
+        importlib.import_module(module)  # the client's import is not the system's time
     started = time.monotonic()
-    consumers = [CONSUMERS[spec["system"]](spec, k) for k in range(n)]
+    consumers = [kind(spec, k) for k in range(n)]
     await asyncio.gather(*(c.start() for c in consumers))
     pipe.send(("ready", time.monotonic(), started))
     records = [[] for _ in range(n)]
@@ -94,6 +98,8 @@ async def _subscriber_main(spec, n, expect, phase, limit, pipe, ack_each=False):
                 "done_at": [d[0] if d else None for d in done_at],
                 "error": error,
                 "frames": frames,
+                # Request times a consumer took (W7's pull: each lease and ack), if it does.
+                "timings": [c.timings() if hasattr(c, "timings") else None for c in consumers],
             },
         )
     )

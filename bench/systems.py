@@ -7,7 +7,9 @@ Every system gives the workloads the same four things:
 - `publisher(run)`: an object with `one(payload)` (publish, wait for the confirm) and
   `many(payloads)` (publish a batch, wait for every confirm), and `close()`;
 - `Consumer(spec, k)` in the subscriber process: `start()` connects and subscribes,
-  `batches()` yields lists of (ack token, payload) as they arrive, `ack(tokens)`;
+  `batches()` yields lists of (ack token, payload) as they arrive, `ack(tokens)`; its
+  `client_modules` are imported before the clock starts (httpx takes 0.3 s, aio_pika 0.6 s:
+  W7's whole drain may take a second);
 - `stored(run)` and `unacked(run)`: what the system itself says it holds, for the checks.
 
 A consumer keeps at most PREFETCH messages unacked, as the server's MQ_PREFETCH does.
@@ -21,6 +23,7 @@ consumers, and W6's idle sockets, are subscriber_processes.py.
 import asyncio
 import json
 import resource
+import time
 
 PREFETCH = 100
 ACK_BATCH = 50  # ack at once when this many are waiting; otherwise within ACK_EVERY
@@ -160,6 +163,8 @@ class RabbitPublisher:
 
 
 class RabbitConsumer:
+    client_modules = ("aio_pika",)
+
     def __init__(self, spec, k):
         self.queue_name, self.prefetch = spec["queues"][k], spec.get("prefetch", PREFETCH)
 
@@ -274,6 +279,8 @@ class NatsPublisher:
 
 
 class NatsConsumer:
+    client_modules = ("nats",)
+
     def __init__(self, spec, k):
         self.spec, self.k = spec, k
 
@@ -378,6 +385,8 @@ class RedisPublisher:
 
 
 class RedisConsumer:
+    client_modules = ("redis.asyncio",)
+
     def __init__(self, spec, k):
         self.stream, self.group = spec["stream"], f"g{k}"
 
@@ -527,6 +536,8 @@ class CeilingPublisher:
 
 
 class CeilingConsumer:
+    client_modules = ("psycopg",)
+
     def __init__(self, spec, k):
         self.table, self.sub = spec["table"], spec["subs"][k]
 
@@ -704,6 +715,8 @@ class OursPublisherWs:
 
 
 class OursConsumerWs:
+    client_modules = ("websockets.asyncio.client",)
+
     def __init__(self, spec, k):
         self.url = f"ws://127.0.0.1:{spec['port']}/ws/?token={spec['tokens'][k]}"
         self.queue = spec["queue"]
@@ -820,6 +833,8 @@ class OursConsumerWsBatch(OursConsumerWs):
 class OursConsumerRest:
     """Pull: GET /api/deliveries (long-polling), POST /api/deliveries/ack."""
 
+    client_modules = ("httpx",)
+
     def __init__(self, spec, k):
         self.spec, self.k = spec, k
 
@@ -858,18 +873,33 @@ class OursConsumerRest:
 
 class OursConsumerPull(OursConsumerRest):
     """W7's prompt pull consumer: lease one delivery (a long-poll, so that it is answered as
-    soon as one is ready), ack it, lease the next; two requests a message."""
+    soon as one is ready), ack it, lease the next; two requests a message, each timed
+    (`timings`: where a message's time goes)."""
+
+    async def start(self):
+        await super().start()
+        self.times = {"lease": [], "ack": []}
 
     async def batches(self):
         while True:
+            t = time.perf_counter()
             r = await self.client.get(
                 "/api/deliveries", params={"queue": self.spec["queue"], "limit": 1, "wait": 5}
             )
+            self.times["lease"].append(time.perf_counter() - t)
             if r.status_code != 200:
                 raise RuntimeError(f"pull answered {r.status_code}: {r.text[:200]}")
             got = r.json()["deliveries"]
             if got:
                 yield [(d["id"], d["payload"]) for d in got]
+
+    async def ack(self, tokens):
+        t = time.perf_counter()
+        await super().ack(tokens)
+        self.times["ack"].append(time.perf_counter() - t)
+
+    def timings(self):
+        return self.times
 
 
 CONSUMERS = {

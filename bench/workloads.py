@@ -352,6 +352,19 @@ def cycle_ms(times):
     }
 
 
+def request_ms(timings):
+    """W7's pull: percentiles of its lease and ack requests, in ms (nothing for the others)."""
+    if not timings:
+        return {}
+    return {
+        "request_ms": {
+            kind: {p: ms(pct(times, q)) for p, q in (("p50", 50), ("p90", 90), ("p99", 99))}
+            | {"max": ms(max(times)) if times else None, "count": len(times)}
+            for kind, times in timings.items()
+        }
+    }
+
+
 async def w7(system, run, total, limit, consumer="ws"):
     """The ordered drain: `total` messages waiting in an ordered queue, then ONE consumer that
     acks each the moment it has it (subscriber_processes' `ack_each`); messages a second from
@@ -380,7 +393,8 @@ async def w7(system, run, total, limit, consumer="ws"):
     end = done if done is not None else (got[-1][3] if got else None)
     seconds = None if end is None else end - group.started_at
     received_n = total - order["missing"]
-    left = await wait_unacked_zero(system, run, 1)
+    # A run cut by its limit leaves the rest unacked for good: no waiting for them.
+    left = await wait_unacked_zero(system, run, 1, limit=30.0 if done is not None else 0)
     return {
         "messages": received_n,
         "target": total,
@@ -389,7 +403,12 @@ async def w7(system, run, total, limit, consumer="ws"):
         "value": round(received_n / seconds, 1) if seconds else None,
         "unit": "msg/s, one consumer acking each",
         "first_message_s": round(got[0][3] - group.started_at, 3) if got else None,
+        # The rate once the first message is there: without the connect and the resume.
+        "value_after_first": (
+            round((received_n - 1) / (end - got[0][3]), 1) if got and end and end > got[0][3] else None
+        ),
         "cycle_ms": cycle_ms([r[3] for r in got]),
+        **request_ms(res.get("timings", [None])[0]),
         **order,
         "time_limited": done is None,
         "errors": [res["error"]] if res["error"] else [],
@@ -420,13 +439,13 @@ async def w7_webhook(system, run, total, limit, receiver, secret, sample=50):
             started = started or time.time()
     finally:
         await pub.close()
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
+    deadline, complete = time.monotonic() + limit, False
+    while not complete and time.monotonic() < deadline:
         posts = receiver.snapshot()
-        if len({json.loads(body)["payload"]["i"] for _, _, body in posts}) >= total:
-            break
+        complete = len({json.loads(body)["payload"]["i"] for _, _, body in posts}) >= total
         await asyncio.sleep(0.05)
-    left = await wait_unacked_zero(system, run, 1, limit=min(30.0, limit))
+    # The last ack follows the last post by a moment; a run cut by its limit never gets there.
+    left = await wait_unacked_zero(system, run, 1, limit=30.0 if complete else 0)
     posts = receiver.snapshot()
     # The receiver stamps posts with the monotonic clock; the database stamps acks by the wall's.
     to_wall = time.time() - time.monotonic()

@@ -26,11 +26,11 @@ COLUMNS = [
     ("ours-services-rest", "ours services REST"),
     ("ours-services-ws", "ours services WS"),
     ("ours-services-ws-batch", "ours services WS batch"),
+    # W7 only: its webhook consumer (over REST, W7's consumer pulls).
+    ("ours-services-webhook", "ours services webhook"),
     ("ours-embedded-rest", "ours embedded REST"),
     ("ours-embedded-ws", "ours embedded WS"),
     ("ours-embedded-ws-batch", "ours embedded WS batch"),
-    # W7 only: its webhook consumer (over REST, W7's consumer pulls).
-    ("ours-services-webhook", "ours services webhook"),
     ("ours-embedded-webhook", "ours embedded webhook"),
     ("rabbitmq", "RabbitMQ quorum"),
     ("nats", "NATS JetStream"),
@@ -183,8 +183,11 @@ def targets(grid):
 
     def w7(col):
         want = W7_TARGETS[col.rsplit("-", 1)[-1]]
-        got = val("W7", col)
+        got, r = val("W7", col), grid.get("W7", {}).get(col) or {}
         name = f"W7 ≥ {want} msg/s"
+        if got is FAILED and r.get("time_limited") and r.get("value") and not r.get("out_of_order"):
+            # Too slow to finish in the limit, nothing out of order: its rate is still the figure.
+            return (name, False, f"{r['value']:,.0f}/s ({r['messages']:,} of {r['target']:,} in the limit)")
         if got is FAILED:
             return (name, False, "our run failed its checks (✗)")
         if got is None:

@@ -140,6 +140,13 @@ bench-quick: install $(VENV)/.bench-installed
 	bash bench/start_services.sh
 	$(BIN)/python bench/compare.py --scale 0.1 --limit 30
 
+# W7 alone (issue 28's ordered drain: socket, REST pull, webhook, and RabbitMQ's single active
+# consumer), in the services mode: about a minute, to compare before and after a change.
+.PHONY: bench-ordered
+bench-ordered: install $(VENV)/.bench-installed
+	bash bench/start_services.sh
+	$(BIN)/python bench/compare.py --scale 0.1 --limit 30 --modes services --workloads W7 --peers rabbitmq
+
 # What operators wait for at 2 million pending deliveries made through the API in the services
 # mode: every admin page, the dashboard's socket, /metrics, queuestats, a pull, publishes beside
 # open dashboards (bench/README.md). The backlog is kept as a template database between runs

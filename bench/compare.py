@@ -3,7 +3,7 @@ table (the ceiling of our design). Run with `make bench` (full sizes) or `make b
 
 The comparison in modules of one job each:
 
-- workloads.py: W1a to W6 (what each does, its full size) and the drivers that run them;
+- workloads.py: W1a to W7 (what each does, its full size) and the drivers that run them;
 - systems.py: the peers, each through its usual Python client (and this server's clients);
 - ours.py: this server in its two modes (services, embedded) and three transports;
 - subscriber_processes.py: the processes that run the subscribers, and W6's idle sockets;
@@ -16,6 +16,7 @@ machine and the versions, and prints the table.
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ from harness import (
     PAYLOAD_BYTES,
     RESULTS,
     ROOT,
+    celery_workers,
     fresh_database,
     git,
     machine,
@@ -51,12 +53,17 @@ from ours import (
     SAME_OVER_BATCH,
     SERVICES_REDIS,
     TRANSPORTS,
+    WEBHOOK_PROGRAMS,
+    WEBHOOK_QUEUE,
     Ours,
+    OursWebhook,
     provision,
     server_env,
     web_processes,
 )
+from webhook_rate import Receiver
 from workloads import (
+    ORDERED_PEERS,
     OURS_WORKLOADS,
     REST_ONLY,
     RUN_NAMES,
@@ -68,6 +75,7 @@ from workloads import (
     w4,
     w6,
     w6_ladder,
+    w7_webhook,
 )
 
 # --- the runs: each peer, each mode of ours, W5 beside the history rows ----------------------------
@@ -102,6 +110,24 @@ async def run_peer(name, sizes, limit, stamp, workloads):
     return results
 
 
+async def workers_beating(ours, count, limit=60.0):
+    """Wait until `count` Celery workers beat (delivery.liveness rows of kind `worker`)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if ours._query("SELECT count(*) FROM subscribers_serverprocess WHERE kind = %s", ["worker"]) >= count:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the Celery workers did not start beating within {limit:.0f} s")
+
+
+async def w7_webhook_with_workers(hook, secret, receiver, env, workdir, sizes, limit):
+    """W7 by webhook: the Celery workers of WEBHOOK_PROGRAMS, started for it alone and
+    beating before it publishes (so that their start-up is not timed)."""
+    with celery_workers(env, workdir, WEBHOOK_PROGRAMS):
+        await workers_beating(hook, len(WEBHOOK_PROGRAMS))
+        return await w7_webhook(hook, WEBHOOK_QUEUE, sizes["W7"], limit, receiver, secret)
+
+
 async def run_ours_mode(mode, sizes, limit, workloads, workdir, stamp, processes=1):
     print(f"ours, {mode} mode, {processes} Daphne process(es):", flush=True)
     results = {t: {} for t in TRANSPORTS}
@@ -110,25 +136,31 @@ async def run_ours_mode(mode, sizes, limit, workloads, workdir, stamp, processes
     else:
         db_url, version = fresh_database("postgresql", workdir, PG_DB)
         redis.Redis.from_url(SERVICES_REDIS, socket_timeout=5).flushdb()
-    env = server_env(mode, db_url)
+    env = server_env(mode, db_url, workdir)
     manage(env, "migrate", "--noinput")
     keys = [w for w in workloads if w in OURS_WORKLOADS]
     runs = [RUN_NAMES.get(w, w.lower()) for w in keys]
     idle = sizes["W6"] if "W6" in workloads else 0
     w6_runs = [f"w6s{k}" for k in range(len(w6_ladder(idle)))] if idle else []
-    made = provision(env, runs + w6_runs, idle=idle)
+    receiver = Receiver() if "W7" in workloads else None  # W7's webhook endpoint
+    made = provision(env, runs + w6_runs, idle=idle, webhook_url=receiver and receiver.url)
     tokens, idle_tokens = made["tokens"], made["idle_tokens"]
     info = {"db_version": version, "web_processes": processes}
-    with server_process(env, workdir / f"daphne-{mode}.log", processes) as (port, proc):
+    with (
+        contextlib.closing(receiver) if receiver else contextlib.nullcontext(),
+        server_process(env, workdir / f"daphne-{mode}.log", processes) as (port, proc),
+    ):
         info["daphne_pid"] = proc.pid
         ours = {t: Ours(mode, t, port, db_url, tokens) for t in TRANSPORTS}
         for t in TRANSPORTS:
-            print(f" transport {t}:", flush=True)
-            for key, w in zip(keys, runs, strict=True):
-                if t != "rest" and key in REST_ONLY:
-                    continue
-                if key in SAME_OVER_BATCH.get(t, ()):
-                    continue
+            todo = [
+                (key, w)
+                for key, w in zip(keys, runs, strict=True)
+                if not (t != "rest" and key in REST_ONLY) and key not in SAME_OVER_BATCH.get(t, ())
+            ]
+            if todo:
+                print(f" transport {t}:", flush=True)
+            for key, w in todo:
                 r = results[t][key] = await run_workload(ours[t], key, w, sizes, limit, t)
                 if key in ("W1a", "W1a-8", "W1b") and "messages" in r:
                     # Each message fanned out to its one subscription.
@@ -141,6 +173,15 @@ async def run_ours_mode(mode, sizes, limit, workloads, workdir, stamp, processes
                     **w6res[t],
                     "idle": {k: v for k, v in w6res.items() if k not in TRANSPORTS},
                 }
+        if receiver:
+            secret = made["secrets"][f"{WEBHOOK_QUEUE}-0"]
+            hook = OursWebhook(mode, port, db_url, tokens)
+            results["webhook"] = {
+                "W7": await guarded(
+                    w7_webhook_with_workers(hook, secret, receiver, env, workdir, sizes, limit),
+                    "W7 (webhook)",
+                )
+            }
     return results, info
 
 
@@ -210,8 +251,8 @@ async def main_async(args):
                 stamp,
                 processes=web_processes(mode, args.web_processes),
             )
-            for t in TRANSPORTS:
-                ours[(mode, t)] = res[t]
+            for t, r in res.items():  # the transports, and W7's webhook
+                ours[(mode, t)] = r
         except Exception as exc:
             print(f"ours {mode} failed: {exc}")
             infos[mode] = {"error": f"{exc.__class__.__name__}: {exc}"[:2000]}
@@ -224,9 +265,10 @@ async def main_async(args):
             print(f"W5 failed: {exc}")
             infos["growth"] = {"error": f"{exc.__class__.__name__}: {exc}"[:2000]}
     for name in args.peers:
-        w = [k for k in base_workloads if k not in REST_ONLY]
+        w = [k for k in base_workloads if k not in REST_ONLY and (k != "W7" or name in ORDERED_PEERS)]
         w += ["W5"] if "W5" in args.workloads and name == "pg-ceiling" else []
-        peers[name] = await run_peer(name, sizes, args.limit, stamp, w)
+        if w:
+            peers[name] = await run_peer(name, sizes, args.limit, stamp, w)
     return sizes, ours, growth_res, peers, infos, workdir
 
 
@@ -241,8 +283,8 @@ def main():
     parser.add_argument(
         "--workloads",
         nargs="*",
-        default=["W1a", "W1a-8", "W1b", "W2", "W3", "W4", "W5", "W6"],
-        help="W1a W1a-8 W1b W2 W3 W4 W5 W6",
+        default=["W1a", "W1a-8", "W1b", "W2", "W3", "W4", "W5", "W6", "W7"],
+        help="W1a W1a-8 W1b W2 W3 W4 W5 W6 W7",
     )
     parser.add_argument(
         "--web-processes",

@@ -170,7 +170,8 @@ SUPERVISORD_CONF = ROOT / "mqsite" / "supervisord.conf"
 def celery_commands(workdir):
     """The Celery workers `make run` starts, as supervisord.conf names them ([program:worker],
     [program:maintenance]): read from there, so a benchmark runs what production runs. Beat's
-    schedule file goes into `workdir` rather than the tree's var/."""
+    schedule file goes into `workdir` rather than the tree's var/, and `celery` is the one beside
+    this Python (as DAPHNE is): a worktree of the repository has no .venv of its own."""
     conf = configparser.ConfigParser(interpolation=None)
     conf.read(SUPERVISORD_CONF)
     out = {}
@@ -179,6 +180,7 @@ def celery_commands(workdir):
         if not section.startswith("program:") or " celery " not in f" {Path(command.split()[0]).name} ":
             continue
         args = shlex.split(command.replace("%(here)s", str(SUPERVISORD_CONF.parent)).replace("%%", "%"))
+        args[0] = str(Path(sys.executable).parent / Path(args[0]).name)
         if "-s" in args:
             args[args.index("-s") + 1] = str(Path(workdir) / f"celerybeat-{section.split(':')[1]}")
         out[section.split(":")[1]] = args
@@ -186,12 +188,15 @@ def celery_commands(workdir):
 
 
 @contextlib.contextmanager
-def celery_workers(env, workdir):
-    """The Celery workers of the services mode (celery_commands), each in a session of its own
-    (beat is a child of its worker); TERM to each group at the end, then KILL."""
+def celery_workers(env, workdir, programs=None):
+    """The Celery workers of the services mode (celery_commands; only those named in `programs`
+    if given), each in a session of its own (beat is a child of its worker); TERM to each group
+    at the end, then KILL."""
     procs = []
     try:
         for name, args in celery_commands(workdir).items():
+            if programs is not None and name not in programs:
+                continue
             log = open(Path(workdir) / f"celery-{name}.log", "w")  # noqa: SIM115 - closed below
             procs.append(
                 (

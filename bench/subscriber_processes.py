@@ -1,12 +1,14 @@
 """The processes that run the workloads' subscribers, apart from the publisher's event loop:
 `Subscribers` starts `n` consumers of any system (systems.CONSUMERS, by the `system` of the
 spec its prepare() returned) in a process of their own, which records every message it gets
-and acks within ACK_EVERY or at ACK_BATCH waiting; `idle_process` holds W6's idle websockets
+and acks within ACK_EVERY or at ACK_BATCH waiting (or, with `ack_each`, each message the moment
+it has it: W7's prompt consumer); `idle_process` holds W6's idle websockets
 and counts those that still answer a ping.
 """
 
 import asyncio
 import contextlib
+import importlib
 import json
 import multiprocessing
 import time
@@ -16,8 +18,11 @@ from systems import ACK_BATCH, ACK_EVERY, CONSUMERS, raise_nofile
 # --- The subscriber process ----------------------------------------------------------------------
 
 
-async def _consume(consumer, expect, phase, record, acked_all):
-    """Receive, record and ack until `expect` distinct messages of `phase` arrived and are acked."""
+async def _consume(consumer, expect, phase, record, acked_all, ack_each=False):
+    """Receive, record and ack until `expect` distinct messages of `phase` arrived and are acked.
+    With `ack_each`, each message is acked on its own as soon as it is recorded, the ack awaited
+    before the next is read (a consumer of an ordered queue, which is handed the next message
+    only once this one is acked)."""
     pending, seen = [], set()
     flushing = asyncio.Lock()
 
@@ -41,7 +46,10 @@ async def _consume(consumer, expect, phase, record, acked_all):
                 record.append((payload.get("phase"), payload["i"], payload.get("sent", 0.0), now))
                 if payload.get("phase") == phase:
                     seen.add(payload["i"])
-                pending.append(token)
+                if ack_each:
+                    await consumer.ack([token])
+                else:
+                    pending.append(token)
             if len(pending) >= ACK_BATCH:
                 await flush()
             if len(seen) >= expect:
@@ -52,9 +60,12 @@ async def _consume(consumer, expect, phase, record, acked_all):
         tick.cancel()
 
 
-async def _subscriber_main(spec, n, expect, phase, limit, pipe):
+async def _subscriber_main(spec, n, expect, phase, limit, pipe, ack_each=False):
+    kind = CONSUMERS[spec["system"]]
+    for module in getattr(kind, "client_modules", ()):
+        importlib.import_module(module)  # the client's import is not the system's time
     started = time.monotonic()
-    consumers = [CONSUMERS[spec["system"]](spec, k) for k in range(n)]
+    consumers = [kind(spec, k) for k in range(n)]
     await asyncio.gather(*(c.start() for c in consumers))
     pipe.send(("ready", time.monotonic(), started))
     records = [[] for _ in range(n)]
@@ -63,7 +74,10 @@ async def _subscriber_main(spec, n, expect, phase, limit, pipe):
     try:
         await asyncio.wait_for(
             asyncio.gather(
-                *(_consume(c, expect, phase, records[k], done_at[k]) for k, c in enumerate(consumers))
+                *(
+                    _consume(c, expect, phase, records[k], done_at[k], ack_each)
+                    for k, c in enumerate(consumers)
+                )
             ),
             limit,
         )
@@ -84,6 +98,8 @@ async def _subscriber_main(spec, n, expect, phase, limit, pipe):
                 "done_at": [d[0] if d else None for d in done_at],
                 "error": error,
                 "frames": frames,
+                # Request times a consumer took (W7's pull: each lease and ack), if it does.
+                "timings": [c.timings() if hasattr(c, "timings") else None for c in consumers],
             },
         )
     )
@@ -102,20 +118,20 @@ def frame_stats(consumers):
     return out
 
 
-def subscriber_process(spec, n, expect, phase, limit, pipe):
+def subscriber_process(spec, n, expect, phase, limit, pipe, ack_each=False):
     raise_nofile()
-    asyncio.run(_subscriber_main(spec, n, expect, phase, limit, pipe))
+    asyncio.run(_subscriber_main(spec, n, expect, phase, limit, pipe, ack_each))
 
 
 class Subscribers:
     """`n` consumers of one system in a process of their own (so that they do not share a CPU
     with the publisher's event loop more than the machine makes them)."""
 
-    def __init__(self, spec, n, expect, phase, limit):
+    def __init__(self, spec, n, expect, phase, limit, ack_each=False):
         ctx = multiprocessing.get_context("spawn")
         self.pipe, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=subscriber_process, args=(spec, n, expect, phase, limit, child), daemon=True
+            target=subscriber_process, args=(spec, n, expect, phase, limit, child, ack_each), daemon=True
         )
         self.limit = limit
 

@@ -7,7 +7,9 @@ Every system gives the workloads the same four things:
 - `publisher(run)`: an object with `one(payload)` (publish, wait for the confirm) and
   `many(payloads)` (publish a batch, wait for every confirm), and `close()`;
 - `Consumer(spec, k)` in the subscriber process: `start()` connects and subscribes,
-  `batches()` yields lists of (ack token, payload) as they arrive, `ack(tokens)`;
+  `batches()` yields lists of (ack token, payload) as they arrive, `ack(tokens)`; its
+  `client_modules` are imported before the clock starts (httpx takes 0.3 s, aio_pika 0.6 s:
+  W7's whole drain may take a second);
 - `stored(run)` and `unacked(run)`: what the system itself says it holds, for the checks.
 
 A consumer keeps at most PREFETCH messages unacked, as the server's MQ_PREFETCH does.
@@ -21,6 +23,7 @@ consumers, and W6's idle sockets, are subscriber_processes.py.
 import asyncio
 import json
 import resource
+import time
 
 PREFETCH = 100
 ACK_BATCH = 50  # ack at once when this many are waiting; otherwise within ACK_EVERY
@@ -81,19 +84,26 @@ class Rabbit:
 
         return await aio_pika.connect(RABBIT_URL)
 
-    async def prepare(self, run, n):
+    async def prepare(self, run, n, ordered=False):
+        """`ordered` (W7): each queue has a single active consumer, and the consumer a prefetch
+        of 1, RabbitMQ's way to hand a queue's messages out one at a time in order."""
         import aio_pika
 
+        arguments = {"x-queue-type": "quorum"}
+        if ordered:
+            arguments["x-single-active-consumer"] = True
         conn = await self._connect()
         async with conn:
             ch = await conn.channel()
             ex = await ch.declare_exchange(f"mqbench.{run}", aio_pika.ExchangeType.FANOUT, durable=True)
             for k in range(n):
-                q = await ch.declare_queue(
-                    f"mqbench.{run}.{k}", durable=True, arguments={"x-queue-type": "quorum"}
-                )
+                q = await ch.declare_queue(f"mqbench.{run}.{k}", durable=True, arguments=arguments)
                 await q.bind(ex)
-        return {"system": "rabbitmq", "queues": [f"mqbench.{run}.{k}" for k in range(n)]}
+        return {
+            "system": "rabbitmq",
+            "queues": [f"mqbench.{run}.{k}" for k in range(n)],
+            "prefetch": 1 if ordered else PREFETCH,
+        }
 
     async def publisher(self, run):
         return RabbitPublisher(await self._connect(), run)
@@ -127,11 +137,15 @@ class Rabbit:
 class RabbitPublisher:
     def __init__(self, conn, run):
         self.conn, self.run, self.ex = conn, run, None
+        self.opening = asyncio.Lock()
 
     async def _ex(self):
-        if self.ex is None:
-            ch = await self.conn.channel(publisher_confirms=True)
-            self.ex = await ch.get_exchange(f"mqbench.{self.run}")
+        # One channel for all: the publishes of a first many() would otherwise each open one,
+        # and messages on different channels reach the queue in any order (W7 checks it).
+        async with self.opening:
+            if self.ex is None:
+                ch = await self.conn.channel(publisher_confirms=True)
+                self.ex = await ch.get_exchange(f"mqbench.{self.run}")
         return self.ex
 
     async def one(self, payload):
@@ -149,15 +163,17 @@ class RabbitPublisher:
 
 
 class RabbitConsumer:
+    client_modules = ("aio_pika",)
+
     def __init__(self, spec, k):
-        self.queue_name = spec["queues"][k]
+        self.queue_name, self.prefetch = spec["queues"][k], spec.get("prefetch", PREFETCH)
 
     async def start(self):
         import aio_pika
 
         self.conn = await aio_pika.connect(RABBIT_URL)
         self.ch = await self.conn.channel()
-        await self.ch.set_qos(prefetch_count=PREFETCH)
+        await self.ch.set_qos(prefetch_count=self.prefetch)
         queue = await self.ch.get_queue(self.queue_name, ensure=False)
         self.incoming = asyncio.Queue()
         await queue.consume(self.incoming.put, no_ack=False)
@@ -263,6 +279,8 @@ class NatsPublisher:
 
 
 class NatsConsumer:
+    client_modules = ("nats",)
+
     def __init__(self, spec, k):
         self.spec, self.k = spec, k
 
@@ -367,6 +385,8 @@ class RedisPublisher:
 
 
 class RedisConsumer:
+    client_modules = ("redis.asyncio",)
+
     def __init__(self, spec, k):
         self.stream, self.group = spec["stream"], f"g{k}"
 
@@ -516,6 +536,8 @@ class CeilingPublisher:
 
 
 class CeilingConsumer:
+    client_modules = ("psycopg",)
+
     def __init__(self, spec, k):
         self.table, self.sub = spec["table"], spec["subs"][k]
 
@@ -583,9 +605,10 @@ class PeerRuns:
     def run_name(self, workload):
         return f"{workload.lower()}-{self.stamp}"
 
-    async def prepare(self, run, n, consumer=None):
+    async def prepare(self, run, n, consumer=None, ordered=False):
         self.made.append((run, n))
-        return await self.peer.prepare(run, n)
+        # Only the peers that run W7 (workloads.ORDERED_PEERS) know `ordered`.
+        return await self.peer.prepare(run, n, **({"ordered": True} if ordered else {}))
 
     def __getattr__(self, name):
         return getattr(self.peer, name)
@@ -692,6 +715,8 @@ class OursPublisherWs:
 
 
 class OursConsumerWs:
+    client_modules = ("websockets.asyncio.client",)
+
     def __init__(self, spec, k):
         self.url = f"ws://127.0.0.1:{spec['port']}/ws/?token={spec['tokens'][k]}"
         self.queue = spec["queue"]
@@ -808,6 +833,8 @@ class OursConsumerWsBatch(OursConsumerWs):
 class OursConsumerRest:
     """Pull: GET /api/deliveries (long-polling), POST /api/deliveries/ack."""
 
+    client_modules = ("httpx",)
+
     def __init__(self, spec, k):
         self.spec, self.k = spec, k
 
@@ -844,6 +871,37 @@ class OursConsumerRest:
         await self.client.aclose()
 
 
+class OursConsumerPull(OursConsumerRest):
+    """W7's prompt pull consumer: lease one delivery (a long-poll, so that it is answered as
+    soon as one is ready), ack it, lease the next; two requests a message, each timed
+    (`timings`: where a message's time goes)."""
+
+    async def start(self):
+        await super().start()
+        self.times = {"lease": [], "ack": []}
+
+    async def batches(self):
+        while True:
+            t = time.perf_counter()
+            r = await self.client.get(
+                "/api/deliveries", params={"queue": self.spec["queue"], "limit": 1, "wait": 5}
+            )
+            self.times["lease"].append(time.perf_counter() - t)
+            if r.status_code != 200:
+                raise RuntimeError(f"pull answered {r.status_code}: {r.text[:200]}")
+            got = r.json()["deliveries"]
+            if got:
+                yield [(d["id"], d["payload"]) for d in got]
+
+    async def ack(self, tokens):
+        t = time.perf_counter()
+        await super().ack(tokens)
+        self.times["ack"].append(time.perf_counter() - t)
+
+    def timings(self):
+        return self.times
+
+
 CONSUMERS = {
     "rabbitmq": RabbitConsumer,
     "nats": NatsConsumer,
@@ -852,4 +910,5 @@ CONSUMERS = {
     "ours-ws": OursConsumerWs,
     "ours-ws-batch": OursConsumerWsBatch,
     "ours-rest": OursConsumerRest,
+    "ours-pull": OursConsumerPull,
 }

@@ -1,4 +1,4 @@
-"""The comparison's workloads, W1a to W6, and the drivers that run them against any system: a
+"""The comparison's workloads, W1a to W7, and the drivers that run them against any system: a
 peer of systems.py or this server (ours.py). Each system gives them prepare, publisher,
 stored and unacked (systems.py's docstring).
 
@@ -12,22 +12,32 @@ A 200-byte JSON payload; each run stops at its size or after `limit` seconds:
   W4     catch-up: 50,000 messages waiting for a subscriber that connects, received and acked
   W5     W1b and W4 again with 10 million delivery rows already in the database
   W6     W3 again with 10,000 idle subscribers connected (ours only)
+  W7     ordered drain: an ordered queue of 500 waiting messages, ONE consumer acking each
+         the moment it has it (ours: socket, REST pull, webhook; RabbitMQ: a quorum queue with a
+         single active consumer and a prefetch of 1); every message in publish order   500 messages
 
 A driver returns one result: its figure (`value`, `unit`), its counts and errors, and the
 `checks` that make it ok (every message confirmed, stored, received and acked in the store).
 """
 
 import asyncio
+import json
 import math
 import multiprocessing
+import random
 import statistics
 import time
 
 import subscriber_processes
 from harness import message
+from systems import MAX_BATCH_FRAME
 
-# The workloads run for us over every transport (W5 and W6 are run beside them: compare.py).
-OURS_WORKLOADS = ("W1a", "W1a-8", "W1b", "W2", "W3", "W4")
+# The workloads run for us over every transport (W5 and W6 are run beside them: compare.py;
+# W7's webhook too, after the transports).
+OURS_WORKLOADS = ("W1a", "W1a-8", "W1b", "W2", "W3", "W4", "W7")
+# The peers that run W7: those with a way to hand a queue out one message at a time in order.
+ORDERED_PEERS = ("rabbitmq",)
+W7_MIN = 200  # W7's size at least, whatever the scale: fewer would time little but start-up
 W2_SUBSCRIBERS = 10
 W3_RATE = 500
 WARMUP = 50
@@ -46,6 +56,7 @@ SIZES = {
     "W4": 50_000,
     "W5": 10_000_000,  # delivery rows already there
     "W6": 10_000,  # idle subscribers
+    "W7": 500,
 }
 
 
@@ -54,6 +65,7 @@ def scaled(scale, w3_rate=W3_RATE, w6_connections=None, w5_rows=None):
     W6 and W5 counts when given."""
     sizes = {k: max(int(v * scale), 1) for k, v in SIZES.items()}
     sizes["W3"] = max(SIZES["W3"] * scale, 2.0)
+    sizes["W7"] = max(int(SIZES["W7"] * scale), W7_MIN)
     sizes["W3_rate"] = w3_rate
     if w6_connections:
         sizes["W6"] = w6_connections
@@ -313,6 +325,170 @@ async def w4(system, run, total, limit, consumer="ws"):
     }
 
 
+def in_order(numbers, total):
+    """W7's checks on the message numbers as the consumer got them (published as 0, 1, 2 ...):
+    arrivals after a later message (out of order; a redelivery of an earlier one counts, one of
+    the message just got does not), arrivals more than once, and numbers never got."""
+    out_of_order, top = 0, -1
+    for i in numbers:
+        out_of_order += i < top
+        top = max(top, i)
+    distinct = set(numbers)
+    return {
+        "out_of_order": out_of_order,
+        "duplicates": len(numbers) - len(distinct),
+        "missing": len(set(range(total)) - distinct),
+    }
+
+
+def cycle_ms(times):
+    """Percentiles of the gaps between consecutive arrivals: W7's time per message (receive,
+    ack, and the next one handed out and sent), and how many took over 100 ms (a wait for a
+    timer or a sweep rather than for work)."""
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return {p: ms(pct(gaps, q)) for p, q in (("p50", 50), ("p90", 90), ("p99", 99))} | {
+        "max": ms(max(gaps)) if gaps else None,
+        "over_100ms": sum(g > 0.1 for g in gaps),
+    }
+
+
+def request_ms(timings):
+    """W7's pull: percentiles of its lease and ack requests, in ms (nothing for the others)."""
+    if not timings:
+        return {}
+    return {
+        "request_ms": {
+            kind: {p: ms(pct(times, q)) for p, q in (("p50", 50), ("p90", 90), ("p99", 99))}
+            | {"max": ms(max(times)) if times else None, "count": len(times)}
+            for kind, times in timings.items()
+        }
+    }
+
+
+async def w7(system, run, total, limit, consumer="ws"):
+    """The ordered drain: `total` messages waiting in an ordered queue, then ONE consumer that
+    acks each the moment it has it (subscriber_processes' `ack_each`); messages a second from
+    its start (before it connects) until its last ack, and whether it got them all in order."""
+    spec = await system.prepare(run, 1, consumer=consumer, ordered=True)
+    pub = (
+        await system.backlog_publisher(run)
+        if hasattr(system, "backlog_publisher")
+        else await system.publisher(run)
+    )
+    fill = time.monotonic()
+    try:
+        for first in range(0, total, 100):
+            await pub.many([payload(i, "w7") for i in range(first, min(first + 100, total))])
+    finally:
+        await pub.close()
+    fill = time.monotonic() - fill
+    stored = await system.stored(run, 1)
+    group = subscriber_processes.Subscribers(spec, 1, total, "w7", limit, ack_each=True)
+    await asyncio.get_running_loop().run_in_executor(None, group.start)
+    res = await group.result()
+    got = [r for r in res["records"][0] if r[0] == "w7"]
+    order = in_order([r[1] for r in got], total)
+    done = res["done_at"][0]
+    # A run cut by the time limit still has a rate: what it got, up to its last arrival.
+    end = done if done is not None else (got[-1][3] if got else None)
+    seconds = None if end is None else end - group.started_at
+    received_n = total - order["missing"]
+    # A run cut by its limit leaves the rest unacked for good: no waiting for them.
+    left = await wait_unacked_zero(system, run, 1, limit=30.0 if done is not None else 0)
+    return {
+        "messages": received_n,
+        "target": total,
+        "backlog_fill_seconds": round(fill, 2),
+        "seconds": None if seconds is None else round(seconds, 3),
+        "value": round(received_n / seconds, 1) if seconds else None,
+        "unit": "msg/s, one consumer acking each",
+        "first_message_s": round(got[0][3] - group.started_at, 3) if got else None,
+        # The rate once the first message is there: without the connect and the resume.
+        "value_after_first": (
+            round((received_n - 1) / (end - got[0][3]), 1) if got and end and end > got[0][3] else None
+        ),
+        "cycle_ms": cycle_ms([r[3] for r in got]),
+        **request_ms(res.get("timings", [None])[0]),
+        **order,
+        "time_limited": done is None,
+        "errors": [res["error"]] if res["error"] else [],
+        "checks": {
+            "backlog_stored": stored == total,
+            "all_received": order["missing"] == 0,
+            "in_order": order["out_of_order"] == 0,
+            "no_errors": not res["error"],
+            "store_all_acked": left == 0,
+        },
+    }
+
+
+async def w7_webhook(system, run, total, limit, receiver, secret, sample=50):
+    """W7 by webhook (ours only): the Celery workers already running and the queue's one
+    subscriber posting to `receiver` (webhook_rate.Receiver: answers 200 at once), `total`
+    messages are published in batches of up to 1,000 (one, at W7's sizes); the drain runs from
+    the first batch's 201 (or the first post, if earlier) until the last ack the database
+    stamped. Checks every post's order, a sample of their signatures, that none is dead."""
+    from standardwebhooks import Webhook
+
+    receiver.reset()
+    pub = await system.publisher(run)
+    started = None
+    try:
+        for first in range(0, total, MAX_BATCH_FRAME):
+            await pub.many([payload(i, "w7") for i in range(first, min(first + MAX_BATCH_FRAME, total))])
+            started = started or time.time()
+    finally:
+        await pub.close()
+    deadline, complete = time.monotonic() + limit, False
+    while not complete and time.monotonic() < deadline:
+        posts = receiver.snapshot()
+        complete = len({json.loads(body)["payload"]["i"] for _, _, body in posts}) >= total
+        await asyncio.sleep(0.05)
+    # The last ack follows the last post by a moment; a run cut by its limit never gets there.
+    left = await wait_unacked_zero(system, run, 1, limit=30.0 if complete else 0)
+    posts = receiver.snapshot()
+    # The receiver stamps posts with the monotonic clock; the database stamps acks by the wall's.
+    to_wall = time.time() - time.monotonic()
+    frames = [json.loads(body) for _, _, body in posts]
+    order = in_order([f["payload"]["i"] for f in frames if f["payload"].get("phase") == "w7"], total)
+    if posts:
+        started = min(started, posts[0][0] + to_wall)
+    last_ack = await system.last_ack(run)
+    end = last_ack if not left and last_ack else (posts[-1][0] + to_wall if posts else None)
+    seconds = None if end is None else end - started
+    received_n = total - order["missing"]
+    bad = 0
+    for _, headers, body in random.Random(0).sample(posts, min(sample, len(posts))):
+        try:
+            Webhook(secret).verify(body, {k.lower(): v for k, v in headers.items()})
+        except Exception:  # the library raises its own WebhookVerificationError
+            bad += 1
+    dead = await system.dead(run)
+    return {
+        "messages": received_n,
+        "target": total,
+        "seconds": None if seconds is None else round(seconds, 3),
+        "value": round(received_n / seconds, 1) if seconds else None,
+        "unit": "msg/s, one consumer acking each",
+        "first_post_s": round(posts[0][0] + to_wall - started, 3) if posts else None,
+        "cycle_ms": cycle_ms([t for t, _, _ in posts]),
+        "posts": len(posts),
+        **order,
+        "signatures_checked": min(sample, len(posts)),
+        "signatures_bad": bad,
+        "dead": dead,
+        "time_limited": received_n < total,
+        "errors": [],
+        "checks": {
+            "all_received": order["missing"] == 0,
+            "in_order": order["out_of_order"] == 0,
+            "signatures_good": bad == 0,
+            "none_dead": dead == 0,
+            "store_all_acked": left == 0,
+        },
+    }
+
+
 def failed(exc):
     return {"value": None, "error": f"{exc.__class__.__name__}: {exc}"[:500], "checks": {"ran": False}}
 
@@ -344,6 +520,10 @@ async def run_workload(system, w, run, sizes, limit, transport):
         return await guarded(w3(system, run, sizes["W3"], limit, sizes["W3_rate"]), w)
     if w == "W4":
         return await guarded(w4(system, run, sizes["W4"], limit, consumer=transport), w)
+    if w == "W7":
+        # Over REST, W7's consumer pulls one at a time (systems.OursConsumerPull).
+        consumer = "pull" if transport == "rest" else transport
+        return await guarded(w7(system, run, sizes["W7"], limit, consumer=consumer), w)
     raise ValueError(w)
 
 

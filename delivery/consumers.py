@@ -173,7 +173,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.batched = set()
         self.held = {}  # delivery id -> monotonic time its lease ends
         self.ordered_held = set()  # those of them of ordered queues
-        self.wake_after_acks = False  # an acked one was an ordered queue's: lease after commit
+        self.ordered_acked = []  # acked ones of them: their next heads are leased after the commit
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
         self.ack_task = None
         self.publish_buffer = []  # [_Publish] not yet published
@@ -352,14 +352,18 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             leased = await ledger.alease_deliveries(self.subscriber, limit=want, holder=self.channel_name)
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back
-            now_wall, now = time.time(), time.monotonic()
-            for d in leased:
-                self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
-            self.ordered_held.intersection_update(self.held)
-            self.ordered_held.update(await self.of_ordered_queues(leased))
-            await self.send_deliveries(leased)
+            await self.hold_and_send(leased)
         if sharing and len(leased) == want:
             wakeups.pass_turn(pk)  # more may be ready: the next socket's turn (or ours again)
+
+    async def hold_and_send(self, leased):
+        """Count what a lease got in the window (until its ack deadline) and send it."""
+        now_wall, now = time.time(), time.monotonic()
+        for d in leased:
+            self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
+        self.ordered_held.intersection_update(self.held)
+        self.ordered_held.update(await self.of_ordered_queues(leased))
+        await self.send_deliveries(leased)
 
     async def of_ordered_queues(self, leased):
         """The ids of those deliveries whose queue is ordered (queues are kept in the process:
@@ -516,17 +520,15 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         unknown = [i for i in ids if not is_db_id(i)]
         self.ack_buffer += [i for i in ids if is_db_id(i)]
         was_full = len(self.held) >= self.prefetch
-        ordered = 0
+        ordered = [i for i in ids if i in self.ordered_held]
         for i in ids:
             self.held.pop(i, None)
-            if i in self.ordered_held:
-                ordered += 1
-                # An ordered queue's next message is leasable only once this ack commits: the
-                # pump is woken then (write_acks), since a lease before it would find the head
-                # still in flight, and nothing else would wake it.
-                self.ordered_held.discard(i)
-                self.wake_after_acks = True
-        if was_full and ordered < len(ids):
+        # An ordered queue's next message is leasable only once this ack commits: write_acks
+        # leases it then, since a lease before would find the head still in flight, and
+        # nothing else would come to lease it.
+        self.ordered_held.difference_update(ordered)
+        self.ordered_acked += ordered
+        if was_full and len(ordered) < len(ids):
             # The window has room now: lease the next ones while the acks are written, not
             # after (they are other rows; a catch-up waited a round trip per window for
             # nothing). A window that had room took all that was ready at its last lease:
@@ -541,14 +543,31 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """Write buffered acks, one ledger call for all that arrived while the last ran."""
         while self.ack_buffer:
             ids, self.ack_buffer = self.ack_buffer, []
-            wake, self.wake_after_acks = self.wake_after_acks, False
+            ordered, self.ordered_acked = self.ordered_acked, []
             try:
                 _, unknown = await ledger.aack_deliveries(self.subscriber, ids)
-            finally:
-                if wake:
-                    self.wake.set()  # committed (or failed: the pump looks again either way)
+            except BaseException:
+                if ordered:
+                    self.wake.set()  # the pump looks again, acked or not
+                raise
+            if ordered:
+                await self.send_heads(ordered)
             if unknown:
                 await self.send_json(FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown).frame())
+
+    async def send_heads(self, acked):
+        """Lease and send the next head of the ordered subscriptions whose deliveries `acked`
+        were just acked (committed)."""
+        async with self.sending:
+            free = self.prefetch - len(self.held)
+            if free <= 0 or self.closing:
+                return
+            leased = await ledger.alease_heads_after(
+                self.subscriber, acked, limit=free, holder=self.channel_name
+            )
+            if self.closing:
+                return  # the socket is gone: the release in disconnect() hands these back
+            await self.hold_and_send(leased)
 
     async def on_nack(self, frame):
         ids, retry_in, error = frames.nack_of(frame)

@@ -307,7 +307,7 @@ async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, ho
             for sub in ordered:
                 if len(leased) < limit:
                     leased += await adb.run(
-                        _lease_head_statement(subscriber.pk, sub, event_ids, holder, now), conn
+                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now), conn
                     )
             for ack_timeout, ids in unordered.items():
                 if len(leased) >= limit:
@@ -467,7 +467,7 @@ def _heads_in_one():
 def _lease_head(subscriber_id, sub, event_ids, holder, now):
     """Lease an ordered subscription's head, if it is ready (described, as the API gives it)."""
     if _heads_in_one():
-        return adb.run_sync(_lease_head_statement(subscriber_id, sub, event_ids, holder, now))
+        return adb.run_sync(_lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now))
     # SQLite (one writer at a time): lock the subscription row first: with SKIP LOCKED alone a
     # second leaser would skip the locked head and hand out the message behind it.
     list(
@@ -486,12 +486,15 @@ def _lease_head(subscriber_id, sub, event_ids, holder, now):
     return _describe(_mark_leased([head["id"]], sub["queue__ack_timeout"], holder, now))
 
 
-def _lease_head_statement(subscriber_id, sub, event_ids, holder, now):
+def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
     """PostgreSQL: lease an ordered subscription's head in one statement, and describe it.
+    `subscription` is its id, or the SQL of a subquery giving it, as (sql, params).
 
     The head is its lowest-seq pending delivery, leased only if it is ready (of `event_ids`,
     if given), nothing of the subscription is in flight (whatever its seq: a seek or a
-    redelivery can reopen lower seqs behind it) and no replay is under way. This is what an
+    redelivery can reopen lower seqs behind it), and the subscription may lease at all: no
+    replay under way, its queue not paused, its subscriber active and allowed (the checks of
+    _subscriptions(), so that after an ack the head needs no read first). This is what an
     ordered queue's speed turns on: one round trip per message, where a lock of the
     subscription row, a read of the head, its update and a read back took five and a
     transaction (bench/README.md, W7).
@@ -504,36 +507,70 @@ def _lease_head_statement(subscriber_id, sub, event_ids, holder, now):
     out at most the head, once. A snapshot taken after the first committed sees the head in
     flight, and leases nothing."""
     table = Delivery._meta.db_table
+    sub_sql, sub_params = ("%s", [subscription]) if isinstance(subscription, int) else subscription
     of_events, event_params = _of_events("d.event_id", event_ids)
-    set_, set_params = _leased_set(sub["queue__ack_timeout"], holder, now)
+    at = connection.ops.adapt_datetimefield_value
     leased = yield (
         f"""
-        UPDATE {table} d SET {set_}
-        FROM {Message._meta.db_table} m, {Queue._meta.db_table} q, {Event._meta.db_table} e
+        UPDATE {table} d
+        SET status = %s, attempt = d.attempt + 1, delivered_at = %s, lease_holder = %s,
+            ack_deadline = %s + make_interval(secs => q.ack_timeout)
+        FROM {Message._meta.db_table} m, {Queue._meta.db_table} q, {Event._meta.db_table} e,
+             {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r
         WHERE d.id = (SELECT h.id FROM {table} h
-                      WHERE h.subscription_id = %s AND {status_is(Status.PENDING, "h")}
+                      WHERE h.subscription_id = ({sub_sql}) AND {status_is(Status.PENDING, "h")}
                       ORDER BY h.seq LIMIT 1)
           AND NOT EXISTS (SELECT 1 FROM {table} i
                           WHERE i.subscriber_id = %s AND {status_is(Status.INFLIGHT, "i")}
-                            AND i.subscription_id = %s)
-          AND NOT EXISTS (SELECT 1 FROM {Subscription._meta.db_table} s
-                          WHERE s.id = %s AND s.busy_since IS NOT NULL)
+                            AND i.subscription_id = d.subscription_id)
           AND {ready_sql("d")}{of_events}
-          AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id
+          AND s.id = d.subscription_id AND s.subscriber_id = %s AND s.busy_since IS NULL
+          AND r.id = s.subscriber_id AND {_may_subscribe()}
+          AND q.id = d.queue_id AND q.paused = %s AND q.ordered = %s
+          AND m.id = d.message_id AND e.id = d.event_id
         RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
                   m.created_at, d.ack_deadline, m.headers_json
         """,
         [
-            *set_params,
-            sub["id"],
+            Status.INFLIGHT,
+            at(now),
+            holder,
+            at(now),
+            *sub_params,
             subscriber_id,
-            sub["id"],
-            sub["id"],
-            connection.ops.adapt_datetimefield_value(now),
+            at(now),
             *event_params,
+            subscriber_id,
+            True,
+            True,
+            False,
+            True,
         ],
     )
     return [_delivery(*row) for row in leased]
+
+
+def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
+    """After acks of ordered deliveries: lease what is ready of the subscriber (SQLite, and
+    where the async connection is off: the whole lease_deliveries())."""
+    return lease_deliveries(subscriber, limit=limit, holder=holder, now=now)
+
+
+@adb.twin(lease_heads_after)
+async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
+    """The next head of the ordered subscriptions of `acked_ids` (deliveries just acked,
+    committed), one statement each and no read first: a prompt consumer of an ordered queue
+    waits for its next message one round trip after its ack, not three. Whatever else may be
+    ready was leased when the window last had room; a wake-up leases anything new."""
+    now = now or timezone.now()
+    leased = []
+    async with adb.connect() as conn:
+        for acked in acked_ids:
+            if len(leased) >= limit:
+                break
+            of_acked = (f"SELECT subscription_id FROM {Delivery._meta.db_table} WHERE id = %s", [acked])
+            leased += await adb.run(_lease_head_statement(subscriber.pk, of_acked, None, holder, now), conn)
+    return leased
 
 
 def _head(subscriber_id, subscription_id):

@@ -34,6 +34,7 @@ from django.db import connection
 from django.utils import timezone
 
 from delivery import presence
+from queues import lookup
 from subscribers.models import Connection, Subscriber
 
 from . import frames, ledger, liveness, receipts, tallies, webhooks
@@ -212,12 +213,14 @@ def _post_ready(subscriber_id, holder):
             if not probe.ok:
                 record_attempts(leased[:1], [probe])
                 ledger.fail_delivery(leased[0]["id"], holder, probe.error)
-                # Ready at once but no wake-up: the next sweep takes them, within a second,
-                # rather than a job now that would only find the endpoint still failing.
+                # Ready at once but no wake-up, and not posted now: one request a batch to an
+                # endpoint that is failing.
                 ledger.release_held([holder], reason=NOT_POSTED, wake=False)
                 log.info(
                     "webhook of %s failed (%s); the rest waits", subscriber, webhooks.loggable(probe.error)
                 )
+                if _wait_for_retry(subscriber_id, leased[:1]):
+                    continue
                 break
             # The rest at once; safe for ordered queues too, since the ledger leases at most one
             # delivery of an ordered subscription at a time.
@@ -235,15 +238,31 @@ def _post_ready(subscriber_id, holder):
             for d, o in failed:
                 ledger.fail_delivery(d["id"], holder, o.error)
             if failed:
-                # The endpoint is failing: leave the rest to their own schedule (the sweeper).
                 log.info(
                     "webhook of %s failed %d times (%s)",
                     subscriber,
                     len(failed),
                     webhooks.loggable(failed[0][1].error),
                 )
-                break
+                if not _wait_for_retry(subscriber_id, [d for d, _ in failed]):
+                    break
     return posted
+
+
+def _wait_for_retry(subscriber_id, failed):
+    """After failed posts of `failed` deliveries: whether to go on, having waited for the first
+    retry. Only an ordered queue's line waits here, for a retry due within
+    RETRY_LOOKAHEAD_SECS (a first failure's backoff): nothing else of its subscription may
+    go before it, and a job ending now would leave it to a sweep and a Celery round trip
+    after its backoff. Otherwise (and for a longer backoff: an endpoint down for a while) the
+    job ends, and the sweeper takes the rest when due."""
+    if not any(getattr(lookup.find_queue(d["queue"]), "ordered", False) for d in failed):
+        return False
+    due_at = next_due_at(subscriber_id)
+    if due_at is None:
+        return False
+    stopping.wait(max((due_at - timezone.now()).total_seconds(), 0))
+    return not stopping.is_set()
 
 
 def next_due_at(subscriber_id, now=None):

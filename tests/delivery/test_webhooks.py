@@ -164,6 +164,28 @@ def test_a_job_waits_for_a_retry_due_within_the_lookahead(hooked, db_queue, rece
     assert time.monotonic() - started < 0.5
 
 
+@override_settings(MQ_BACKOFF_BASE_SECS=0.3)
+def test_an_ordered_queues_line_is_retried_by_the_job_when_its_backoff_ends(
+    hooked, db_queue, receiver, enqueued
+):
+    """On an ordered queue nothing may pass a failed post: the job waits for its retry rather
+    than end and leave it to a sweep (a second more, and a Celery round trip, per failure).
+    Then the line goes on, in order, in the same job."""
+    db_queue.ordered = True
+    db_queue.save()
+    receiver.script = [(200, 0), (500, 0)]  # the second message fails once
+    publish(db_queue, 4)
+    started = time.monotonic()
+    assert tasks.deliver_webhooks(hooked.pk) == 4
+    assert time.monotonic() - started < 1.5
+    posted = [json.loads(body)["payload"]["n"] for *_, body in receiver.requests]
+    assert posted == [0, 1, 1, 2, 3]
+    times = [t for t, *_ in receiver.requests]
+    assert times[2] - times[1] >= 0.28  # the retry waited for its backoff
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
+    assert enqueued == []  # no job was needed beside this one
+
+
 def test_the_sweeper_enqueues_for_work_due_before_its_next_run(hooked, db_queue, enqueued):
     publish(db_queue)
     later = timezone.now() + timedelta(seconds=tasks.RETRY_LOOKAHEAD_SECS + 2)

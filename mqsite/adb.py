@@ -132,30 +132,21 @@ async def _execute(conn, cursor, sql, params):
     statement of it stale ("cached plan must not change result type": PostgreSQL plans a
     prepared statement again after a migration, but fails it if its columns' types changed).
     In autocommit the failed statement did nothing, so the connection forgets its prepared
-    statements (DEALLOCATE ALL, which psycopg follows) and runs it again, unprepared; in a
-    transaction, which the error has aborted, the caller gets it and the pool closes the
-    connection rather than keep it."""
+    statements (DEALLOCATE ALL, which psycopg follows) and runs it again, unprepared. In a
+    transaction, which the error has aborted, the caller gets it; psycopg's rollback forgets
+    the connection's prepared statements too, so the next caller's are prepared anew."""
     import psycopg
     from psycopg.pq import TransactionStatus
 
     try:
         await cursor.execute(sql, params)
     except psycopg.errors.FeatureNotSupported as exc:
-        if not _stale_plan(exc):
+        if "cached plan must not change result type" not in str(exc):
             raise
         if conn.info.transaction_status != TransactionStatus.IDLE:
-            _stale.add(conn)
             raise
         await conn.execute("DEALLOCATE ALL")
         await cursor.execute(sql, params)
-
-
-def _stale_plan(exc):
-    return "cached plan must not change result type" in str(exc)
-
-
-# Connections a stale prepared statement failed in a transaction: closed when given back.
-_stale = weakref.WeakSet()
 
 
 @contextlib.asynccontextmanager
@@ -231,8 +222,7 @@ class _Pool:
         try:
             yield conn
         finally:
-            idle = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
-            if idle and conn not in _stale:
+            if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
                 self.idle.append(conn)
             else:
                 _finish(conn)

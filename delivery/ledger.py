@@ -369,24 +369,23 @@ def _plan(subs):
     return overdue, ordered, unordered
 
 
-def _in(values):
-    """A parameter list for `IN (...)`: one placeholder per value (SQLite has no arrays)."""
-    return f"({', '.join(['%s'] * len(values))})"
-
-
 def _of_subscriptions(sub_ids, event_ids):
     """The WHERE clause (and its parameters) for deliveries of these subscriptions, of these
     events when `event_ids` is not None."""
+    of_subscriptions, params = adb.one_of("subscription_id", sub_ids)
     of_events, event_params = _of_events("event_id", event_ids)
-    return f"subscription_id IN {_in(sub_ids)}{of_events}", [*sub_ids, *event_params]
+    return f"{of_subscriptions}{of_events}", [*params, *event_params]
 
 
 def _of_events(column, event_ids):
-    """(" AND <column> IN (...)", its parameters) for these events; nothing when None."""
+    """(" AND <column> is one of them", its parameters) for these events; nothing when None."""
     if event_ids is None:
         return "", []
     event_ids = list(event_ids)
-    return (f" AND {column} IN {_in(event_ids)}" if event_ids else " AND 1 = 0"), event_ids
+    if not event_ids:
+        return " AND 1 = 0", []
+    of_events, params = adb.one_of(column, event_ids)
+    return f" AND {of_events}", params
 
 
 def _subscriptions(subscriber, queue, event_ids, now):
@@ -482,8 +481,9 @@ def _leased_set(ack_timeout, holder, now):
 
 def _mark_leased(ids, ack_timeout, holder, now):
     set_, params = _leased_set(ack_timeout, holder, now)
+    of_ids, id_params = adb.one_of("id", ids)
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {Delivery._meta.db_table} SET {set_} WHERE id IN {_in(ids)}", [*params, *ids])
+        cursor.execute(f"UPDATE {Delivery._meta.db_table} SET {set_} WHERE {of_ids}", [*params, *id_params])
     return list(ids)
 
 
@@ -723,14 +723,16 @@ def _ack(subscriber_id, ids, now):
     # to tell ids acked before from ids that are not the subscriber's. A receipt row also
     # returns its message id (delivery.receipts); others a NULL, read from the row: no join.
     table = Delivery._meta.db_table
+    of_ids, id_params = adb.one_of("id", ids)
+    at = connection.ops.adapt_datetimefield_value(now)
     returned = yield (
         f"""
         UPDATE {table} SET status = %s, acked_at = %s, {UNLEASED_SQL}
         {_no_flush_wait("FROM ")}
-        WHERE id IN ({", ".join(["%s"] * len(ids))}) AND subscriber_id = %s AND status <> %s
+        WHERE {of_ids} AND subscriber_id = %s AND status <> %s
         RETURNING id, CASE WHEN receipt THEN message_id END
         """,
-        [Status.ACKED, connection.ops.adapt_datetimefield_value(now), *ids, subscriber_id, Status.ACKED],
+        [Status.ACKED, at, *id_params, subscriber_id, Status.ACKED],
     )
     acked = {row[0] for row in returned}
     # Logged by the statement right after (delivery.receipts.recheck), only when it moved
@@ -740,10 +742,10 @@ def _ack(subscriber_id, ids, now):
     receipt_messages = yield from receipts.moved_statement(row[1] for row in returned)
     mine = acked
     if len(acked) < len(ids):
-        rest = [i for i in ids if i not in acked]
+        of_rest, rest_params = adb.one_of("id", [i for i in ids if i not in acked])
         found = yield (
-            f"SELECT id FROM {table} WHERE id IN {_in(rest)} AND subscriber_id = %s",
-            [*rest, subscriber_id],
+            f"SELECT id FROM {table} WHERE {of_rest} AND subscriber_id = %s",
+            [*rest_params, subscriber_id],
         )
         mine = acked | {row[0] for row in found}
     # No wake-up: the acking client leases next itself (its consumer wakes on its own acks).
@@ -785,22 +787,22 @@ def _extend(subscriber_id, ids, seconds, holder, now):
     if not 1 <= seconds <= MAX_EXTEND_SECS:
         raise ValueError(f"seconds must be from 1 to {MAX_EXTEND_SECS}")
     ids = list(dict.fromkeys(ids))
-    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
+    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (left out, as adb.one_of asks)
     if not valid:
         return Extended([], ids)
     # One statement, compare-and-set on the owner and the status (and the holder): an expiry
     # that ran first made it pending, so it is not extended; one that runs after sees the new
     # deadline (on PostgreSQL it locks the row, and waits for or skips this UPDATE's lock).
-    of_ids, ids_param = _id_set(valid)
+    of_ids, id_params = adb.one_of("id", valid, unbounded=True)
     of_holder, holder_params = ("AND lease_holder = %s", [holder]) if holder is not None else ("", [])
     deadline = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=seconds))
     returned = yield (
         f"""
         UPDATE {Delivery._meta.db_table} SET ack_deadline = %s
-        WHERE id {of_ids} AND subscriber_id = %s AND status = %s {of_holder}
+        WHERE {of_ids} AND subscriber_id = %s AND status = %s {of_holder}
         RETURNING id
         """,
-        [deadline, ids_param, subscriber_id, Status.INFLIGHT, *holder_params],
+        [deadline, *id_params, subscriber_id, Status.INFLIGHT, *holder_params],
     )
     extended = {row[0] for row in returned}
     return Extended([i for i in ids if i in extended], [i for i in ids if i not in extended])
@@ -871,26 +873,26 @@ def _nack(subscriber_id, ids, retry_in, now, error):
     """The nack's statements; (Nacked, whether to wake the subscriber after the commit, message
     ids of the receipt deliveries that died)."""
     ids = list(dict.fromkeys(ids))
-    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (and would fail the cast)
+    valid = [i for i in ids if is_db_id(i)]  # others are nobody's (left out, as adb.one_of asks)
     if not valid:
         return Nacked({}, ids, {}), False, set()
     table = Delivery._meta.db_table
-    of_ids, ids_param = _id_set(valid)
+    of_ids, id_params = adb.one_of("id", valid, unbounded=True)
     done, wake, died = yield from _end_attempts(
-        f"id {of_ids} AND subscriber_id = %s AND status IN (%s, %s)",
-        [ids_param, subscriber_id, Status.PENDING, Status.INFLIGHT],
+        f"{of_ids} AND subscriber_id = %s AND status IN (%s, %s)",
+        [*id_params, subscriber_id, Status.PENDING, Status.INFLIGHT],
         retry_in,
         now,
         error,
     )
     settled = {}
     if len(done) < len(valid):
-        of_rest, rest_param = _id_set([i for i in valid if i not in done])
+        of_rest, rest_params = adb.one_of("id", [i for i in valid if i not in done], unbounded=True)
         settled = dict(
             (
                 yield (
-                    f"SELECT id, status FROM {table} WHERE id {of_rest} AND subscriber_id = %s",
-                    [rest_param, subscriber_id],
+                    f"SELECT id, status FROM {table} WHERE {of_rest} AND subscriber_id = %s",
+                    [*rest_params, subscriber_id],
                 )
             )
         )
@@ -930,23 +932,16 @@ def _end_attempts(where, params, retry_in, now, error):
     wake = any(is_ready(status, at_, now) for status, _, at_ in done.values())
     died_in = sorted({queue_id for _, status, _, _, queue_id, _ in rows if status == Status.DEAD})
     if not wake and died_in:
+        of_queues, queue_params = adb.one_of("id", died_in)
         wake = bool(
             (
                 yield (
-                    f"SELECT 1 FROM {Queue._meta.db_table} WHERE id IN {_in(died_in)} AND ordered = %s",
-                    [*died_in, True],
+                    f"SELECT 1 FROM {Queue._meta.db_table} WHERE {of_queues} AND ordered = %s",
+                    [*queue_params, True],
                 )
             )
         )
     return done, wake, died
-
-
-def _id_set(ids):
-    """(" = ANY(...)" or " IN (...)", its one parameter) for a set of ids of any size: an
-    array on PostgreSQL, a JSON list on SQLite (a placeholder per id would meet its limit)."""
-    if connection.vendor == "postgresql":
-        return "= ANY(%s::bigint[])", list(ids)
-    return "IN (SELECT value FROM json_each(%s))", json.dumps(list(ids))
 
 
 def _datetime(value):
@@ -1020,8 +1015,9 @@ def _expire_overdue(now, subscription_ids):
     table = Delivery._meta.db_table
     of_subscriptions, params = "", [connection.ops.adapt_datetimefield_value(now)]
     if subscription_ids is not None:
-        of_subscriptions = f" AND d.subscription_id IN {_in(subscription_ids)}"
-        params += list(subscription_ids)
+        of_subscriptions, subscription_params = adb.one_of("d.subscription_id", subscription_ids)
+        of_subscriptions = f" AND {of_subscriptions}"
+        params += subscription_params
     set_, set_params = dead_or_retry(
         ACK_DEADLINE_PASSED, died_of(ACK_DEADLINE_PASSED), _backoff_after("ack_deadline"), []
     )
@@ -1146,11 +1142,11 @@ def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subs
     holders = list(holders)
     if not holders:
         return []
-    where, params = f"lease_holder IN {_in(holders)}", holders
+    where, params = adb.one_of("lease_holder", holders)
     if subscription_ids is not None:
-        subscription_ids = list(subscription_ids) or [0]
-        where += f" AND subscription_id IN {_in(subscription_ids)}"
-        params = [*params, *subscription_ids]
+        of_subscriptions, subscription_params = adb.one_of("subscription_id", list(subscription_ids) or [0])
+        where += f" AND {of_subscriptions}"
+        params = [*params, *subscription_params]
     return _release(where, params, reason, wake, spend)
 
 
@@ -1473,10 +1469,10 @@ def _leave_chunk(subscription_id, chunk):
             # Plain DELETEs, their attempts first: the ORM's cascade read every row of the
             # chunk as a model first, five times the time.
             with connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {DeliveryAttempt._meta.db_table} WHERE delivery_id IN {_in(ids)}", ids
-                )
-                cursor.execute(f"DELETE FROM {Delivery._meta.db_table} WHERE id IN {_in(ids)}", ids)
+                of_deliveries, params = adb.one_of("delivery_id", ids)
+                cursor.execute(f"DELETE FROM {DeliveryAttempt._meta.db_table} WHERE {of_deliveries}", params)
+                of_ids, params = adb.one_of("id", ids)
+                cursor.execute(f"DELETE FROM {Delivery._meta.db_table} WHERE {of_ids}", params)
             receipts.moved(receipt_messages)  # what is left of them may be settled now
             return len(ids)
         ids = list(of_subscription.filter(status=Status.ACKED).values_list("id", flat=True)[:chunk])

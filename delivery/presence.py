@@ -8,7 +8,7 @@ ones (Connection.is_stale: not refreshed for STALE_AFTER_SECS), handing back wha
 from django.db import connection, transaction
 from django.utils import timezone
 
-from mqsite import limits, rows
+from mqsite import adb, limits, rows
 from subscribers.models import HEARTBEAT_SECS as HEARTBEAT_SECS  # the sockets' heartbeat reads it here
 from subscribers.models import Connection, Subscriber, Subscription
 
@@ -55,11 +55,11 @@ def heartbeat(channel_names):
         return set()
     table = Connection._meta.db_table
     names = list(channel_names)
+    of_names, params = adb.one_of("channel_name", names)
     with rows.writing(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET last_seen = %s WHERE channel_name IN ({', '.join(['%s'] * len(names))})"
-            " RETURNING channel_name",
-            [connection.ops.adapt_datetimefield_value(timezone.now()), *names],
+            f"UPDATE {table} SET last_seen = %s WHERE {of_names} RETURNING channel_name",
+            [connection.ops.adapt_datetimefield_value(timezone.now()), *params],
         )
         seen = {row[0] for row in cursor.fetchall()}
     return set(names) - seen

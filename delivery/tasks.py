@@ -34,6 +34,7 @@ from django.db import connection
 from django.utils import timezone
 
 from delivery import presence
+from mqsite import adb
 from queues import lookup
 from subscribers.models import Connection, Subscriber
 
@@ -93,14 +94,15 @@ def webhook_subscribers(subscriber_ids):
     ids = list(subscriber_ids)
     if not ids:
         return []
+    of_ids, params = adb.one_of("s.id", ids)
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             SELECT s.id FROM {Subscriber._meta.db_table} s
-            WHERE s.id IN ({", ".join(["%s"] * len(ids))}) AND s.is_active = %s AND s.webhook_url <> ''
+            WHERE {of_ids} AND s.is_active = %s AND s.webhook_url <> ''
               AND NOT EXISTS (SELECT 1 FROM {Connection._meta.db_table} c WHERE c.subscriber_id = s.id)
             """,
-            [*ids, True],
+            [*params, True],
         )
         return [row[0] for row in cursor.fetchall()]
 

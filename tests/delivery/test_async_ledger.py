@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from channels.db import database_sync_to_async
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, NotSupportedError, connection
 from django.utils import timezone
 
 from delivery import group_commit, ledger, publishing, subscribing, wakeups
@@ -246,3 +246,65 @@ async def test_the_async_connection_reads_what_django_reads():
 
 def _select(sql, params):
     return (yield sql, params)
+
+
+def _prepared(conn, text):
+    """How many prepared statements of this connection hold `text`."""
+    return adb.run(
+        _select("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", [f"%{text}%"]), conn
+    )
+
+
+@on_postgres
+async def test_an_ack_is_one_prepared_statement_whatever_its_number_of_ids(both_subscribed_warm):
+    """The async connection prepares what it runs again, so PostgreSQL plans it once: an ack's
+    text must not change with its number of ids (as an IN list of a placeholder each did)."""
+    queue, logger, _ = both_subscribed_warm
+    await published(queue, 9)
+    ids = [d["id"] for d in await ledger.alease_deliveries(logger, limit=9)]
+    async with adb.connect() as conn:
+        for batch in (ids[:2], ids[2:5], ids[5:9]):
+            acked, _, _ = await adb.run(ledger._ack(logger.pk, batch, timezone.now()), conn)
+            assert acked == len(batch)
+        assert await _prepared(conn, "acked_at") == [(1,)]
+    statuses = await database_sync_to_async(
+        lambda: set(Delivery.objects.filter(pk__in=ids).values_list("status", flat=True))
+    )()
+    assert statuses == {Status.ACKED}
+
+
+@on_postgres
+async def test_a_prepared_statement_survives_a_migration_that_changes_its_columns():
+    """A statement prepared before a column's type changed fails in PostgreSQL ("cached plan
+    must not change result type"): on its own it runs again unprepared; in a transaction, which
+    the error aborted, the caller gets it once, and the connection runs it again after."""
+    select = ("SELECT x FROM mq_test_scratch", [])
+
+    def ddl(sql):
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+
+    await database_sync_to_async(ddl)("CREATE TABLE mq_test_scratch (x integer)")
+    try:
+        await database_sync_to_async(ddl)("INSERT INTO mq_test_scratch VALUES (1)")
+        async with adb.connect() as conn:
+            for _ in range(3):
+                assert await adb.run(_select(*select), conn) == [(1,)]
+            assert await _prepared(conn, "mq_test_scratch") == [(1,)]
+            await database_sync_to_async(ddl)("ALTER TABLE mq_test_scratch ALTER COLUMN x TYPE bigint")
+            assert await adb.run(_select(*select), conn) == [(1,)]
+            for _ in range(2):
+                assert await adb.run(_select(*select), conn) == [(1,)]
+            assert await _prepared(conn, "mq_test_scratch") == [(1,)]
+            held = conn
+        await database_sync_to_async(ddl)("ALTER TABLE mq_test_scratch ALTER COLUMN x TYPE integer")
+        with pytest.raises(NotSupportedError, match="cached plan"):
+            async with adb.transaction() as conn:
+                assert conn is held
+                await adb.run(_select(*select), conn)
+        async with adb.connect() as conn:
+            assert conn is held
+            for _ in range(3):
+                assert await adb.run(_select(*select), conn) == [(1,)]
+    finally:
+        await database_sync_to_async(ddl)("DROP TABLE mq_test_scratch")

@@ -7,10 +7,10 @@ looks at the row again, closes with 4401 if its token no longer holds, and ends 
 subscriptions it may no longer have. Changes that bypass the signals (a queryset update) are
 caught by each process's periodic check of its sockets' tokens (socket_loops.check_tokens).
 
-Every process keeps the subscribers (by token hash) and queues (by name) its requests look up
-(mqsite.rows.Cached). Any announcement makes it forget them all, and so does a change made in
-this process, at once (before its commit: a test's transaction never commits); what no
-announcement told of is forgotten by age (MQ_REVOCATION_CHECK_SECS).
+Every process keeps the subscribers (by token hash), queues (by name) and publish grants its
+requests look up (mqsite.rows.Kept). Any announcement makes it forget them all, and so does a
+change made in this process, at once (before its commit: a test's transaction never commits);
+what no announcement told of is forgotten by age (MQ_REVOCATION_CHECK_SECS).
 """
 
 from django.db import transaction
@@ -20,7 +20,7 @@ from mqsite import bus
 from queues import lookup
 from queues.models import Queue
 from subscribers import auth
-from subscribers.models import Subscriber
+from subscribers.models import Subscriber, forget_publish_grants
 
 from . import wakeups
 
@@ -70,6 +70,7 @@ def forget_kept_rows(subscriber_ids=(), *_announced):
     their token again (delivery.long_polls): forgotten first, so that they look it up anew."""
     auth.forget_subscribers()
     lookup.forget_queues()
+    forget_publish_grants()
     wakeups.wake_long_polls(subscriber_ids)
 
 

@@ -21,7 +21,7 @@ from django.urls import path, re_path  # noqa: E402
 from dashboard.consumers import DashboardConsumer  # noqa: E402
 from delivery import stopping  # noqa: E402
 from delivery.consumers import DeliveryConsumer  # noqa: E402
-from mqsite import bus  # noqa: E402
+from mqsite import bus, heap  # noqa: E402
 from mqsite.origins import ServiceOrAllowedHostsOriginValidator  # noqa: E402
 from mqsite.workarounds import daphne_shutdown  # noqa: E402
 
@@ -70,3 +70,5 @@ if "twisted.internet.reactor" in sys.modules:
     # first socket): a process that serves only REST keeps rows that a change in another
     # process must make it forget (delivery.revocation). Scheduled on the loop once it runs.
     reactor.callWhenRunning(reactor.callLater, 0, bus.ensure_listening)
+    # Started: what start-up made is frozen, out of the collector's walks (mqsite.heap).
+    reactor.callWhenRunning(heap.freeze, web=True)

@@ -5,9 +5,18 @@ time, never a message, because the sweeper finds due work in the database again.
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
+
+from mqsite import heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
 app = Celery("mqsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_ready.connect
+def _freeze_startup_heap(**kwargs):
+    """Once the worker is ready (its tasks imported, its pool started): mqsite.heap."""
+    heap.freeze()

@@ -51,56 +51,42 @@ def first_values_statement(model, where, params):
     return values
 
 
-class Cached:
-    """rows.first() by one key (a token's hash, a queue's name), kept in this process: the
-    lookups every request makes, which each cost a round trip to the database.
+class Kept:
+    """Answers kept in this process by key, for the lookups every request makes, which each
+    cost a round trip to the database: Cached's rows (below), and the publish grants
+    (subscribers.models).
 
-    Whoever changes such a row calls forget() in every process (delivery.revocation, through
-    the bus's `changed` words), so a change holds from the next request on. A
-    change no announcement told of (one made by a process without Redis, a queryset update,
-    a word Redis lost) holds once the row is MQ_REVOCATION_CHECK_SECS old here, the bound the
-    sockets' periodic token check keeps too. A row read before a forget() and stored after it
-    is not kept (the forget() counts), so a change is never hidden by a lookup that raced it.
-    Only rows found are kept (a new token or queue is seen at once); each caller gets an
-    instance of its own."""
+    Whoever changes what an answer says calls forget() in every process (delivery.revocation,
+    through the bus's `changed` words), so a change holds from the next request on. A change
+    no announcement told of (one made by a process without Redis, a queryset update, a word
+    Redis lost) holds once the answer is MQ_REVOCATION_CHECK_SECS old here, the bound the
+    sockets' periodic token check keeps too. An answer read before a forget() and stored after
+    it is not kept (the forget() counts), so a change is never hidden by a lookup that raced
+    it. Callers keep only answers that a new row could change without a forget() (a token or
+    queue found, a grant given), so what is new is seen at once."""
 
     MAX_ROWS = 10_000
 
-    def __init__(self, model, where, params=lambda key: [key]):
-        self.model, self.where, self.params = model, where, params
+    def __init__(self):
         self._lock = threading.Lock()
-        self._rows = {}  # key -> (values, monotonic time they are kept until)
+        self._rows = {}  # key -> (value, monotonic time it is kept until)
         self._forgotten = 0  # how many times forget() ran
 
-    def first(self, key):
-        values, forgotten = self._kept(key)
-        if values is None:
-            values = _first_values(self.model, self.where, self.params(key))
-            self._keep(key, values, forgotten)
-        return None if values is None else self.model.from_db(connection.alias, None, list(values))
-
-    async def afirst(self, key):
-        """first() from the event loop (mqsite/adb.py's driver for a miss)."""
-        values, forgotten = self._kept(key)
-        if values is None:
-            values = await adb.run(first_values_statement(self.model, self.where, self.params(key)))
-            self._keep(key, values, forgotten)
-        return None if values is None else self.model.from_db(connection.alias, None, list(values))
-
-    def _kept(self, key):
-        """(the values kept for key, or None; the forget() count to store a miss's answer by)."""
+    def kept(self, key):
+        """(the value kept for key, or None; the forget() count to keep a miss's answer by)."""
         with self._lock:
             kept, forgotten = self._rows.get(key), self._forgotten
         return (kept[0] if kept is not None and kept[1] > time.monotonic() else None), forgotten
 
-    def _keep(self, key, values, forgotten):
-        if values is None:
+    def keep(self, key, value, forgotten):
+        """Keep `value` (None: nothing) for `key`, unless forget() ran since `forgotten` was read."""
+        if value is None:
             return
         with self._lock:
             if self._forgotten == forgotten:
                 if len(self._rows) >= self.MAX_ROWS:
                     self._rows.clear()
-                self._rows[key] = (values, time.monotonic() + settings.MQ_REVOCATION_CHECK_SECS)
+                self._rows[key] = (value, time.monotonic() + settings.MQ_REVOCATION_CHECK_SECS)
 
     def forgotten(self):
         """How many times forget() ran: a caller that read a row before a wait and must know
@@ -109,10 +95,35 @@ class Cached:
             return self._forgotten
 
     def forget(self):
-        """Every row: changes are rare (an operator's, a rotation), lookups are not."""
+        """Every answer: changes are rare (an operator's, a rotation), lookups are not."""
         with self._lock:
             self._forgotten += 1
             self._rows.clear()
+
+
+class Cached(Kept):
+    """rows.first() by one key (a token's hash, a queue's name), kept in this process (Kept).
+    Only rows found are kept (a new token or queue is seen at once); each caller gets an
+    instance of its own."""
+
+    def __init__(self, model, where, params=lambda key: [key]):
+        super().__init__()
+        self.model, self.where, self.params = model, where, params
+
+    def first(self, key):
+        values, forgotten = self.kept(key)
+        if values is None:
+            values = _first_values(self.model, self.where, self.params(key))
+            self.keep(key, values, forgotten)
+        return None if values is None else self.model.from_db(connection.alias, None, list(values))
+
+    async def afirst(self, key):
+        """first() from the event loop (mqsite/adb.py's driver for a miss)."""
+        values, forgotten = self.kept(key)
+        if values is None:
+            values = await adb.run(first_values_statement(self.model, self.where, self.params(key)))
+            self.keep(key, values, forgotten)
+        return None if values is None else self.model.from_db(connection.alias, None, list(values))
 
 
 @functools.cache

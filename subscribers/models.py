@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from mqsite import adb
+from mqsite import adb, rows
 from mqsite.ssrf import UnsafeURL, check_url
 
 from .tokens import hash_token, new_token, new_webhook_secret
@@ -98,7 +98,16 @@ class Subscriber(models.Model):
         return [self.webhook_secret]
 
     def may_publish(self, queue):
-        return self.publish_all or self._granted(self.publish_queues.through, queue)
+        """Asked at every publish (each request, each batch of publish frames): a grant is
+        kept in the process (_publish_grants), so a publisher with per-queue grants pays no
+        query per publish after its first."""
+        if self.publish_all:
+            return True
+        granted, forgotten = _publish_grants.kept((self.pk, queue.pk))
+        if granted is None:
+            granted = self._granted(self.publish_queues.through, queue)
+            _publish_grants.keep((self.pk, queue.pk), granted or None, forgotten)
+        return granted
 
     def may_subscribe(self, queue):
         """may_subscribe_q / may_subscribe_sql, below, for this row and a queue."""
@@ -106,7 +115,13 @@ class Subscriber(models.Model):
 
     async def amay_publish(self, queue):
         """may_publish() from the event loop (mqsite/adb.py)."""
-        return self.publish_all or await self._agranted(self.publish_queues.through, queue)
+        if self.publish_all:
+            return True
+        granted, forgotten = _publish_grants.kept((self.pk, queue.pk))
+        if granted is None:
+            granted = await self._agranted(self.publish_queues.through, queue)
+            _publish_grants.keep((self.pk, queue.pk), granted or None, forgotten)
+        return granted
 
     def _granted(self, through, queue):
         return adb.run_sync(self._granted_statement(through, queue))
@@ -129,6 +144,18 @@ class Subscriber(models.Model):
         if self.publish_all or self.subscribe_all:
             return models.Q()
         return models.Q(publishers=self) | models.Q(subscribers=self)
+
+
+# The publish grants (subscriber id, queue id) this process has read, forgotten in every
+# process at any change of a subscriber, its rights or a queue (delivery.revocation), as the
+# subscribers and queues kept for requests are (mqsite.rows.Kept). Only grants are kept, never
+# a refusal: a grant given is seen at once, and a refused publish is not a path worth a cache.
+_publish_grants = rows.Kept()
+
+
+def forget_publish_grants():
+    """A subscriber, its rights or a queue changed (here or in another process)."""
+    _publish_grants.forget()
 
 
 # --- may subscribe: to every queue (subscribe_all), or to this one (a row of its rights) ----------

@@ -4,7 +4,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from delivery import subscribing
+from delivery import consumers, subscribing
 from delivery.models import Delivery, Status
 from mqsite.asgi import application
 from queues.models import Queue
@@ -80,6 +80,68 @@ async def test_a_reconnecting_subscriber_resumes_without_subscribing_again():
     await apublish(queue, 1, start=3)
     (live,) = await recv_messages(comm, 1)
     assert live["seq"] == 4
+    await comm.disconnect()
+
+
+@pytest.fixture
+def long_grace(monkeypatch):
+    """A resume grace far longer than a test waits: what comes promptly did not wait it out."""
+    monkeypatch.setattr(consumers, "RESUME_GRACE_SECS", 30)
+
+
+async def test_the_resume_waits_until_every_subscription_was_subscribed_again(long_grace):
+    queue, (owner, token), _ = await setup()
+    first = await db(lambda: subscribing.subscribe(owner, queue, "create")[0])
+    second = await db(lambda: subscribing.subscribe(owner, queue, "update")[0])
+    await apublish(queue, 2, event="create")  # while away
+    await apublish(queue, 2, event="update", start=2)
+    comm = await connect(token)
+    await send(comm, {"type": "subscribe", "queue": "db", "event": "create"})
+    assert (await recv(comm))["subscription"] == first.pk
+    # One subscription is still to be named again: nothing yet, of either.
+    assert await comm.receive_nothing(timeout=0.5)
+    await send(comm, {"type": "subscribe", "queue": "db", "event": "update", "ref": 2})
+    answer = await recv(comm)
+    assert (answer["type"], answer["subscription"]) == ("subscribed", second.pk)
+    frames = await recv_messages(comm, 4)  # then the catch-up, without waiting out the grace
+    assert sorted(f["seq"] for f in frames) == [1, 2, 3, 4]
+    await comm.disconnect()
+
+
+async def test_a_frame_other_than_subscribe_ends_the_resume_grace(long_grace):
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue, "create"))
+    await db(lambda: subscribing.subscribe(owner, queue, "update"))
+    await apublish(queue, 2)
+    comm = await connect(token)
+    await send(comm, {"type": "ping", "ref": 1})  # a client that subscribes again sends those first
+    assert await recv(comm) == {"type": "pong", "ref": 1}
+    frames = await recv_messages(comm, 2)
+    assert [f["seq"] for f in frames] == [1, 2]
+    await comm.disconnect()
+
+
+async def test_a_subscriber_without_subscriptions_is_not_held_by_the_grace(long_grace):
+    queue, (owner, token), _ = await setup()
+    comm = WebsocketCommunicator(application, "/ws/")
+    assert (await comm.connect(timeout=5))[0]
+    await send(comm, {"type": "auth", "token": token})
+    assert (await recv(comm))["type"] == "authenticated"  # it has looked its subscriptions up
+    await db(lambda: subscribing.subscribe(owner, queue))  # made elsewhere (REST) meanwhile
+    await apublish(queue, 1)
+    (frame,) = await recv_messages(comm, 1)
+    assert frame["seq"] == 1
+    await comm.disconnect()
+
+
+async def test_a_socket_that_sends_nothing_resumes_after_the_grace():
+    queue, (owner, token), _ = await setup()
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await apublish(queue, 1)
+    comm = await connect(token)
+    assert await comm.receive_nothing(timeout=consumers.RESUME_GRACE_SECS / 2)  # it may yet subscribe again
+    (frame,) = await recv_messages(comm, 1)
+    assert frame["seq"] == 1
     await comm.disconnect()
 
 

@@ -1,14 +1,17 @@
-"""Revocation over REST (issue 14, item 1): nothing about a token or a right is cached, so the
-next request after a change is answered by the change; and failed token attempts are
-throttled per client address."""
+"""Revocation over REST (issue 14, item 1): what a process keeps of a token, a queue or a
+publish grant is forgotten at the change's announcement, so the next request after a change is
+answered by the change; and failed token attempts are throttled per client address."""
 
 import time
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from delivery import ledger, publishing, subscribing
+from delivery import ledger, publishing, revocation, subscribing
 from delivery.models import Delivery, Status
 from subscribers import auth
+from subscribers.models import Subscriber
 from subscribers.provisioning import provision_subscriber
 from tests.conftest import client_for
 
@@ -46,6 +49,32 @@ def test_a_withdrawn_publish_right_is_refused_at_once(logger, db_queue):
     assert client.post("/api/queues/db/messages", body, format="json").status_code == 201
     logger.publish_queues.remove(db_queue)
     assert client.post("/api/queues/db/messages", body, format="json").status_code == 403
+
+
+def test_a_publish_grant_is_read_once_then_kept_in_the_process(logger, db_queue, django_assert_num_queries):
+    client = client_for(logger)
+    body = {"event": "create", "payload": 1}
+    grants = Subscriber.publish_queues.through._meta.db_table
+    assert client.post("/api/queues/db/messages", body, format="json").status_code == 201
+    with CaptureQueriesContext(connection) as second:
+        assert client.post("/api/queues/db/messages", body, format="json").status_code == 201
+    assert not [q["sql"] for q in second.captured_queries if grants in q["sql"]]
+    with django_assert_num_queries(0):
+        assert logger.may_publish(db_queue)
+
+
+def test_a_grant_withdrawn_in_another_process_is_refused_once_announced(logger, db_queue):
+    client = client_for(logger)
+    body = {"event": "create", "payload": 1}
+    assert client.post("/api/queues/db/messages", body, format="json").status_code == 201  # kept
+    # Withdrawn by another process: its signals ran there; this one hears only its word.
+    Subscriber.publish_queues.through.objects.filter(subscriber=logger, queue=db_queue).delete()
+    revocation.announce(subscriber_ids=[logger.pk])
+    assert client.post("/api/queues/db/messages", body, format="json").status_code == 403
+    assert not logger.may_publish(db_queue)
+    # Given back, with no announcement: a refusal is never kept, so the next publish goes in.
+    Subscriber.publish_queues.through.objects.create(subscriber=logger, queue=db_queue)
+    assert client.post("/api/queues/db/messages", body, format="json").status_code == 201
 
 
 def test_a_withdrawn_subscribe_right_stops_its_pulls_and_keeps_what_is_owed(logger, db_queue):

@@ -29,10 +29,29 @@ class Delivery(models.Model):
         on_delete=models.CASCADE,
         related_name="deliveries",
         db_index=False,  # delivery_by_subscriber leads with it (see above)
+        # Checked by the database, although the fan-out copies it from the subscription, whose
+        # own key to the subscriber is kept: that key does not imply this one, because the
+        # subscription's is nullable. Deleting a subscriber, Django sets the subscription of
+        # the subscription's deliveries to NULL (SET_NULL above) by an UPDATE that also catches
+        # deliveries committed after it listed those to delete; without this key those would
+        # stay behind, naming a deleted subscriber (tests/delivery/test_implied_keys.py).
     )
     message = models.ForeignKey("queues.Message", on_delete=models.CASCADE, related_name="deliveries")
-    queue = models.ForeignKey("queues.Queue", on_delete=models.CASCADE, related_name="+")
-    event = models.ForeignKey("queues.Event", on_delete=models.CASCADE, related_name="+")
+    # The copies of queue and event have no constraint in the database (db_constraint=False):
+    # the message's key implies them. The fan-out copies them from the message in the statement
+    # that inserts the delivery, a delivery never changes its message (a key without SET_NULL),
+    # nor a message its queue or event, and the message's own keys to both are kept. Checked
+    # anyway, they were two of the five foreign-key triggers a publish fired per delivery
+    # (bench/fan_out_plan.py). They stay relations with CASCADE for the ORM, which Django does
+    # itself on both databases: a queue or an event deleted through Django (the admin, the API)
+    # still deletes its deliveries, found by these indexes. And the message's keys still block
+    # what these blocked, a queue or an event deleted while a publish fans out to it: the
+    # publish's new messages name them, so either the delete fails at its commit on
+    # message -> queue or event, or the publish fails on those keys (or the queue's row lock
+    # makes one wait for the other); never a delivery left naming a queue or event that is gone
+    # (tests/delivery/test_implied_keys.py).
+    queue = models.ForeignKey("queues.Queue", on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    event = models.ForeignKey("queues.Event", on_delete=models.CASCADE, related_name="+", db_constraint=False)
     seq = models.BigIntegerField()
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
     attempt = models.PositiveIntegerField(default=0, help_text="How many times it was handed out.")

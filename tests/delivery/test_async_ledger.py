@@ -308,3 +308,35 @@ async def test_a_prepared_statement_survives_a_migration_that_changes_its_column
                 assert await adb.run(_select(*select), conn) == [(1,)]
     finally:
         await database_sync_to_async(ddl)("DROP TABLE mq_test_scratch")
+
+
+def _acked_in_a_transaction(subscriber, ids, relaxed):
+    """Ack inside a transaction (ledger.no_flush_wait()'s, or a caller's own) and say whether
+    that transaction's commit was still to wait for the disk."""
+    from django.db import transaction
+
+    with ledger.no_flush_wait() if relaxed else transaction.atomic():
+        ledger.ack_deliveries(subscriber, ids)
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            return cursor.fetchone()[0]
+
+
+@on_postgres
+async def test_acks_relax_only_their_own_transaction_never_a_callers(both_subscribed_warm):
+    """Leases and acks commit without waiting for the WAL flush (a lost one is handed out
+    again), but an ack made inside the caller's own transaction must leave that transaction's
+    commit durable: the caller's other writes (a publish, its own rows) may need it. A webhook
+    batch's transaction (no_flush_wait) is relaxed as a whole, and the session is not."""
+    queue, logger, _ = both_subscribed_warm
+    await published(queue, 2)
+    ids = [d["id"] for d in await ledger.alease_deliveries(logger, limit=2)]
+    in_callers = database_sync_to_async(_acked_in_a_transaction)
+    assert await in_callers(logger, ids[:1], relaxed=False) == "on"
+    assert await in_callers(logger, ids[1:], relaxed=True) == "off"
+    after = await database_sync_to_async(lambda: adb.run_sync(_select("SHOW synchronous_commit", [])))()
+    assert after == [("on",)]
+    statuses = await database_sync_to_async(
+        lambda: set(Delivery.objects.filter(pk__in=ids).values_list("status", flat=True))
+    )()
+    assert statuses == {Status.ACKED}

@@ -209,6 +209,36 @@ async def test_an_ordered_queue_is_delivered_one_at_a_time_in_order():
     await comm.disconnect()
 
 
+async def test_an_ordered_queues_next_message_follows_its_ack_not_a_recheck(monkeypatch):
+    """With one delivery in flight, the ack is what makes the next one leasable: the socket
+    must lease it once that ack commits. The pump woken before the commit found the head still
+    in flight, and then nothing but the recheck (2 s, made far longer here) woke it again.
+    Each ack is written a little late here, as on a loaded server, where the race was lost."""
+    import asyncio
+
+    from delivery import ledger, socket_loops
+
+    monkeypatch.setattr(socket_loops, "RECHECK_SECS", 60)
+    ack = ledger.aack_deliveries
+
+    async def late_ack(*args, **kwargs):
+        await asyncio.sleep(0.1)
+        return await ack(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "aack_deliveries", late_ack)
+    queue, (owner, token), _ = await setup(ordered=True)
+    await db(lambda: subscribing.subscribe(owner, queue))
+    await apublish(queue, 5)
+    comm = await connect(token)
+    seqs = []
+    for _ in range(5):
+        (f,) = await recv_messages(comm, 1, timeout=1.5)
+        seqs.append(f["seq"])
+        await send(comm, {"type": "ack", "ids": [f["id"]]})
+    assert seqs == [1, 2, 3, 4, 5]
+    await comm.disconnect()
+
+
 async def test_two_connections_of_one_subscriber_share_its_deliveries():
     queue, (owner, token), _ = await setup()
     await db(lambda: subscribing.subscribe(owner, queue))

@@ -284,8 +284,9 @@ async def w3(system, run, seconds, limit, rate=W3_RATE):
     }
 
 
-async def w4(system, run, total, limit, consumer="ws"):
-    spec = await system.prepare(run, 1, consumer=consumer)
+async def fill_backlog(system, run, total, tag):
+    """Publish `total` messages (tagged `tag`) in batches of 100 before any consumer connects
+    (W4's and W7's backlog; not measured); the seconds it took."""
     pub = (
         await system.backlog_publisher(run)
         if hasattr(system, "backlog_publisher")
@@ -294,10 +295,15 @@ async def w4(system, run, total, limit, consumer="ws"):
     fill = time.monotonic()
     try:
         for first in range(0, total, 100):
-            await pub.many([payload(i, "w4") for i in range(first, min(first + 100, total))])
+            await pub.many([payload(i, tag) for i in range(first, min(first + 100, total))])
     finally:
         await pub.close()
-    fill = time.monotonic() - fill
+    return time.monotonic() - fill
+
+
+async def w4(system, run, total, limit, consumer="ws"):
+    spec = await system.prepare(run, 1, consumer=consumer)
+    fill = await fill_backlog(system, run, total, "w4")
     stored = await system.stored(run, 1)
     group = subscriber_processes.Subscribers(spec, 1, total, "w4", limit)
     await asyncio.get_running_loop().run_in_executor(None, group.start)
@@ -370,18 +376,7 @@ async def w7(system, run, total, limit, consumer="ws"):
     acks each the moment it has it (subscriber_processes' `ack_each`); messages a second from
     its start (before it connects) until its last ack, and whether it got them all in order."""
     spec = await system.prepare(run, 1, consumer=consumer, ordered=True)
-    pub = (
-        await system.backlog_publisher(run)
-        if hasattr(system, "backlog_publisher")
-        else await system.publisher(run)
-    )
-    fill = time.monotonic()
-    try:
-        for first in range(0, total, 100):
-            await pub.many([payload(i, "w7") for i in range(first, min(first + 100, total))])
-    finally:
-        await pub.close()
-    fill = time.monotonic() - fill
+    fill = await fill_backlog(system, run, total, "w7")
     stored = await system.stored(run, 1)
     group = subscriber_processes.Subscribers(spec, 1, total, "w7", limit, ack_each=True)
     await asyncio.get_running_loop().run_in_executor(None, group.start)

@@ -586,9 +586,21 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
 
 
 def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
-    """After acks of ordered deliveries: lease what is ready of the subscriber (SQLite, and
-    where the async connection is off: the whole lease_deliveries())."""
-    return lease_deliveries(subscriber, limit=limit, holder=holder, now=now)
+    """After acks of ordered deliveries (committed): the next head of each of their
+    subscriptions, as alease_heads_after() does, one statement each on PostgreSQL (a webhook
+    job's ordered line: a round trip per message, where the whole lease's read and head
+    statement took two). SQLite, which leases a head in several
+    statements, leases what is ready of the subscriber: the whole lease_deliveries()."""
+    if not _heads_in_one():
+        return lease_deliveries(subscriber, limit=limit, holder=holder, now=now)
+    now = now or timezone.now()
+    leased = []
+    for acked in acked_ids:
+        if len(leased) >= limit:
+            break
+        head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now)
+        leased += adb.run_sync(head)
+    return leased
 
 
 @adb.twin(lease_heads_after)
@@ -603,9 +615,14 @@ async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=Non
         for acked in acked_ids:
             if len(leased) >= limit:
                 break
-            of_acked = (f"SELECT subscription_id FROM {Delivery._meta.db_table} WHERE id = %s", [acked])
-            leased += await adb.run(_lease_head_statement(subscriber.pk, of_acked, None, holder, now), conn)
+            head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now)
+            leased += await adb.run(head, conn)
     return leased
+
+
+def _of_acked(delivery_id):
+    """The subscription of that delivery, as the SQL of a subquery (_lease_head_statement)."""
+    return f"SELECT subscription_id FROM {Delivery._meta.db_table} WHERE id = %s", [delivery_id]
 
 
 def _head(subscriber_id, subscription_id):
@@ -719,8 +736,77 @@ async def aack_deliveries(subscriber, ids, now=None):
     return acked, unknown
 
 
-def _ack(subscriber_id, ids, now):
-    """(newly acked, unknown ids, message ids of the receipt deliveries it acked)."""
+class Posted(NamedTuple):
+    """How one webhook post of a leased delivery went, as its attempt row keeps it."""
+
+    delivery_id: int
+    attempt: int
+    ok: bool
+    status_code: int | None
+    error: str
+    duration_ms: int
+    permanent: bool
+
+
+def settle_posts(subscriber, posted, now=None):
+    """After a webhook job's posts (Posted): their attempt rows, and the acks of those that
+    succeeded, committed together without waiting for the WAL flush (lost in a crash, the
+    posts are made again: at least once). On PostgreSQL one statement: the attempts
+    are a data-modifying WITH of the ack (three round trips less than a transaction of an
+    INSERT and the ack). Returns the number newly acked."""
+    now = now or timezone.now()
+    ok = [p.delivery_id for p in posted if p.ok]
+    if connection.vendor != "postgresql":
+        with no_flush_wait():
+            DeliveryAttempt.objects.bulk_create(
+                DeliveryAttempt(
+                    delivery_id=p.delivery_id,
+                    number=p.attempt,
+                    at=now,
+                    ok=p.ok,
+                    status_code=p.status_code,
+                    error=p.error,
+                    duration_ms=p.duration_ms,
+                    permanent=p.permanent,
+                )
+                for p in posted
+            )
+            return ack_deliveries(subscriber, ok, now)[0] if ok else 0
+    tried = _attempts_insert(posted, now)
+    if not ok:
+        adb.run_sync(_once(*tried))
+        return 0
+    acked, _, receipt_messages = adb.run_sync(_ack(subscriber.pk, ok, now, tried))
+    receipts.check_after_commit(receipt_messages)
+    return acked
+
+
+def _attempts_insert(posted, now):
+    """PostgreSQL: the INSERT of these posts' attempt rows at `now`, one text for any number
+    of them (an array parameter per column), as (sql, params)."""
+    columns = list(zip(*posted, strict=True)) if posted else [[] for _ in Posted._fields]
+    return (
+        f"""
+        INSERT INTO {DeliveryAttempt._meta.db_table}
+            (delivery_id, number, at, ok, status_code, error, duration_ms, permanent)
+        SELECT t.delivery_id, t.number, %s, t.ok, t.status_code, t.error, t.duration_ms, t.permanent
+        FROM unnest(%s::bigint[], %s::integer[], %s::boolean[], %s::integer[], %s::text[],
+                    %s::integer[], %s::boolean[])
+             AS t(delivery_id, number, ok, status_code, error, duration_ms, permanent)
+        """,
+        [connection.ops.adapt_datetimefield_value(now), *(list(c) for c in columns)],
+    )
+
+
+def _once(sql, params):
+    """One statement as a sans-I/O operation (mqsite/adb.py): its rows, or its row count."""
+    return (yield sql, params)
+
+
+def _ack(subscriber_id, ids, now, lead=None):
+    """(newly acked, unknown ids, message ids of the receipt deliveries it acked). `lead`, on
+    PostgreSQL: a data-modifying statement (sql, params) run as a WITH of the ack's own, in
+    its transaction."""
     ids = list(dict.fromkeys(ids))
     if not ids:
         return 0, [], set()
@@ -731,14 +817,16 @@ def _ack(subscriber_id, ids, now):
     table = Delivery._meta.db_table
     of_ids, id_params = adb.one_of("id", ids)
     at = connection.ops.adapt_datetimefield_value(now)
+    lead_sql, lead_params = (f"WITH lead AS ({lead[0]})", lead[1]) if lead else ("", [])
     returned = yield (
         f"""
+        {lead_sql}
         UPDATE {table} SET status = %s, acked_at = %s, {UNLEASED_SQL}
         {_no_flush_wait("FROM ")}
         WHERE {of_ids} AND subscriber_id = %s AND status <> %s
         RETURNING id, CASE WHEN receipt THEN message_id END
         """,
-        [Status.ACKED, at, *id_params, subscriber_id, Status.ACKED],
+        [*lead_params, Status.ACKED, at, *id_params, subscriber_id, Status.ACKED],
     )
     acked = {row[0] for row in returned}
     # Logged by the statement right after (delivery.receipts.recheck), only when it moved

@@ -39,11 +39,15 @@ from queues import lookup
 from subscribers.models import Connection, Subscriber
 
 from . import frames, ledger, liveness, receipts, tallies, webhooks
-from .models import Delivery, DeliveryAttempt
+from .models import Delivery
 
 log = logging.getLogger(__name__)
 
 WEBHOOK_BATCH = 20
+# After a batch of an ordered line's heads, the next heads are leased at once (one statement
+# each, _heads_next) for at most this many rounds in a row; then a whole lease, which also
+# serves the subscriber's other subscriptions.
+WEBHOOK_HEAD_ROUNDS = 10
 # Posts in flight at once within a job (the subscriber's endpoint sees at most this many).
 WEBHOOK_PARALLEL_POSTS = 8
 # A job posts for at most this long, then leaves the rest to the next job: one slow
@@ -178,7 +182,9 @@ def deliver_webhooks(subscriber_id):
         return 0  # another job serves this subscriber (it leases until nothing is ready)
     claims.hold(key, f"running:{holder}")
     try:
-        return _post_ready(subscriber_id, holder)
+        # The same few statements, many times over (adb.prepared: PostgreSQL plans them once).
+        with adb.prepared():
+            return _post_ready(subscriber_id, holder)
     finally:
         claims.release(key, f"running:{holder}")
 
@@ -198,9 +204,16 @@ def _post_ready(subscriber_id, holder):
         return 0
     posted = 0
     deadline = time.monotonic() + WEBHOOK_JOB_BUDGET_SECS
+    # The next batch, when the last round leased it already (an ordered line's next heads), and
+    # how many rounds in a row were leased that way.
+    leased, head_rounds = [], 0
     with webhooks.make_client() as client, ThreadPoolExecutor(max_workers=WEBHOOK_PARALLEL_POSTS) as pool:
-        while time.monotonic() < deadline and not stopping.is_set():
-            leased = ledger.lease_deliveries(subscriber, limit=WEBHOOK_BATCH, holder=holder)
+        while True:
+            if not leased:
+                if time.monotonic() >= deadline or stopping.is_set():
+                    break
+                leased = ledger.lease_deliveries(subscriber, limit=WEBHOOK_BATCH, holder=holder)
+                head_rounds = 0
             if not leased:
                 due_at = next_due_at(subscriber_id)
                 if due_at is None:
@@ -209,34 +222,30 @@ def _post_ready(subscriber_id, holder):
                 # leasing), rather than end and leave it to a sweep up to a second later.
                 stopping.wait(max((due_at - timezone.now()).total_seconds(), 0))
                 continue
+            batch, leased = leased, []
             # The first goes alone, as a probe: an endpoint that is down gets one request a
             # batch, and the rest go back untried (their attempts not spent).
-            probe = post_one(subscriber, leased[0], client)
+            probe = post_one(subscriber, batch[0], client)
             if not probe.ok:
-                record_attempts(leased[:1], [probe])
-                ledger.fail_delivery(leased[0]["id"], holder, probe.error)
+                ledger.settle_posts(subscriber, [_posted(batch[0], probe)])
+                ledger.fail_delivery(batch[0]["id"], holder, probe.error)
                 # Ready at once but no wake-up, and not posted now: one request a batch to an
                 # endpoint that is failing.
                 ledger.release_held([holder], reason=NOT_POSTED, wake=False)
                 log.info(
                     "webhook of %s failed (%s); the rest waits", subscriber, webhooks.loggable(probe.error)
                 )
-                if _wait_for_retry(subscriber_id, leased[:1]):
+                if _wait_for_retry(subscriber_id, batch[:1]):
                     continue
                 break
             # The rest at once; safe for ordered queues too, since the ledger leases at most one
             # delivery of an ordered subscription at a time.
-            outcomes = [probe, *pool.map(lambda d: post_one(subscriber, d, client), leased[1:])]
-            ok = [d["id"] for d, o in zip(leased, outcomes, strict=True) if o.ok]
-            # One commit for the batch's attempts and successes, without waiting for the WAL
-            # flush: an ordered queue's next post waits for it (lost in a crash, the posts
-            # are made again: at least once).
-            with ledger.no_flush_wait():
-                record_attempts(leased, outcomes)
-                if ok:
-                    ledger.ack_deliveries(subscriber, ok)
+            outcomes = [probe, *pool.map(lambda d: post_one(subscriber, d, client), batch[1:])]
+            # The attempts and the acks: committed before the next lease of an ordered line.
+            ledger.settle_posts(subscriber, [_posted(d, o) for d, o in zip(batch, outcomes, strict=True)])
+            ok = [d["id"] for d, o in zip(batch, outcomes, strict=True) if o.ok]
             posted += len(ok)
-            failed = [(d, o) for d, o in zip(leased, outcomes, strict=True) if not o.ok]
+            failed = [(d, o) for d, o in zip(batch, outcomes, strict=True) if not o.ok]
             for d, o in failed:
                 ledger.fail_delivery(d["id"], holder, o.error)
             if failed:
@@ -248,7 +257,37 @@ def _post_ready(subscriber_id, holder):
                 )
                 if not _wait_for_retry(subscriber_id, [d for d, _ in failed]):
                     break
+            elif _heads_next(batch, head_rounds) and time.monotonic() < deadline and not stopping.is_set():
+                leased = ledger.lease_heads_after(subscriber, ok, limit=WEBHOOK_BATCH, holder=holder)
+                head_rounds += 1
     return posted
+
+
+def _heads_next(batch, head_rounds):
+    """Whether the next batch is the next heads of this batch's ordered subscriptions alone
+    (ledger.lease_heads_after: one statement each, no read of the subscriptions first), rather
+    than the whole lease of everything ready. Only after a batch of ordered heads alone: a
+    batch with other deliveries in it says that other subscriptions of the subscriber have
+    work, and the whole lease serves those too. And never more than WEBHOOK_HEAD_ROUNDS rounds
+    in a row, so that work that came meanwhile for its other subscriptions (or a line whose
+    retry fell due) waits that many posts at most, not for the end of a long line."""
+    return head_rounds < WEBHOOK_HEAD_ROUNDS and all(_ordered(d) for d in batch)
+
+
+def _ordered(delivery):
+    return getattr(lookup.find_queue(delivery["queue"]), "ordered", False)
+
+
+def _posted(delivery, outcome):
+    return ledger.Posted(
+        delivery["id"],
+        delivery["attempt"],
+        outcome.ok,
+        outcome.status,
+        outcome.error,
+        outcome.duration_ms,
+        outcome.permanent,
+    )
 
 
 def _wait_for_retry(subscriber_id, failed):
@@ -258,7 +297,7 @@ def _wait_for_retry(subscriber_id, failed):
     go before it, and a job ending now would leave it to a sweep and a Celery round trip
     after its backoff. Otherwise (and for a longer backoff: an endpoint down for a while) the
     job ends, and the sweeper takes the rest when due."""
-    if not any(getattr(lookup.find_queue(d["queue"]), "ordered", False) for d in failed):
+    if not any(_ordered(d) for d in failed):
         return False
     due_at = next_due_at(subscriber_id)
     if due_at is None:
@@ -289,23 +328,6 @@ def post_one(subscriber, delivery, client):
         subscriber.webhook_secrets(timezone.now()),
         frames.message_frame(delivery),
         client,
-    )
-
-
-def record_attempts(deliveries, outcomes):
-    now = timezone.now()
-    DeliveryAttempt.objects.bulk_create(
-        DeliveryAttempt(
-            delivery_id=d["id"],
-            number=d["attempt"],
-            at=now,
-            ok=o.ok,
-            status_code=o.status,
-            error=o.error,
-            duration_ms=o.duration_ms,
-            permanent=o.permanent,
-        )
-        for d, o in zip(deliveries, outcomes, strict=True)
     )
 
 

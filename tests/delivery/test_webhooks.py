@@ -186,6 +186,36 @@ def test_an_ordered_queues_line_is_retried_by_the_job_when_its_backoff_ends(
     assert enqueued == []  # no job was needed beside this one
 
 
+def test_an_ordered_line_moves_head_by_head_and_leaves_room_for_the_subscribers_other_queues(
+    hooked, db_queue, make_queue, receiver, enqueued, monkeypatch
+):
+    """After each post of an ordered line the job leases the line's next head alone, with no
+    read of the subscriber's other subscriptions; so a message of its other queue, published
+    while the line drains, must still go within WEBHOOK_HEAD_ROUNDS posts, not after the line.
+    The line stays in order, each message once."""
+    db_queue.ordered = True
+    db_queue.save()
+    other = make_queue("other")
+    hooked.subscribe_queues.add(other)
+    subscribing.subscribe(hooked, other)
+    line = 3 * tasks.WEBHOOK_HEAD_ROUNDS
+    publish(db_queue, line)
+    post_one = tasks.post_one
+
+    def post_and_publish(subscriber, delivery, client):
+        outcome = post_one(subscriber, delivery, client)
+        if len(receiver.requests) == 3:  # a few posts into the line, another message comes
+            publish(other, start=100)
+        return outcome
+
+    monkeypatch.setattr(tasks, "post_one", post_and_publish)
+    assert tasks.deliver_webhooks(hooked.pk) == line + 1
+    posted = [json.loads(body)["payload"]["n"] for *_, body in receiver.requests]
+    assert [n for n in posted if n < 100] == list(range(line))
+    assert posted.index(100) <= 3 + tasks.WEBHOOK_HEAD_ROUNDS
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
+
+
 def test_the_sweeper_enqueues_for_work_due_before_its_next_run(hooked, db_queue, enqueued):
     publish(db_queue)
     later = timezone.now() + timedelta(seconds=tasks.RETRY_LOOKAHEAD_SECS + 2)

@@ -1246,13 +1246,15 @@ def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subs
 
 def release_held_by_prefix(prefix, reason):
     """What every lease holder whose name starts with `prefix` held: the holdings of a server
-    or worker process that died (delivery.liveness), ready at once, the attempt given back."""
+    or worker process that died (delivery.liveness), ready at once, the attempt given back.
+    Returns (id, subscriber id) of each delivery released."""
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return _release("lease_holder LIKE %s ESCAPE '\\'", [f"{escaped}%"], reason, True, False)
+    return _release("lease_holder LIKE %s ESCAPE '\\'", [f"{escaped}%"], reason, True, False, whose=True)
 
 
-def _release(where, params, reason, wake, spend):
-    """One UPDATE of the in-flight deliveries `where` selects, returning whom to wake."""
+def _release(where, params, reason, wake, spend, whose=False):
+    """One UPDATE of the in-flight deliveries `where` selects; returns their ids (with their
+    subscriber's, as pairs, if `whose`)."""
     table = Delivery._meta.db_table
     at = connection.ops.adapt_datetimefield_value(timezone.now())
     if spend:
@@ -1280,7 +1282,7 @@ def _release(where, params, reason, wake, spend):
         if wake:
             bus.send_after_commit(bus.WAKE, {subscriber_id for _, subscriber_id, _ in released})
         receipts.moved(message_id for _, _, message_id in released)
-    return [id_ for id_, _, _ in released]
+    return [(id_, subscriber_id) if whose else id_ for id_, subscriber_id, _ in released]
 
 
 def purge_dead(deliveries):

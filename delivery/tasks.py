@@ -10,9 +10,10 @@ due that soon, so a retry goes out when the ledger says and not up to a sweep la
 
 One job per subscriber at a time: a claim in the cache, taken when a job is enqueued (wake-up
 or sweeper) and held while it runs, keeps wake-ups from piling jobs up in the broker. The claim
-is only a limit: a job run twice still shares the work. A running job's claim lives a few
-seconds and a thread of the worker renews it every second, so it is held for as long as the job
-runs and lapses within seconds of a killed worker's death.
+is only a limit: a job run twice still shares the work. A running job's claim lives a second
+and a thread of the worker renews it four times a second, so it is held for as long as the job
+runs and lapses within a second of a killed worker's death; the worker's leases are handed back
+about then (delivery.liveness), dropping its claims, and their wake-up enqueues the next job.
 
 Queues (CELERY_TASK_ROUTES): the posts go on `webhooks`, the sweeper and the archive on
 `maintenance`, each served by a worker of its own (mqsite/supervisord.conf), so that no post can
@@ -62,11 +63,12 @@ RETRY_LOOKAHEAD_SECS = 1.5
 # (the two share the work). In the embedded mode the cache is per process, so a claim taken by
 # the web server is never released by the worker's job and only rate-limits its wake-ups.
 CLAIM_QUEUED_SECS = 2
-# A running job's claim lives this long and is renewed every CLAIM_RENEW_SECS while the job
-# runs (ClaimRenewer): a killed worker's claim lapses within this, and a sweep (every second)
-# enqueues the next job.
-CLAIM_RUNNING_SECS = 3
-CLAIM_RENEW_SECS = 1
+# A running job's claim lives this long (whole seconds: the Redis cache counts no less) and is
+# renewed every CLAIM_RENEW_SECS while the job runs (ClaimRenewer): a killed worker's claim
+# lapses within this, and a sweep (every second) enqueues the next job. Its claims go sooner
+# when its leases are handed back (drop_claims_of), whose wake-up enqueues the next job.
+CLAIM_RUNNING_SECS = 1
+CLAIM_RENEW_SECS = 0.25
 # Why a delivery of a job's batch went back untried (operators read it as its last error).
 NOT_POSTED = "not posted: the webhook failed on an earlier delivery of the batch"
 # Set when the worker is told to stop (SIGTERM, a warm shutdown): a job finishes and acks the
@@ -187,6 +189,16 @@ def deliver_webhooks(subscriber_id):
             return _post_ready(subscriber_id, holder)
     finally:
         claims.release(key, f"running:{holder}")
+
+
+def drop_claims_of(holder_prefix, subscriber_ids):
+    """The claims of these subscribers' running jobs whose holder starts with `holder_prefix`
+    (a dead process's, delivery.liveness): gone, so that the wake-up of its handed back
+    deliveries enqueues the next job at once, rather than a sweep after the claim lapsed."""
+    for subscriber_id in subscriber_ids:
+        key = claim_key(subscriber_id)
+        if str(_cache_call(cache.get, key) or "").startswith(f"running:{holder_prefix}"):
+            _cache_call(cache.delete, key)
 
 
 def _cache_call(method, *args, **kwargs):

@@ -10,14 +10,22 @@ class DeliveryConfig(AppConfig):
         # receipts register their words on the bus as they are imported.
         from mqsite import bus
 
-        from . import receipts, revocation, wakeups  # noqa: F401
+        from . import liveness, receipts, revocation, wakeups  # noqa: F401
 
         revocation.connect_signals()
         # A commit's wake-ups also enqueue the webhook jobs of subscribers without a socket.
         bus.on(bus.WAKE, _enqueue_webhooks, blocking=True)
+        # A dead process's webhook jobs hold their subscribers' claims no longer.
+        liveness.on_dead(_drop_webhook_claims)
 
 
 def _enqueue_webhooks(subscriber_ids, _source):
     from . import tasks
 
     tasks.enqueue_webhooks(subscriber_ids)
+
+
+def _drop_webhook_claims(holder_prefix, subscriber_ids):
+    from . import tasks
+
+    tasks.drop_claims_of(holder_prefix, subscriber_ids)

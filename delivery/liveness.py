@@ -5,8 +5,8 @@ Every Daphne and Celery worker process beats from a thread of its own (a ServerP
 channel name, a pull, a webhook job. A process that stops beating for DEAD_AFTER_SECS was
 killed (a clean stop removes its row first): any other live process, at its next beat, hands
 back what it held, ready at once with the attempt given back (the client was not
-at fault), removes its connections and drops its webhook jobs' claims (delivery.tasks), so
-that the wake-up of the handing back enqueues their next job at once. So an ordered
+at fault), removes its connections and drops its webhook jobs' claims (on_dead), so that
+the wake-up of the handing back enqueues their next job at once. So an ordered
 subscription whose head a killed process held moves on within DEAD_AFTER_SECS + BEAT_SECS (a
 worker's: WORKER_DEAD_AFTER_SECS), not at its ack deadline (30 s by default).
 
@@ -41,6 +41,17 @@ DEAD_AFTER_SECS = 3.0
 # its death (issue 28). Its posts wait on the network in threads of their own, never in the
 # beat's: a post held up to the webhook deadline does not make it look dead.
 WORKER_DEAD_AFTER_SECS = 1.0
+
+# What else a dead process held, beside its leases and connections: fn(holder prefix, ids of
+# the subscribers whose deliveries it held), called as they are handed back, before the commit
+# (delivery.apps registers the webhook jobs' claims: delivery.tasks imports this module).
+_on_dead = []
+
+
+def on_dead(fn):
+    if fn not in _on_dead:
+        _on_dead.append(fn)
+
 
 _name = None
 _pid = None
@@ -134,9 +145,7 @@ def release_dead_if_beating():
 
 def release_dead(now=None):
     """Hand back what every process that stopped beating held; returns their names."""
-    # Here: the ledger imports the models this module's callers import first, and the tasks
-    # import this module.
-    from . import ledger, tasks
+    from . import ledger  # the ledger imports the models this module's callers import first
 
     now = now or timezone.now()
     dead = Q(last_beat__lt=now - timedelta(seconds=DEAD_AFTER_SECS)) | Q(
@@ -153,7 +162,8 @@ def release_dead(now=None):
             held = ledger.release_held_by_prefix(prefix, reason=f"its server process {process} stopped")
             Connection.objects.filter(channel_name__startswith=prefix).delete()
             # Before the commit, whose wake-up enqueues the next jobs of these subscribers.
-            tasks.drop_claims_of(prefix, {subscriber_id for _, subscriber_id in held})
+            for forget in _on_dead:
+                forget(prefix, {subscriber_id for _, subscriber_id in held})
         log.warning("process %s stopped beating; handed back %d deliveries it held", process, len(held))
         released.append(process)
     return released

@@ -67,6 +67,33 @@ def test_a_process_beats_and_a_dead_one_is_released_by_any_live_one(ordered_owne
     assert Delivery.objects.get().status == Status.PENDING
 
 
+def test_a_dead_workers_webhook_claims_go_with_its_leases_and_no_one_elses(ordered_owner, settings):
+    """The handing back of a dead worker's leases drops its jobs' claims, so that its wake-up
+    enqueues the next job at once rather than a sweep after the claim lapsed; a live job's
+    claim stays."""
+    from django.core.cache import cache
+
+    from delivery import tasks
+
+    queue, subscriber = ordered_owner
+    other, _ = create_subscriber("other", subscribe=[queue.name])
+    subscribing.subscribe(other, queue)
+    publish(queue, 1)
+    now = timezone.now()
+    ServerProcess.objects.create(name="gone", kind="worker", last_beat=now - timedelta(seconds=2))
+    ServerProcess.objects.create(name="alive", kind="worker", last_beat=now)
+    ledger.lease_deliveries(subscriber, limit=1, holder="gone/webhook.a")
+    ledger.lease_deliveries(other, limit=1, holder="alive/webhook.b")
+    try:
+        cache.set(tasks.claim_key(subscriber.pk), "running:gone/webhook.a", timeout=30)
+        cache.set(tasks.claim_key(other.pk), "running:alive/webhook.b", timeout=30)
+        assert liveness.release_dead() == ["gone"]
+        assert cache.get(tasks.claim_key(subscriber.pk)) is None
+        assert cache.get(tasks.claim_key(other.pk)) == "running:alive/webhook.b"
+    finally:
+        cache.clear()
+
+
 def value_within(check, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ argument (then transport() needs no private field).
 """
 
 import contextvars
+import functools
 import time
 from contextlib import contextmanager
 
@@ -99,9 +100,13 @@ class DeadlineBackend(httpcore.NetworkBackend):
 
 def transport():
     """An httpx transport whose every socket operation is bounded by the thread's deadline."""
-    made = httpx.HTTPTransport(trust_env=False)
-    made._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(trust_env=False),
-        network_backend=DeadlineBackend(),
-    )
+    made = httpx.HTTPTransport(verify=_ssl_context(), trust_env=False)
+    made._pool = httpcore.ConnectionPool(ssl_context=_ssl_context(), network_backend=DeadlineBackend())
     return made
+
+
+@functools.cache
+def _ssl_context():
+    """One per process, shared by its threads (an SSLContext may be): making one reads the CA
+    bundle, 20 ms or more, and a webhook job made two at its start, before its first post."""
+    return httpx.create_ssl_context(trust_env=False)

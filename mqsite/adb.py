@@ -123,8 +123,8 @@ def prepared():
     on Django's connection and in the caller's transactions: for a thread that runs the same
     few statements again and again (a webhook job's acks and leases), which PostgreSQL then
     plans once per connection. An ordered head's lease took 1.2 to 1.6 ms to plan and 0.2 to
-    run (bench/README.md, W7). Django's own statements stay as they are: its cursors bind on
-    the client, which never prepares."""
+    run (bench/README.md, webhook_cycle.py). Django's own statements stay as they are: its
+    cursors bind on the client, which never prepares."""
     token = _preparing.set(True)
     try:
         yield

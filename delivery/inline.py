@@ -87,7 +87,10 @@ def hand_over(seats, taken):
     [(subscription id, delivery)]}), in a task of its own, so that the publisher's answer does
     not wait for it."""
     for seat in seats:
-        got = taken.get(seat.socket.channel_name, [])
+        got = taken.get(seat.socket.channel_name)
+        if not got:  # a lease would not have taken it either (paused, a replay, ...)
+            seat.socket.unreserve(seat)
+            continue
         task = asyncio.ensure_future(seat.socket.take_seated(seat, got))
         _running.add(task)
         task.add_done_callback(_running.discard)

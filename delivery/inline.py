@@ -29,6 +29,8 @@ _listening = defaultdict(list)
 
 def listen(socket, queue_ids):
     """The socket receives these queues (its subscriptions): publishes to them may seat it."""
+    if socket.closing:  # it closed while it was opening: forget() has been and gone
+        return
     for queue_id in queue_ids:
         line = _listening[queue_id]
         if socket not in line:

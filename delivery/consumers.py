@@ -394,10 +394,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     def room(self):
         """How many deliveries a publish of this process may hand this socket now
-        (delivery.inline): none while closing or in its resume grace."""
+        (delivery.inline): none while closing or in its resume grace; a share, as at a turn of
+        send_ready(), while other sockets of its subscriber here share the stream."""
         if self.closing or not self.resumed.is_set():
             return 0
-        return self.prefetch - len(self.held) - self.seated
+        free = self.prefetch - len(self.held) - self.seated
+        return min(free, FAIR_SHARE) if wakeups.sockets_of(self.subscriber.pk) > 1 else free
 
     def reserve(self, seat):
         self.seated += seat.room

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from delivery import liveness
+from delivery import consumers, liveness
 from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers.models import Subscription
@@ -25,8 +25,10 @@ on_postgres = pytest.mark.skipif(
 async def sockets(prefetch=10, ordered=False):
     """(queue, the publisher's socket, the subscriber's socket, subscribed with `prefetch`),
     after one message published and acked: the publisher's event is known to the process, so
-    that its next publishes take the one-statement path."""
+    that its next publishes take the one-statement path. The subscriber's token is
+    `sockets.token`."""
     queue, (_, owner_token), (_, peer_token) = await setup(ordered=ordered)
+    sockets.token = peer_token
     publisher, subscriber = await connect(owner_token), await connect(peer_token)
     await send(subscriber, {"type": "subscribe", "queue": "db", "prefetch": prefetch})
     assert (await recv(subscriber))["type"] == "subscribed"
@@ -34,6 +36,15 @@ async def sockets(prefetch=10, ordered=False):
     (first,) = await recv_messages(subscriber, 1)
     await ack(subscriber, [first])
     return queue, publisher, subscriber
+
+
+async def messages_until_quiet(comm, quiet=0.5):
+    got = []
+    while not await comm.receive_nothing(timeout=quiet):
+        frame = await recv(comm)
+        assert frame["type"] == "message", frame
+        got.append(frame)
+    return got
 
 
 async def publish(publisher, n):
@@ -144,3 +155,18 @@ async def test_a_socket_that_closes_while_a_publish_hands_it_deliveries_leaves_n
     left = await db(lambda: Delivery.objects.filter(status=Status.INFLIGHT).count())
     assert left == 0
     await publisher.disconnect()
+
+
+async def test_sockets_of_one_subscriber_here_still_share_what_a_publish_hands_over():
+    """Handed over whole, a batch would all go to the socket whose turn it is: each takes a
+    share (FAIR_SHARE), and the rest is dealt out in turns, as a wake-up's leases deal it."""
+    _, publisher, first = await sockets(prefetch=100)
+    second = await connect(sockets.token)
+    await asyncio.sleep(0.3)  # past its resume grace
+    await publish(publisher, 30)
+    got = [await messages_until_quiet(first), await messages_until_quiet(second)]
+    assert sorted(f["seq"] for frames in got for f in frames) == list(range(2, 32))
+    assert all(len(frames) <= consumers.FAIR_SHARE * 2 for frames in got), [len(f) for f in got]
+    await publisher.disconnect()
+    await first.disconnect()
+    await second.disconnect()

@@ -37,7 +37,7 @@ from subscribers import replay
 from subscribers.auth import auth_failed, subscriber_for_token
 from subscribers.models import Subscriber, Subscription, may_subscribe_q
 
-from . import frames, ledger, liveness, receipts, socket_loops, wakeups
+from . import frames, inline, ledger, liveness, receipts, socket_loops, wakeups
 from .frames import (
     CLOSE_BAD_TOKEN,
     CLOSE_SERVER_ERROR,
@@ -104,6 +104,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     # Ids of the subscriptions the subscriber held when this socket opened that no subscribe
     # frame of it has named yet: the grace waits for these.
     unnamed = frozenset()
+    # Room held in the window for publishes of this process under way (delivery.inline), and
+    # the futures of those seats, each done once what it got is held and sent.
+    seated = 0
+    seats = frozenset()
 
     # --- life of a connection ---
 
@@ -195,16 +199,18 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             presence.open_connection(subscriber, self.channel_name, address)
             # In the same thread hop: what the grace waits for.
             held = Subscription.objects.filter(subscriber=subscriber, leaving=False)
-            return set(held.values_list("pk", flat=True))
+            return list(held.values_list("pk", "queue_id"))
 
         try:
-            self.unnamed = await db(open_connection)()
+            held = await db(open_connection)()
         except limits.LimitExceeded as exc:  # too many sockets: say why, then close
             await self.send_json(FrameError.of_limit(exc).frame())
             await self.close(code=limits.CLOSE_TOO_MANY)
             return False
         # From here on the socket is its subscriber's: disconnect() releases what it holds.
         self.subscriber = subscriber
+        self.unnamed = {pk for pk, _ in held}
+        self.seats = set()
         if not self.unnamed:
             self.end_grace()  # nothing to resume: no subscribe frame need be waited for
         if self.authenticating:  # before the pump starts: the resume comes after `authenticated`
@@ -214,6 +220,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             wakeups.joined_elsewhere(subscriber.pk)  # its workers there share with this one
         self.pump_task = asyncio.ensure_future(self.pump())
         socket_loops.opened(self)
+        inline.listen(self, {queue_id for _, queue_id in held})
         self.wake.set()  # resume: what waited is sent first
         return True
 
@@ -233,6 +240,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         # stop the database call in its thread, and a lease committed after the release below
         # would hold its deliveries until their ack deadline.
         self.closing = True
+        inline.forget(self)
         self.wake.set()
         self.end_grace()  # a pump waiting out the grace stops now, not at its end
         if self.pump_task is not None:
@@ -249,6 +257,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 log.warning("acks of %s were not written", self.channel_name, exc_info=True)
         if self.publish_task is not None:
             await self.publish_task  # publishes received before the close go in (it logs its errors)
+        if self.seats:
+            # What publishes under way give this socket is in flight to it once they commit:
+            # the release below must come after, or it would wait for its ack deadline.
+            await asyncio.wait(list(self.seats), timeout=10)
         # What this socket held and had not acked is ready for another at once.
         await db(presence.close_connection)(
             self.channel_name, spend=not self.give_back, reason=self.revoked or ledger.CONNECTION_CLOSED
@@ -378,14 +390,49 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
     def has_room(self):
         """Whether this socket's window could take a delivery now (read from any thread, by a
         wake-up choosing whose turn it is: a hint, as the wake-up itself is)."""
-        return not self.closing and len(self.held) < self.prefetch
+        return not self.closing and len(self.held) + self.seated < self.prefetch
+
+    def room(self):
+        """How many deliveries a publish of this process may hand this socket now
+        (delivery.inline): none while closing or in its resume grace; a share, as at a turn of
+        send_ready(), while other sockets of its subscriber here share the stream."""
+        if self.closing or not self.resumed.is_set():
+            return 0
+        free = self.prefetch - len(self.held) - self.seated
+        return min(free, FAIR_SHARE) if wakeups.sockets_of(self.subscriber.pk) > 1 else free
+
+    def reserve(self, seat):
+        self.seated += seat.room
+        self.seats.add(seat.done)
+
+    def unreserve(self, seat):
+        if not seat.done.done():
+            self.seated -= seat.room
+            self.seats.discard(seat.done)
+            seat.done.set_result(None)
+
+    async def take_seated(self, seat, got):
+        """What a publish of this process made in flight to this socket (delivery.inline), as
+        (subscription id, delivery), committed: counted in the window and sent, as a lease's
+        would be (after the `subscribed` of its subscription: the sending lock). Not of a
+        subscription whose right was withdrawn meanwhile (it stays in flight until its
+        deadline, leased to nobody after), nor to a socket that is closing (its release after
+        this hands them back)."""
+        try:
+            async with self.sending:
+                if not self.closing:
+                    await self.hold_and_send([d for sub, d in got if sub not in self.ended])
+        except Exception:
+            log.warning("deliveries to %s not sent: redelivered later", self.channel_name, exc_info=True)
+        finally:
+            self.unreserve(seat)
 
     async def send_ready(self):
         pk = self.subscriber.pk
         async with self.sending:
             now = time.monotonic()
             self.held = {i: until for i, until in self.held.items() if until > now}
-            free = self.prefetch - len(self.held)
+            free = self.prefetch - len(self.held) - self.seated
             if free <= 0:
                 wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
@@ -535,6 +582,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 )
             )
         self.end_grace(named=subscription.pk)
+        inline.listen(self, [queue.pk])
         self.wake.set()
 
     async def on_unsubscribe(self, frame):
@@ -604,7 +652,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """Lease and send the next head of the ordered subscriptions whose deliveries `acked`
         were just acked (committed)."""
         async with self.sending:
-            free = self.prefetch - len(self.held)
+            free = self.prefetch - len(self.held) - self.seated
             if free <= 0 or self.closing:
                 return
             leased = await ledger.alease_heads_after(

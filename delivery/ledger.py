@@ -227,7 +227,7 @@ def fan_out(queue_id, first_seq, last_seq, now, receipt=False):
         return fanned_out(cursor.fetchall())
 
 
-def fan_out_statement(messages, where, now, receipt=False):
+def fan_out_statement(messages, where, now, receipt=False, seats=None):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
     queue_id, event_id, seq, and receipt_wanted when `receipt`) where `where` holds, and its
     leading parameters (the caller's for `where` follow). With `receipt` (some message wants a
@@ -238,14 +238,20 @@ def fan_out_statement(messages, where, now, receipt=False):
     all events and is not being unsubscribed (unsubscribe()), and its subscriber is active and
     may still subscribe to the queue (revocation: a subscription stays, but is owed nothing
     while its right is gone). Deliveries are numbered in seq order, as the messages are. It
-    returns (message id, subscriber id) per delivery made."""
+    returns (message id, subscriber id) per delivery made.
+
+    `seats` (PostgreSQL; delivery.inline): the sockets of this process that take deliveries
+    as they are made, as (the SQL of a FROM item `q` with the queue's ordered, paused and
+    ack_timeout, its parameters, [subscriber id], [holder], [room]). Then it returns, after
+    those two, each delivery's id, lease holder ('' when pending), ack deadline, attempt and
+    subscription (_fan_out_seated)."""
+    if seats is not None:
+        return _fan_out_seated(messages, where, now, receipt, seats)
     insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt)
     sql = f"""
         {insert}
         FROM {messages}
-        JOIN {Subscription._meta.db_table} s
-          ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id) AND NOT s.leaving
-        JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
+        {_OWED_JOIN()}
         WHERE {where}
         ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
@@ -253,19 +259,86 @@ def fan_out_statement(messages, where, now, receipt=False):
     return sql, [*params, True, True]
 
 
-def owed_insert(owner, owner_params, now, receipt=False):
+@functools.cache
+def _OWED_JOIN():  # noqa: N802 (a constant, made once the models are loaded)
+    """SQL (two parameters, both True): the subscriptions `s` owed message `m`, of subscribers
+    `r` (fan_out_statement says which)."""
+    return f"""JOIN {Subscription._meta.db_table} s
+          ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id) AND NOT s.leaving
+        JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}"""
+
+
+def _fan_out_seated(messages, where, now, receipt, seats):
+    """fan_out_statement() with `seats`: a delivery whose subscriber has a seat is made already
+    in flight to the seat's holder, as a lease leaves it (attempt 1, the queue's ack deadline),
+    when a lease would take it now and the seat has room: its queue is unordered (an ordered
+    queue's line is the lease's alone: _lease_head_statement) and _may_lease() holds, and it is
+    within the seat's room, counted in seq order. The others are made pending, as always."""
+    queue, queue_params, subscriber_ids, holders, rooms = seats
+    may_lease, lease_params = _may_lease()
+    at = connection.ops.adapt_datetimefield_value(now)
+    seated = ("m.seated", "m.holder", _deadline("m"))
+    insert, params = owed_insert("m.subscription_id, m.subscriber_id", [], now, receipt, seated=seated)
+    sql = f"""
+        {insert}
+        FROM (
+            SELECT m.id, m.queue_id, m.event_id, m.seq{", m.receipt_wanted" if receipt else ""},
+                   s.id AS subscription_id, s.subscriber_id, t.holder, q.ack_timeout,
+                   t.holder IS NOT NULL AND q.ordered = %s AND {may_lease}
+                   AND row_number() OVER (PARTITION BY s.subscriber_id ORDER BY m.seq, s.id) <= t.room
+                   AS seated
+            FROM {messages}
+            CROSS JOIN {queue}
+            {_OWED_JOIN()}
+            LEFT JOIN unnest(%s::bigint[], %s::text[], %s::int[]) AS t (subscriber_id, holder, room)
+              ON t.subscriber_id = s.subscriber_id
+            WHERE {where}
+        ) m
+        ORDER BY m.seq, m.subscription_id
+        RETURNING message_id, subscriber_id, id, lease_holder, ack_deadline, attempt, subscription_id
+    """
+    return sql, [
+        *params,
+        at,
+        at,
+        False,
+        *lease_params,
+        *queue_params,
+        True,
+        True,
+        subscriber_ids,
+        holders,
+        rooms,
+    ]
+
+
+def owed_insert(owner, owner_params, now, receipt=False, seated=None):
     """The deliveries' INSERT ... SELECT up to its FROM (and its parameters), for fan-out and
     replay alike: one pending delivery, ready at `now`, per row of the SELECT's message `m`.
     `owner`: the SQL of its subscription's and its subscriber's ids (with `owner_params`).
-    `receipt`: copy the message's receipt_wanted (the column keeps its default otherwise)."""
+    `receipt`: copy the message's receipt_wanted (the column keeps its default otherwise).
+    `seated`: (SQL of whether the row is taken at once, of its holder, of its ack deadline with
+    one parameter, `now`): such a row is made in flight, as _leased_set() leaves a lease (the
+    caller appends `now` twice to the parameters, for the deadline and delivered_at)."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
+    if seated is None:
+        state, lease, lease_columns = "%s, 0", "''", ""
+        params = [Status.PENDING]
+    else:
+        taken, holder, deadline = seated
+        state = f"CASE WHEN {taken} THEN %s ELSE %s END, CASE WHEN {taken} THEN 1 ELSE 0 END"
+        lease = f"CASE WHEN {taken} THEN {holder} ELSE '' END"
+        lease_columns = f", CASE WHEN {taken} THEN {deadline} END, CASE WHEN {taken} THEN %s::timestamptz END"
+        params = [Status.INFLIGHT, Status.PENDING]
     sql = f"""INSERT INTO {Delivery._meta.db_table}
             (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
-             attempt, next_attempt_at, created_at, lease_holder, last_error{column})
-        SELECT {owner}, m.id, m.queue_id, m.event_id, m.seq, %s, 0, %s, %s, '', ''{value}"""
-    return sql, [*owner_params, Status.PENDING, at, at]
+             attempt, next_attempt_at, created_at, lease_holder, last_error{column}
+             {", ack_deadline, delivered_at" if seated else ""})
+        SELECT {owner}, m.id, m.queue_id, m.event_id, m.seq, {state}, %s, %s, {lease}, ''{value}
+             {lease_columns}"""
+    return sql, [*owner_params, *params, at, at]
 
 
 @functools.cache
@@ -404,6 +477,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
     of_events, event_params = _of_events("d.event_id", event_ids)
     deliveries = f"SELECT 1 FROM {Delivery._meta.db_table} d WHERE d.subscription_id = s.id{of_events}"
     of_queue = "AND s.queue_id = %s" if queue is not None else ""
+    may_lease, lease_params = _may_lease()
     found = yield (
         f"""
             SELECT s.id, q.ordered, q.ack_timeout,
@@ -411,7 +485,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
                    EXISTS ({deliveries} AND {overdue_sql("d")})
             FROM {Subscription._meta.db_table} s JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
             JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}
-            WHERE s.subscriber_id = %s AND q.paused = %s AND s.busy_since IS NULL {of_queue}
+            WHERE s.subscriber_id = %s AND {may_lease} {of_queue}
             """,
         [
             *event_params,
@@ -421,7 +495,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
             True,
             True,
             subscriber.pk,
-            False,
+            *lease_params,
             *([queue.pk] if queue is not None else []),
         ],
     )
@@ -435,6 +509,20 @@ def _subscriptions(subscriber, queue, event_ids, now):
         }
         for id_, ordered, ack_timeout, ready, overdue in found
     ]
+
+
+def _may_lease():
+    """SQL (and its parameters): subscription `s` of queue `q` may be leased from: the queue is
+    not paused, and no replay or unsubscribe of it is under way (begin_replay(), unsubscribe():
+    its history is not all owed yet). With the subscriber's rights (_may_subscribe()), what
+    every lease checks: _subscriptions() before a lease, _lease_head_statement() in one, and
+    a publish that hands its deliveries to sockets as it makes them (_fan_out_seated())."""
+    return "q.paused = %s AND s.busy_since IS NULL", [False]
+
+
+def _deadline(q="q"):
+    """SQL (one parameter, `now`): a lease's ack deadline, now + its queue `q`'s ack timeout."""
+    return f"%s + make_interval(secs => {q}.ack_timeout)"
 
 
 def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
@@ -545,11 +633,12 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
     sub_sql, sub_params = ("%s", [subscription]) if isinstance(subscription, int) else subscription
     of_events, event_params = _of_events("d.event_id", event_ids)
     at = connection.ops.adapt_datetimefield_value
+    may_lease, lease_params = _may_lease()
     leased = yield (
         f"""
         UPDATE {table} d
         SET status = %s, attempt = d.attempt + 1, delivered_at = %s, lease_holder = %s,
-            ack_deadline = %s + make_interval(secs => q.ack_timeout)
+            ack_deadline = {_deadline()}
         FROM {Message._meta.db_table} m, {Queue._meta.db_table} q, {Event._meta.db_table} e,
              {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r{_no_flush_wait()}
         WHERE d.id = (SELECT h.id FROM {table} h
@@ -559,9 +648,9 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
                           WHERE i.subscriber_id = %s AND {status_is(Status.INFLIGHT, "i")}
                             AND i.subscription_id = d.subscription_id)
           AND {ready_sql("d")}{of_events}
-          AND s.id = d.subscription_id AND s.subscriber_id = %s AND s.busy_since IS NULL
+          AND s.id = d.subscription_id AND s.subscriber_id = %s
           AND r.id = s.subscriber_id AND {_may_subscribe()}
-          AND q.id = d.queue_id AND q.paused = %s AND q.ordered = %s
+          AND q.id = d.queue_id AND {may_lease} AND q.ordered = %s
           AND m.id = d.message_id AND e.id = d.event_id
         RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
                   m.created_at, d.ack_deadline, m.headers_json
@@ -578,7 +667,7 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
             subscriber_id,
             True,
             True,
-            False,
+            *lease_params,
             True,
         ],
     )
@@ -696,6 +785,10 @@ def _delivery(
     if headers_json:
         delivery["headers"] = json.loads(headers_json)
     return delivery
+
+
+# A delivery as the API gives it, from its columns (a publish that seats it builds it so).
+describe_row = _delivery
 
 
 def subscribers_with_work(subscriber_ids, now=None):

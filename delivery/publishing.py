@@ -18,7 +18,7 @@ from mqsite.values import storable_text
 from queues.headers import BadHeaders, encode_headers
 from queues.models import Event, Message, Queue
 
-from . import ledger
+from . import inline, ledger
 
 MAX_BATCH = 1000
 MAX_KEY_LENGTH = 255
@@ -196,7 +196,7 @@ def _publish_at_once(queue, outgoing, publisher, now):
     that is one round trip and one commit, where the steps above took six (bench/PROFILE.md).
     The UPDATE of last_seq still locks the queue row until the commit, as _take_seqs does."""
     events = _events(queue, {o.event for o in outgoing}, outgoing, publisher)
-    answers, owed = adb.run_sync(_publish_statement(queue, outgoing, publisher, now, events))
+    answers, owed, _ = adb.run_sync(_publish_statement(queue, outgoing, publisher, now, events))
     bus.send_after_commit(bus.WAKE, owed)
     return answers
 
@@ -206,35 +206,61 @@ async def apublish(queue, outgoing, publisher=None):
     every event known (the usual publish), it is _publish_at_once's one statement on the async
     connection, in autocommit: the answers come back after its commit, the wake-ups go after
     it. Otherwise (keys need a look and a lock first, a new event is made and counted against
-    the limits, SQLite) it is publish() in a thread."""
+    the limits, SQLite) it is publish() in a thread.
+
+    On this path the sockets of this process with room take their deliveries in the statement
+    itself (delivery.inline): sent after the commit, and woken by no wake-up."""
     if not outgoing:
         return []
     events = _remembered_events(queue, {o.event for o in outgoing})
     if not adb.enabled() or events is None or any(o.key is not None for o in outgoing):
         return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+    seats = inline.take(queue, len(outgoing))
     try:
-        answers, owed = await adb.run(_publish_statement(queue, outgoing, publisher, timezone.now(), events))
+        answers, owed, taken = await adb.run(
+            _publish_statement(queue, outgoing, publisher, timezone.now(), events, seats)
+        )
     except IntegrityError:
+        inline.cancel(seats)
         # A remembered event deleted since (the admin): publish() looks them up again.
         _forget_events(queue.pk)
         return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+    except BaseException:
+        # Committed or not, a seat's socket must not wait for it: what it may have been given
+        # is in flight to it in the ledger, and comes back when it closes or at its deadline.
+        inline.cancel(seats)
+        raise
+    inline.hand_over(seats, taken)
     bus.send(bus.WAKE, owed)
     return answers
 
 
-def _publish_statement(queue, outgoing, publisher, now, events):
+def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
     """_publish_at_once's statement, for either driver (mqsite/adb.py): (the answers, the
-    subscribers owed something)."""
+    subscribers owed something, {holder: [(subscription id, delivery)]} of what `seats`
+    (delivery.inline) took, as a lease describes it)."""
     count = len(outgoing)
     at = connection.ops.adapt_datetimefield_value(now)
     # A publish that wants no receipt sends the statement it always did (the column's default).
     receipt = any(o.receipt for o in outgoing)
-    fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt)
+    if seats:
+        # The queue's settings as its row is now: the UPDATE below waits for a pause under way.
+        settings_of_q, seated = ", ordered, paused, ack_timeout", ("q", [], *inline.statement_seats(seats))
+        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt, seats=seated)
+        result = """SELECT id, seq, NULL::bigint, NULL::bigint, NULL::text, NULL::timestamptz,
+                NULL::integer, NULL::bigint FROM m
+            UNION ALL SELECT message_id, NULL::bigint, subscriber_id, id, lease_holder, ack_deadline,
+                attempt, subscription_id FROM d"""
+    else:
+        settings_of_q = ""
+        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt)
+        result = """SELECT id, seq, NULL::bigint FROM m
+            UNION ALL SELECT message_id, NULL::bigint, subscriber_id FROM d"""
     wanted = (", receipt_wanted", ", v.receipt", ", %s::boolean[]", ", receipt") if receipt else ("",) * 4
     sql = f"""
         WITH q AS (
             UPDATE {Queue._meta.db_table} SET last_seq = last_seq + %s WHERE id = %s
-            RETURNING last_seq - %s AS base
+            RETURNING last_seq - %s AS base{settings_of_q}
         ), m AS (
             INSERT INTO {Message._meta.db_table}
                 (queue_id, event_id, seq, payload_json, headers_json, key, publisher_id,
@@ -245,8 +271,7 @@ def _publish_statement(queue, outgoing, publisher, now, events):
                 WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}, n)
             RETURNING id, queue_id, event_id, seq{wanted[0]}
         ), d AS ({fan_out})
-        SELECT id, seq, NULL::bigint FROM m
-        UNION ALL SELECT message_id, NULL::bigint, subscriber_id FROM d
+        {result}
     """
     params = [
         count,
@@ -262,13 +287,35 @@ def _publish_statement(queue, outgoing, publisher, now, events):
         *fan_out_params,
     ]
     rows = yield sql, params
-    made = sorted((seq, id_) for id_, seq, _ in rows if seq is not None)  # seq order is input order
-    counts, owed = ledger.fanned_out([(id_, subscriber) for id_, seq, subscriber in rows if seq is None])
+    made = sorted((row[1], row[0]) for row in rows if row[1] is not None)  # seq order is input order
+    deliveries = [row for row in rows if row[1] is None]
+    counts, owed = ledger.fanned_out([(row[0], row[2]) for row in deliveries])
     answers = [
         (_answer_of(id_, queue, o.event, seq, counts.get(id_, 0), now), True)
         for (seq, id_), o in zip(made, outgoing, strict=True)
     ]
-    return answers, owed
+    taken = {}
+    if seats:
+        messages = {id_: (seq, o) for (seq, id_), o in zip(made, outgoing, strict=True)}
+        owed = {row[2] for row in deliveries if not row[4]}  # a seated subscriber needs no wake-up
+        for message_id, _, _, id_, holder, ack_deadline, attempt, subscription_id in deliveries:
+            if holder:
+                seq, o = messages[message_id]
+                # Its frame, from what the publisher sent: the row would only say it again.
+                delivery = ledger.describe_row(
+                    id_,
+                    message_id,
+                    queue.name,
+                    o.event,
+                    seq,
+                    o.payload_json,
+                    attempt,
+                    now,
+                    ack_deadline,
+                    o.headers_json,
+                )
+                taken.setdefault(holder, []).append((subscription_id, delivery))
+    return answers, owed, taken
 
 
 # Events of a queue, by (queue id, name), as committed: a row never changes its name or queue,

@@ -20,4 +20,4 @@ class DeliveryConfig(AppConfig):
 def _enqueue_webhooks(subscriber_ids, _source):
     from . import tasks
 
-    tasks.enqueue_webhooks(subscriber_ids)
+    tasks.enqueue_webhooks(subscriber_ids, kept=True)

@@ -121,8 +121,10 @@ def _prepared_cursor():
     texts are fit for it (the module's docstring); the rest of the code keeps Django's cursors,
     which never prepare (client-side binding), whatever the connection's threshold. The
     prepared statements belong to the pooled connection's server session, as the async pool's
-    (no transaction-mode pooler in between)."""
-    if connection.vendor != "postgresql":
+    (no transaction-mode pooler in between). While queries are logged (DEBUG, a test that
+    captures them), Django's own cursor: its log shows a statement with its values, which
+    Django cannot compose from a server-binding cursor's prepared statement."""
+    if connection.vendor != "postgresql" or connection.queries_logged:
         return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()

@@ -28,15 +28,25 @@ def prepared(text):
         return cursor.fetchone()[0]
 
 
+def cycle(queue, subscriber, n):
+    publishing.publish(queue, [publishing.prepare("create", {"n": n})])
+    leased = ledger.lease_deliveries(subscriber, limit=1)
+    assert [d["payload"] for d in leased] == [{"n": n}]
+    assert ledger.ack_deliveries(subscriber, [leased[0]["id"]])[0] == 1
+
+
 def test_a_publish_lease_and_ack_run_again_are_prepared_once(db_queue, logger):
     subscribing.subscribe(logger, db_queue)
-    for n in range(3):
-        publishing.publish(db_queue, [publishing.prepare("create", {"n": n})])
-        leased = ledger.lease_deliveries(logger, limit=1)
-        assert [d["payload"] for d in leased] == [{"n": n}]
-        assert ledger.ack_deliveries(logger, [leased[0]["id"]])[0] == 1
-    assert prepared("last_seq") == 1  # the publish's one statement
-    assert prepared("acked_at") == 1  # the ack's
+    for n in range(2):
+        cycle(db_queue, logger, n)
+    # The publish's one statement and the ack's are prepared (the connection comes from the
+    # pool: an earlier test may have prepared others of them on it) ...
+    counts = prepared("last_seq"), prepared("acked_at")
+    assert min(counts) >= 1
+    # ... and run again, they are used again, not prepared anew.
+    for n in range(2, 5):
+        cycle(db_queue, logger, n)
+    assert (prepared("last_seq"), prepared("acked_at")) == counts
 
 
 def test_a_statement_made_stale_by_another_connection_runs_again():

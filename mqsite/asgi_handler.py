@@ -62,10 +62,10 @@ class SyncChainASGIHandler(ASGIHandler):
     crossings, a third of a single publish's time in Daphne (py-spy, bench/PROFILE.md). Here the
     chain is built sync, and a request's sync work (the request_started signal, the chain and
     the view, closing the response, which sends request_finished) is one call, in the request's
-    own thread (RequestThreads): Django's handler made
-    three, each a hop to that thread and back, plus two tasks to watch for a disconnect that a
-    sync view could not act on anyway. Reading the body and sending the response stay on the
-    event loop, as before; a streaming response (static files) is closed after it is sent."""
+    own thread (RequestThreads): Django's handler made three, each a hop to that thread and
+    back, plus two tasks to watch for a disconnect that a sync view could not act on anyway.
+    Reading the body and sending the response stay on the event loop, as before; a streaming
+    response (static files) is closed after it is sent."""
 
     threads = RequestThreads(keep=64)
 

@@ -6,9 +6,9 @@ database at DATABASE_URL (a scratch one: it is migrated and emptied).
 
 An ordered queue of `--messages` (W7's size), one subscriber whose webhook is a receiver in this
 process answering 200 at once (webhook_rate.Receiver), and delivery.tasks' job run here as a
-Celery worker runs it (adb.prepared() included), each step timed: the whole lease, the post,
-the attempts and acks, the next head's lease. Checks that every message came once, in order.
-Prints each round's messages a second and each step's count, median and total.
+Celery worker runs it (its statements prepared, as run_sync prepares them), each step timed:
+the whole lease, the post, the attempts and acks, the next head's lease. Checks that every
+message came once, in order. Prints each round's messages a second and each step's count, median and total.
 """
 
 import argparse
@@ -35,7 +35,6 @@ from webhook_rate import Receiver  # noqa: E402  (bench/, the script's own direc
 
 from delivery import ledger, publishing, subscribing, tasks  # noqa: E402
 from delivery.models import Delivery, DeliveryAttempt  # noqa: E402
-from mqsite import adb  # noqa: E402
 from queues.models import Message, Queue  # noqa: E402
 from subscribers.models import Subscriber  # noqa: E402
 from subscribers.provisioning import provision_subscriber  # noqa: E402
@@ -87,8 +86,7 @@ def main():
             times.clear()
             receiver.reset()
             started = time.perf_counter()
-            with adb.prepared():
-                posted = tasks._post_ready(subscriber.pk, "bench-cycle/webhook.0")
+            posted = tasks._post_ready(subscriber.pk, "bench-cycle/webhook.0")
             took = time.perf_counter() - started
             arrived = [json.loads(body)["payload"]["i"] for _, _, body in receiver.snapshot()]
             assert arrived == list(range(args.messages)), "lost, doubled or out of order"

@@ -22,7 +22,7 @@ class DeliveryConfig(AppConfig):
 def _enqueue_webhooks(subscriber_ids, _source):
     from . import tasks
 
-    tasks.enqueue_webhooks(subscriber_ids)
+    tasks.enqueue_webhooks(subscriber_ids, kept=True)
 
 
 def _drop_webhook_claims(holder_prefix, subscriber_ids):

@@ -8,9 +8,10 @@ subscriptions it may no longer have. Changes that bypass the signals (a queryset
 caught by each process's periodic check of its sockets' tokens (socket_loops.check_tokens).
 
 Every process keeps the subscribers (by token hash), queues (by name) and publish grants its
-requests look up (mqsite.rows.Kept). Any announcement makes it forget them all, and so does a
-change made in this process, at once (before its commit: a test's transaction never commits);
-what no announcement told of is forgotten by age (MQ_REVOCATION_CHECK_SECS).
+requests look up, and the subscribers its wake-ups found without a webhook (mqsite.rows.Kept).
+Any announcement makes it forget them all, and so does a change made in this process, at once
+(before its commit: a test's transaction never commits); what no announcement told of is
+forgotten by age (MQ_REVOCATION_CHECK_SECS).
 """
 
 from django.db import transaction
@@ -20,7 +21,7 @@ from mqsite import bus
 from queues import lookup
 from queues.models import Queue
 from subscribers import auth
-from subscribers.models import Subscriber, forget_publish_grants
+from subscribers.models import Subscriber, forget_publish_grants, forget_webhookless
 
 from . import wakeups
 
@@ -71,6 +72,7 @@ def forget_kept_rows(subscriber_ids=(), *_announced):
     auth.forget_subscribers()
     lookup.forget_queues()
     forget_publish_grants()
+    forget_webhookless()
     wakeups.wake_long_polls(subscriber_ids)
 
 

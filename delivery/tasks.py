@@ -37,7 +37,7 @@ from django.utils import timezone
 from delivery import presence
 from mqsite import adb
 from queues import lookup
-from subscribers.models import Connection, Subscriber
+from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
 
 from . import frames, ledger, liveness, receipts, tallies, webhooks
 from .models import Delivery
@@ -92,35 +92,44 @@ def _stop_beating(**kwargs):
     liveness.stop()
 
 
-def webhook_subscribers(subscriber_ids):
+def webhook_subscribers(subscriber_ids, kept=False):
     """Of these subscribers, those whose deliveries go by webhook now: a URL, and no socket.
 
     Asked after every publish: plain SQL, since building the ORM's query cost more than
-    running it."""
+    running it. `kept` (a web process's wake-ups, which hear every announcement): the
+    subscribers found without a webhook are kept, and not asked about again until a change
+    is announced (subscribers.models.maybe_webhook); a commit to subscribers that all have
+    none (most: they pull or hold a socket) costs no query. The sweeper asks every time."""
     ids = list(subscriber_ids)
+    if kept:
+        ids, forgotten = maybe_webhook(ids)
     if not ids:
         return []
     of_ids, params = adb.one_of("s.id", ids)
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT s.id FROM {Subscriber._meta.db_table} s
-            WHERE {of_ids} AND s.is_active = %s AND s.webhook_url <> ''
-              AND NOT EXISTS (SELECT 1 FROM {Connection._meta.db_table} c WHERE c.subscriber_id = s.id)
+            SELECT s.id, s.is_active AND s.webhook_url <> '',
+              EXISTS (SELECT 1 FROM {Connection._meta.db_table} c WHERE c.subscriber_id = s.id)
+            FROM {Subscriber._meta.db_table} s WHERE {of_ids}
             """,
-            [*params, True],
+            params,
         )
-        return [row[0] for row in cursor.fetchall()]
+        found = cursor.fetchall()
+    if kept:
+        keep_webhookless([sid for sid, hooked, _ in found if not hooked], forgotten)
+    return [sid for sid, hooked, socket in found if hooked and not socket]
 
 
 def claim_key(subscriber_id):
     return f"webhook-job:{subscriber_id}"
 
 
-def enqueue_webhooks(subscriber_ids):
-    """Enqueue a webhook job for each of these subscribers that has none queued or running."""
+def enqueue_webhooks(subscriber_ids, kept=False):
+    """Enqueue a webhook job for each of these subscribers that has none queued or running
+    (`kept`: see webhook_subscribers)."""
     enqueued = 0
-    for sid in webhook_subscribers(subscriber_ids):
+    for sid in webhook_subscribers(subscriber_ids, kept):
         # cache.add is atomic: of the wake-ups and sweeps that race here, one enqueues.
         if cache.add(claim_key(sid), "queued", timeout=CLAIM_QUEUED_SECS):
             deliver_webhooks.delay(sid)
@@ -184,9 +193,7 @@ def deliver_webhooks(subscriber_id):
         return 0  # another job serves this subscriber (it leases until nothing is ready)
     claims.hold(key, f"running:{holder}")
     try:
-        # The same few statements, many times over (adb.prepared: PostgreSQL plans them once).
-        with adb.prepared():
-            return _post_ready(subscriber_id, holder)
+        return _post_ready(subscriber_id, holder)
     finally:
         claims.release(key, f"running:{holder}")
 

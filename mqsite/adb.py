@@ -7,8 +7,7 @@ statement that returns none), and its return value is the operation's result. It
 nothing about connections or transactions: its caller does.
 
 - run_sync(op) runs it on Django's connection (inside the caller's transaction.atomic()
-  when there is one), for the admin, Celery, commands, REST and the embedded mode; inside
-  `with prepared():` it binds and prepares on the server as the pool does (a webhook job);
+  when there is one), for the admin, Celery, commands, REST and the embedded mode;
 - await run(op) runs it on an async psycopg connection from this process's pool, on the
   event loop, with no thread in between (the services mode, PostgreSQL); `async with
   transaction()` gives an operation that needs several statements its own transaction.
@@ -28,7 +27,6 @@ async path simply the next line after the commit (mqsite.bus.send()).
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import json
 import logging
@@ -36,7 +34,7 @@ import weakref
 
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import connection, connections
+from django.db import NotSupportedError, connection, connections
 
 log = logging.getLogger(__name__)
 
@@ -99,59 +97,65 @@ def one_of(column, values, unbounded=False):
 
 
 def run_sync(op):
-    """Run a sans-I/O operation on Django's connection; its result. Inside prepared(), on
-    PostgreSQL, each statement is bound on the server and prepared."""
-    if _preparing.get() and connection.vendor == "postgresql":
-        return _run_prepared(op)
+    """Run a sans-I/O operation on Django's connection; its result. On PostgreSQL its
+    statements are prepared, as on the async pool (_prepared_cursor)."""
     rows = None
-    with connection.cursor() as cursor:
+    with _prepared_cursor() as cursor:
         while True:
             try:
                 sql, params = op.send(rows)
             except StopIteration as stop:
                 return stop.value
-            cursor.execute(sql, params)
+            _execute_sync(cursor, sql, params)
             rows = cursor.fetchall() if cursor.description is not None else cursor.rowcount
 
 
-_preparing = contextvars.ContextVar("preparing", default=False)
+def _prepared_cursor():
+    """A cursor of Django's connection (its checks, its query log, its errors) that binds on the
+    server and prepares what it runs again, on PostgreSQL; Django's own cursor elsewhere.
 
-
-@contextlib.contextmanager
-def prepared():
-    """run_sync() prepares its statements in this block (PostgreSQL), as the async pool does,
-    on Django's connection and in the caller's transactions: for a thread that runs the same
-    few statements again and again (a webhook job's acks and leases), which PostgreSQL then
-    plans once per connection. An ordered head's lease took 1.2 to 1.6 ms to plan and 0.2 to
-    run (bench/README.md, webhook_cycle.py). Django's own statements stay as they are: its
-    cursors bind on the client, which never prepares."""
-    token = _preparing.set(True)
-    try:
-        yield
-    finally:
-        _preparing.reset(token)
-
-
-def _run_prepared(op):
-    import psycopg
-
+    Django's cursors bind on the client, and Django turns psycopg's prepared statements off, so
+    PostgreSQL planned the hot statements of REST calls (a publish, a lease, an ack, a token or
+    queue looked up) on every call, as the async pool's did before it prepared them (0.5 to
+    0.8 ms a statement). Only the operations written for both drivers run on this cursor, whose
+    texts are fit for it (the module's docstring); the rest of the code keeps Django's cursors,
+    which never prepare (client-side binding), whatever the connection's threshold. The
+    prepared statements belong to the pooled connection's server session, as the async pool's
+    (no transaction-mode pooler in between). While queries are logged (DEBUG, a test that
+    captures them), Django's own cursor: its log shows a statement with its values, which
+    Django cannot compose from a server-binding cursor's prepared statement."""
+    if connection.vendor != "postgresql" or connection.queries_logged:
+        return connection.cursor()
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    raw = connection.connection
-    # Django opens its connections with prepare_threshold None (for poolers), which turns
-    # preparing off on the connection; on, it changes nothing for Django's own cursors, which
-    # bind on the client and never prepare.
-    if raw.prepare_threshold is None:
-        raw.prepare_threshold = PREPARE_THRESHOLD
-    rows = None
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        while True:
-            try:
-                sql, params = op.send(rows)
-            except StopIteration as stop:
-                return stop.value
-            _execute_sync(raw, cursor, sql, params)
-            rows = cursor.fetchall() if cursor.description is not None else cursor.rowcount
+    with connection.wrap_database_errors:
+        raw = connection.connection
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = PREPARE_THRESHOLD
+        return connection._prepare_cursor(_server_binding_cursor()(raw))
+
+
+@functools.cache
+def _server_binding_cursor():
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    return ServerBindingCursor
+
+
+def _execute_sync(cursor, sql, params):
+    """_execute() on Django's connection: a statement prepared before a schema change made it
+    stale is run again, unprepared, in autocommit."""
+    try:
+        cursor.execute(sql, params)
+    except NotSupportedError as exc:  # Django's name for psycopg's FeatureNotSupported
+        if not _stale_plan(exc) or connection.vendor != "postgresql" or connection.in_atomic_block:
+            raise
+        cursor.execute("DEALLOCATE ALL")  # psycopg forgets its names with it
+        cursor.execute(sql, params)
+
+
+def _stale_plan(exc):
+    return "cached plan must not change result type" in str(exc)
 
 
 async def run(op, conn=None):
@@ -174,43 +178,24 @@ async def run(op, conn=None):
 
 async def _execute(conn, cursor, sql, params):
     """cursor.execute(), and once more when a schema change made this connection's prepared
-    statement of it stale (_stale_on_its_own)."""
+    statement of it stale ("cached plan must not change result type": PostgreSQL plans a
+    prepared statement again after a migration, but fails it if its columns' types changed).
+    In autocommit the failed statement did nothing, so the connection forgets its prepared
+    statements (DEALLOCATE ALL, which psycopg follows) and runs it again, unprepared. In a
+    transaction, which the error has aborted, the caller gets it; psycopg's rollback forgets
+    the connection's prepared statements too, so the next caller's are prepared anew."""
     import psycopg
+    from psycopg.pq import TransactionStatus
 
     try:
         await cursor.execute(sql, params)
     except psycopg.errors.FeatureNotSupported as exc:
-        if not _stale_on_its_own(conn, exc):
+        if not _stale_plan(exc):
+            raise
+        if conn.info.transaction_status != TransactionStatus.IDLE:
             raise
         await conn.execute("DEALLOCATE ALL")
         await cursor.execute(sql, params)
-
-
-def _execute_sync(conn, cursor, sql, params):
-    """_execute() on a sync connection (run_sync() inside prepared())."""
-    import psycopg
-
-    try:
-        cursor.execute(sql, params)
-    except psycopg.errors.FeatureNotSupported as exc:
-        if not _stale_on_its_own(conn, exc):
-            raise
-        conn.execute("DEALLOCATE ALL")
-        cursor.execute(sql, params)
-
-
-def _stale_on_its_own(conn, exc):
-    """Whether a statement failed because a schema change made the connection's prepared
-    statement of it stale ("cached plan must not change result type": PostgreSQL plans a
-    prepared statement again after a migration, but fails it if its columns' types changed),
-    outside a transaction. Then the failed statement did nothing, so the connection forgets its
-    prepared statements (DEALLOCATE ALL, which psycopg follows) and runs it again, unprepared.
-    In a transaction, which the error has aborted, the caller gets it; psycopg's rollback
-    forgets the connection's prepared statements too, so the next caller's are prepared anew."""
-    from psycopg.pq import TransactionStatus
-
-    stale = "cached plan must not change result type" in str(exc)
-    return stale and conn.info.transaction_status == TransactionStatus.IDLE
 
 
 @contextlib.asynccontextmanager

@@ -1,8 +1,9 @@
 """Django's ASGI handler, with a request's sync work done in one call to its thread."""
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
@@ -24,6 +25,35 @@ def declared_length(scope):
     return None
 
 
+class RequestThreads:
+    """A request's thread, kept for the next request when it is done.
+
+    Django's handler gives each request a ThreadSensitiveContext of its own, and asgiref then
+    starts a thread for it and joins that thread when the request ends: the event loop waited
+    about 1.7 ms a request for the new thread to start (py-spy: Thread.start, a fifth of
+    Daphne's CPU under REST publishes one at a time, and the join in a thread of its own
+    besides). Here a request still has a thread to itself for as long as it runs (a long poll
+    blocks in it), but the thread is an idle one of an earlier request, kept. What a request
+    leaves in its thread is what a WSGI server's reused thread holds: the database connection,
+    given back or closed by request_finished as before (a SQLite connection stays open, as
+    CONN_MAX_AGE=None asks, where a new thread had to open one each time)."""
+
+    def __init__(self, keep):
+        self.keep = keep  # idle threads kept at most; past a burst, the extra ones end
+        self.idle = []
+
+    def take(self):
+        if self.idle:
+            return self.idle.pop()
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
+
+    def give(self, executor):
+        if len(self.idle) < self.keep:
+            self.idle.append(executor)  # the last used first: its thread is the likeliest warm
+        else:
+            executor.shutdown(wait=False)
+
+
 class SyncChainASGIHandler(ASGIHandler):
     """Every view and middleware of this project is sync (the async work is in the Channels
     consumers). Django's own ASGI handler runs the middleware in async mode where it can, so a
@@ -32,13 +62,29 @@ class SyncChainASGIHandler(ASGIHandler):
     crossings, a third of a single publish's time in Daphne (py-spy, bench/PROFILE.md). Here the
     chain is built sync, and a request's sync work (the request_started signal, the chain and
     the view, closing the response, which sends request_finished) is one call, in the request's
-    own thread (Django's ThreadSensitiveContext gives each request one): Django's handler made
-    three, each a hop to that thread and back, plus two tasks to watch for a disconnect that a
-    sync view could not act on anyway. Reading the body and sending the response stay on the
-    event loop, as before; a streaming response (static files) is closed after it is sent."""
+    own thread (RequestThreads): Django's handler made three, each a hop to that thread and
+    back, plus two tasks to watch for a disconnect that a sync view could not act on anyway.
+    Reading the body and sending the response stay on the event loop, as before; a streaming
+    response (static files) is closed after it is sent."""
+
+    threads = RequestThreads(keep=64)
 
     def load_middleware(self, is_async=False):
         super().load_middleware(is_async=False)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        executor = self.threads.take()
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await self.handle(scope, receive, send)
+        except BaseException:
+            # Cancelled, or failed: its thread may still be running the request, and no next
+            # request may queue behind that. The thread ends once it is done.
+            executor.shutdown(wait=False)
+            raise
+        self.threads.give(executor)
 
     async def handle(self, scope, receive, send):
         # The route's body limit, before anything else (no authentication, no database): under

@@ -158,6 +158,31 @@ def forget_publish_grants():
     _publish_grants.forget()
 
 
+# Subscribers found without a webhook (no URL, or inactive) by the web processes' check after
+# every commit (delivery.tasks.webhook_subscribers), kept as the grants are and forgotten with
+# them: a URL set or a subscriber made active again is a save, announced. A new subscriber is
+# an id never kept; one with a webhook is never kept (whether it has a socket open changes
+# without an announcement), so it is asked about after every commit, as before.
+_webhookless = rows.Kept()
+
+
+def maybe_webhook(subscriber_ids):
+    """(those of `subscriber_ids` not known to be without a webhook, the count to pass to
+    keep_webhookless() for what a look-up of them finds)."""
+    forgotten = _webhookless.forgotten()
+    return [i for i in subscriber_ids if _webhookless.kept(i)[0] is None], forgotten
+
+
+def keep_webhookless(subscriber_ids, forgotten):
+    for i in subscriber_ids:
+        _webhookless.keep(i, True, forgotten)
+
+
+def forget_webhookless():
+    """A subscriber changed (here or in another process)."""
+    _webhookless.forget()
+
+
 # --- may subscribe: to every queue (subscribe_all), or to this one (a row of its rights) ----------
 # Publishing fans out only to subscriptions whose subscriber still may subscribe, leases skip
 # the others, and sockets end them (revocation): each spelling of the rule is here, side by

@@ -30,7 +30,7 @@ def count_request(cache, key, timeout):
     EXISTS and INCR), a fifth of a single publish's CPU in Daphne (bench/PROFILE.md)."""
     if isinstance(cache, RedisCache):
         key = cache.make_and_validate_key(key)
-        pipe = cache._cache.get_client(key, write=True).pipeline(transaction=False)
+        pipe = _writer(cache).pipeline(transaction=False)
         pipe.incr(key)
         pipe.expire(key, timeout, nx=True)
         return pipe.execute()[0]
@@ -40,6 +40,14 @@ def count_request(cache, key, timeout):
     except ValueError:  # the window expired between add and incr
         cache.set(key, 1, timeout=timeout)
         return 1
+
+
+@functools.cache
+def _writer(cache):
+    """The Redis client that writes `cache`'s keys. Django makes a client object for each call
+    (get_client: the same connection pool, a new redis.Redis and its tables), a twentieth of a
+    request's CPU in the throttle; one, thread-safe as its pool is, serves every request."""
+    return cache._cache.get_client(write=True)
 
 
 class ClientRateThrottle(SimpleRateThrottle):

@@ -16,7 +16,7 @@ from delivery import publishing
 from queues import lookup
 from queues.models import Queue
 from subscribers import auth
-from subscribers.models import forget_publish_grants
+from subscribers.models import forget_publish_grants, forget_webhookless
 from subscribers.provisioning import create_subscriber
 
 
@@ -132,13 +132,14 @@ def _consumers_return_their_connections():
 def _forget_remembered_events():
     """Each test starts from an empty database, whose ids the next test uses again: events
     remembered by publishing (after a commit) must not outlive the test that made them, nor
-    the queues, subscribers and publish grants kept for requests (a rollback announces
-    nothing). A server's database never goes back like this."""
+    the queues, subscribers, publish grants and webhookless subscribers kept for requests and
+    wake-ups (a rollback announces nothing). A server's database never goes back like this."""
     yield
     publishing.forget_all_events()
     lookup.forget_queues()
     auth.forget_subscribers()
     forget_publish_grants()
+    forget_webhookless()
 
 
 @pytest.fixture(scope="session", autouse=True)

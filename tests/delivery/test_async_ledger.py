@@ -310,63 +310,6 @@ async def test_a_prepared_statement_survives_a_migration_that_changes_its_column
         await database_sync_to_async(ddl)("DROP TABLE mq_test_scratch")
 
 
-def _prepared_sync(text):
-    """How many prepared statements of Django's connection (this thread's) hold `text`."""
-    return adb.run_sync(
-        _select("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", [f"%{text}%"])
-    )
-
-
-def _ddl(sql):
-    """Run `sql` on a connection of its own, as a migration in another process would."""
-    import psycopg
-
-    with psycopg.connect(**{**connection.get_connection_params(), "autocommit": True}) as other:
-        other.execute(sql)
-
-
-def _prepared_sync_survives_a_migration():
-    """adb.prepared() on Django's connection, as a webhook job runs it: a statement is prepared
-    from its second run, kept across runs, run again unprepared once a migration changed its
-    columns' types (in autocommit), and given to the caller in a transaction (which the error
-    aborted); Django's own statements are not prepared."""
-    from django.db import transaction
-
-    select = ("SELECT x FROM mq_test_scratch", [])
-    _ddl("CREATE TABLE mq_test_scratch (x integer)")
-    try:
-        _ddl("INSERT INTO mq_test_scratch VALUES (1)")
-        with adb.prepared():
-            for _ in range(3):
-                assert adb.run_sync(_select(*select)) == [(1,)]
-            assert _prepared_sync("mq_test_scratch") == [(1,)]
-            _ddl("ALTER TABLE mq_test_scratch ALTER COLUMN x TYPE bigint")
-            assert adb.run_sync(_select(*select)) == [(1,)]
-            for _ in range(2):
-                assert adb.run_sync(_select(*select)) == [(1,)]
-            assert _prepared_sync("mq_test_scratch") == [(1,)]
-            _ddl("ALTER TABLE mq_test_scratch ALTER COLUMN x TYPE integer")
-            with pytest.raises(NotSupportedError, match="cached plan"), transaction.atomic():
-                adb.run_sync(_select(*select))
-            for _ in range(3):
-                assert adb.run_sync(_select(*select)) == [(1,)]
-        with adb.prepared():
-            for _ in range(3):
-                Subscriber.objects.filter(name="not-prepared").exists()  # Django's own
-            assert _prepared_sync("subscribers_subscriber") == [(0,)]
-        for _ in range(3):
-            assert adb.run_sync(_select("SELECT 1 WHERE 'outside' = %s", ["outside"])) == [(1,)]
-        with adb.prepared():
-            assert _prepared_sync("outside") == [(0,)]  # outside the block: as Django runs it
-    finally:
-        _ddl("DROP TABLE mq_test_scratch")
-
-
-@on_postgres
-async def test_a_prepared_sync_statement_survives_a_migration_that_changes_its_columns():
-    await database_sync_to_async(_prepared_sync_survives_a_migration)()
-
-
 def _acked_in_a_transaction(subscriber, ids, relaxed):
     """Ack inside a transaction (ledger.no_flush_wait()'s, or a caller's own) and say whether
     that transaction's commit was still to wait for the disk."""

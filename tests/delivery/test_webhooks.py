@@ -135,6 +135,26 @@ def test_it_enqueues_one_job_per_subscriber_at_a_time(hooked, db_queue, enqueued
     assert enqueued == [hooked.pk, hooked.pk]
 
 
+def test_a_wake_up_asks_again_about_a_subscriber_once_it_is_given_a_webhook(
+    logger, receiver, enqueued, settings, django_assert_num_queries
+):
+    """The web processes' wake-ups keep the subscribers they found without a webhook (no
+    query after every commit for a subscriber that pulls), until a change is announced."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    # Given: a subscriber that pulls, found without a webhook by a wake-up
+    assert tasks.enqueue_webhooks([logger.pk], kept=True) == 0
+    with django_assert_num_queries(0):
+        assert tasks.enqueue_webhooks([logger.pk], kept=True) == 0
+    # When: it is given a webhook (a save: announced)
+    logger.webhook_url = receiver.url
+    logger.save()
+    # Then: the next wake-up enqueues its job, and goes on asking (a socket may open)
+    assert tasks.enqueue_webhooks([logger.pk], kept=True) == 1
+    assert enqueued == [logger.pk]
+    with django_assert_num_queries(1):
+        tasks.enqueue_webhooks([logger.pk], kept=True)
+
+
 def test_a_job_leaves_the_subscriber_to_the_job_already_running(hooked, db_queue, receiver):
     cache.set(tasks.claim_key(hooked.pk), "running:webhook:other", timeout=5)
     try:

@@ -391,7 +391,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 return
             sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
             want = min(free, FAIR_SHARE) if sharing else free
-            leased = await ledger.alease_deliveries(self.subscriber, limit=want, holder=self.channel_name)
+            leased = await ledger.alease_deliveries(
+                self.subscriber, limit=want, holder=self.channel_name, framed=True
+            )
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back
             await self.hold_and_send(leased)
@@ -423,11 +425,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         batch = []
         for d in leased:
             if (d["queue"], d["event"]) in self.batched or (d["queue"], None) in self.batched:
-                batch.append(frames.message_frame(d))
+                batch.append(frames.message_text(d))
             else:
-                await self.send_json(frames.message_frame(d))
+                await self.send(text_data=frames.message_text(d))
         if batch:
-            await self.send_json({"type": "messages", "messages": batch})
+            await self.send(text_data=frames.messages_text(batch))
 
     async def dispatch(self, message):
         # As Channels' own, without its close_old_connections() before every frame: that ran in
@@ -608,7 +610,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             if free <= 0 or self.closing:
                 return
             leased = await ledger.alease_heads_after(
-                self.subscriber, acked, limit=free, holder=self.channel_name
+                self.subscriber, acked, limit=free, holder=self.channel_name, framed=True
             )
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back

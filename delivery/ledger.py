@@ -32,7 +32,7 @@ from mqsite.values import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import receipts
+from . import frames, receipts
 from .bounds import MAX_EXTEND_SECS
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
@@ -287,13 +287,14 @@ def fanned_out(rows):
 # --- lease --------------------------------------------------------------------------------------
 
 
-def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
+def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False):
     """Hand out up to `limit` ready deliveries of the subscriber, oldest seq first.
 
     Each is marked in flight until now + its queue's ack timeout, its attempt counted. Overdue
     leases of the same subscriptions are expired first, so they are ready again (after their
     backoff). An ordered queue's subscription hands out only its head, and nothing while a
-    delivery of it is in flight or waiting for its retry. Returns dicts ready for the API.
+    delivery of it is in flight or waiting for its retry. Returns dicts ready for the API, or
+    with `framed` (a socket's lease) on PostgreSQL, each as _framed() describes it.
     """
     now = now or timezone.now()
     if limit <= 0:
@@ -312,17 +313,19 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
             _expire_overdue(now, overdue)
         for sub in ordered:
             if len(leased) < limit:
-                leased += _lease_head(subscriber.pk, sub, event_ids, holder, now)
+                leased += _lease_head(subscriber.pk, sub, event_ids, holder, now, framed)
         for ack_timeout, ids in unordered.items():
             if len(leased) >= limit:
                 break
-            leased += _lease_ready(ids, event_ids, limit - len(leased), ack_timeout, holder, now)
+            leased += _lease_ready(ids, event_ids, limit - len(leased), ack_timeout, holder, now, framed)
     leased.sort(key=lambda d: (d["seq"], d["id"]))
     return leased
 
 
 @adb.twin(lease_deliveries)
-async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
+async def alease_deliveries(
+    subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False
+):
     """lease_deliveries() from the event loop, on the async connection: the read, then one
     statement per ordered subscription (its head) and per group of unordered ones, each its
     own transaction (a lease of one is independent of the others'). Only an expiry, which
@@ -341,19 +344,21 @@ async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, ho
             for sub in ordered:
                 if len(leased) < limit:
                     leased += await adb.run(
-                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now), conn
+                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now, framed), conn
                     )
             for ack_timeout, ids in unordered.items():
                 if len(leased) >= limit:
                     break
                 leased += await adb.run(
-                    _lease_ready_statement(ids, event_ids, limit - len(leased), ack_timeout, holder, now),
+                    _lease_ready_statement(
+                        ids, event_ids, limit - len(leased), ack_timeout, holder, now, framed
+                    ),
                     conn,
                 )
             leased.sort(key=lambda d: (d["seq"], d["id"]))
             return leased
     return await adb.thread(lease_deliveries)(
-        subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now
+        subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now, framed=framed
     )
 
 
@@ -437,12 +442,12 @@ def _subscriptions(subscriber, queue, event_ids, now):
     ]
 
 
-def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
-    leased = adb.run_sync(_lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now))
+def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now, framed=False):
+    leased = adb.run_sync(_lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now, framed))
     return leased if connection.vendor == "postgresql" else _describe(leased)
 
 
-def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
+def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now, framed=False):
     """Lease the oldest ready deliveries of these subscriptions (one statement) and describe
     them. SKIP LOCKED: two leasers running at once each take rows the other has not locked, so
     no delivery is handed to both (PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE)."""
@@ -467,12 +472,11 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
                  {Event._meta.db_table} e{_no_flush_wait()}
             WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
               AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id
-            RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                      m.created_at, d.ack_deadline, m.headers_json
+            RETURNING {_FRAMED if framed else _DESCRIBED}
             """,
         params,
     )
-    return [_delivery(*row) for row in leased]
+    return [(_framed if framed else _delivery)(*row) for row in leased]
 
 
 def _leased_set(ack_timeout, holder, now):
@@ -499,10 +503,10 @@ def _heads_in_one():
     return connection.vendor == "postgresql"
 
 
-def _lease_head(subscriber_id, sub, event_ids, holder, now):
+def _lease_head(subscriber_id, sub, event_ids, holder, now, framed=False):
     """Lease an ordered subscription's head, if it is ready (described, as the API gives it)."""
     if _heads_in_one():
-        return adb.run_sync(_lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now))
+        return adb.run_sync(_lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now, framed))
     # SQLite (one writer at a time): lock the subscription row first: with SKIP LOCKED alone a
     # second leaser would skip the locked head and hand out the message behind it.
     list(
@@ -521,7 +525,7 @@ def _lease_head(subscriber_id, sub, event_ids, holder, now):
     return _describe(_mark_leased([head["id"]], sub["queue__ack_timeout"], holder, now))
 
 
-def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
+def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, framed=False):
     """PostgreSQL: lease an ordered subscription's head in one statement, and describe it.
     `subscription` is its id, or the SQL of a subquery giving it, as (sql, params).
 
@@ -563,8 +567,7 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
           AND r.id = s.subscriber_id AND {_may_subscribe()}
           AND q.id = d.queue_id AND q.paused = %s AND q.ordered = %s
           AND m.id = d.message_id AND e.id = d.event_id
-        RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                  m.created_at, d.ack_deadline, m.headers_json
+        RETURNING {_FRAMED if framed else _DESCRIBED}
         """,
         [
             Status.INFLIGHT,
@@ -582,17 +585,17 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
             True,
         ],
     )
-    return [_delivery(*row) for row in leased]
+    return [(_framed if framed else _delivery)(*row) for row in leased]
 
 
-def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
+def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, framed=False):
     """After acks of ordered deliveries: lease what is ready of the subscriber (SQLite, and
     where the async connection is off: the whole lease_deliveries())."""
-    return lease_deliveries(subscriber, limit=limit, holder=holder, now=now)
+    return lease_deliveries(subscriber, limit=limit, holder=holder, now=now, framed=framed)
 
 
 @adb.twin(lease_heads_after)
-async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
+async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, framed=False):
     """The next head of the ordered subscriptions of `acked_ids` (deliveries just acked,
     committed), one statement each and no read first: a prompt consumer of an ordered queue
     waits for its next message one round trip after its ack, not three. Whatever else may be
@@ -604,7 +607,9 @@ async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=Non
             if len(leased) >= limit:
                 break
             of_acked = (f"SELECT subscription_id FROM {Delivery._meta.db_table} WHERE id = %s", [acked])
-            leased += await adb.run(_lease_head_statement(subscriber.pk, of_acked, None, holder, now), conn)
+            leased += await adb.run(
+                _lease_head_statement(subscriber.pk, of_acked, None, holder, now, framed), conn
+            )
     return leased
 
 
@@ -636,6 +641,26 @@ def _head(subscriber_id, subscription_id):
         return None
     id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: line_position(row[1], row[4]))
     return {"id": id_, "status": status, "next_attempt_at": _datetime(next_attempt_at), "event_id": event_id}
+
+
+# What a lease returns of each delivery: what _delivery() makes of it, or (a socket's lease,
+# `framed`) what _framed() does, the frame written by PostgreSQL.
+_DESCRIBED = """d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
+                m.created_at, d.ack_deadline, m.headers_json"""
+_FRAMED = f"d.id, q.name, e.name, d.seq, d.ack_deadline, {frames.message_frame_sql()}"
+
+
+def _framed(id, queue, event, seq, ack_deadline, frame):
+    """A delivery leased for a socket: what the socket keeps of it, and its `message` frame
+    as text (frames.message_text), its payload never decoded."""
+    return {
+        "id": id,
+        "queue": queue,
+        "event": event,
+        "seq": seq,
+        "ack_deadline": ack_deadline,
+        "frame": frame,
+    }
 
 
 def _describe(ids):

@@ -61,6 +61,12 @@ AUTH_WAIT_SECS = 10
 # What a socket leases at its turn while other sockets of its subscriber share the stream: a
 # backlog is dealt out in shares this big, round-robin (alone, a socket fills its window).
 FAIR_SHARE = 10
+# A socket alone on its subscriber's stream leases ahead: with what fills its window, as many
+# again as its client's acks just made room for (at most a window), held here unsent. The next
+# acks are answered from them at once, while the next lease runs, rather than after its round
+# trip. Not sent within this long (the client stopped acking), they are given back, their
+# attempt with them, for a socket that will take them.
+AHEAD_SECS = 0.5
 
 
 def token_from_scope(scope):
@@ -178,6 +184,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         # frames (a lease names the queue and event of each delivery, not its subscription)
         self.batched = set()
         self.held = {}  # delivery id -> monotonic time its lease ends
+        self.ahead = []  # leased for this socket beyond its window, not sent yet (send_ahead)
+        self.made_room = 0  # deliveries its client settled since its last lease (send_ready)
         self.ordered_held = set()  # those of them of ordered queues
         self.ordered_acked = []  # acked ones of them: their next heads are leased after the commit
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
@@ -249,9 +257,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 log.warning("acks of %s were not written", self.channel_name, exc_info=True)
         if self.publish_task is not None:
             await self.publish_task  # publishes received before the close go in (it logs its errors)
-        # What this socket held and had not acked is ready for another at once.
+        # What this socket held and had not acked is ready for another at once; what it leased
+        # ahead and never sent, its attempt given back.
+        unsent, self.ahead = [d["id"] for d in self.ahead], []
         await db(presence.close_connection)(
-            self.channel_name, spend=not self.give_back, reason=self.revoked or ledger.CONNECTION_CLOSED
+            self.channel_name,
+            spend=not self.give_back,
+            reason=self.revoked or ledger.CONNECTION_CLOSED,
+            unsent=unsent,
         )
         socket_loops.closed(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
@@ -360,9 +373,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             # No wake-up: nobody may lease them while the right is withdrawn.
             return ledger.release_held([self.channel_name], reason=REVOKED, wake=False, subscription_ids=ids)
 
+        # Nothing leased ahead of them goes out any more (the release below gives it back).
+        ended = {(queue, event) for _, queue, event in ending}
+        self.ahead = [d for d in self.ahead if not _of(d, ended)]
         async with self.sending:  # after any delivery of them being sent, before any other
-            for delivery_id in await db(release)():
+            released = set(await db(release)())
+            for delivery_id in released:
                 self.held.pop(delivery_id, None)
+            self.ahead = [d for d in self.ahead if d["id"] not in released]
             self.ended.update(ids)
             for i, queue, event in ending:
                 frame = {"type": "unsubscribed", "subscription": i, "queue": queue, "event": event}
@@ -370,9 +388,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.wake.set()  # the window has room again
 
     def until_a_lease_ends(self):
-        """Seconds until the first lease this socket holds runs out (its window opens then),
-        at most HEARTBEAT_SECS."""
+        """Seconds until the first lease this socket holds runs out (its window opens then), or
+        what it leased ahead is to be given back, at most HEARTBEAT_SECS."""
         ends = min(self.held.values(), default=math.inf)
+        ends = min(ends, min((d["stale_at"] for d in self.ahead), default=math.inf))
         return min(max(ends - time.monotonic(), 0.05), presence.HEARTBEAT_SECS)
 
     def has_room(self):
@@ -385,29 +404,79 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         async with self.sending:
             now = time.monotonic()
             self.held = {i: until for i, until in self.held.items() if until > now}
+            await self.give_back_stale(now)
+            await self.send_ahead()
             free = self.prefetch - len(self.held)
-            if free <= 0:
+            sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
+            made_room, self.made_room = self.made_room, 0
+            ahead = self.to_lease_ahead(made_room, sharing)
+            want = (min(free, FAIR_SHARE) if sharing else max(free, 0)) + ahead
+            if want <= 0:
                 wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
-            sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
-            want = min(free, FAIR_SHARE) if sharing else free
             leased = await ledger.alease_deliveries(
                 self.subscriber, limit=want, holder=self.channel_name, framed=True
             )
             if self.closing:
-                return  # the socket is gone: the release in disconnect() hands these back
+                # The socket is gone: the release in disconnect() hands these back, unsent.
+                self.ahead += leased
+                return
             await self.hold_and_send(leased)
         if sharing and len(leased) == want:
             wakeups.pass_turn(pk)  # more may be ready: the next socket's turn (or ours again)
 
+    def to_lease_ahead(self, made_room, sharing):
+        """How many to lease ahead: up to twice what the client settled since the last lease,
+        at most a window (a client that drains its window fast finds the next one here, a slow
+        one is not held more than it takes); none while other sockets share the stream (what
+        one holds ahead, another could take), nor for a socket that asked for a smaller window
+        than the server's (a slow worker holds only what it can work on: docs/websocket.md)."""
+        if sharing or self.prefetch < settings.MQ_PREFETCH:
+            return 0
+        return max(min(2 * made_room, self.prefetch - len(self.ahead)), 0)
+
     async def hold_and_send(self, leased):
-        """Count what a lease got in the window (until its ack deadline) and send it."""
+        """Count what a lease got in the window (until its ack deadline) and send it; what the
+        window has no room for is kept, leased ahead (send_ahead sends it)."""
         now_wall, now = time.time(), time.monotonic()
         for d in leased:
-            self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
+            d["until"] = until = now + (d["ack_deadline"].timestamp() - now_wall)
+            d["stale_at"] = min(now + AHEAD_SECS, until - AHEAD_SECS)
+        fits = max(self.prefetch - len(self.held), 0)
+        self.ahead += leased[fits:]
+        await self.hold_and_send_now(leased[:fits])
+
+    async def hold_and_send_now(self, leased):
+        for d in leased:
+            self.held[d["id"]] = d["until"]
         self.ordered_held.intersection_update(self.held)
         self.ordered_held.update(await self.of_ordered_queues(leased))
         await self.send_deliveries(leased)
+
+    async def send_ahead(self):
+        """Send what was leased ahead, as far as the window has room: no lease waited for.
+        Without the sending lock (an ack frame's room is filled at once, while the pump may be
+        leasing): these are this socket's already, and a revocation drops its own from them
+        first (apply_changes)."""
+        fits = self.prefetch - len(self.held)
+        if fits <= 0 or not self.ahead or self.closing:
+            return  # closing: the release gives them back unsent
+        now = time.monotonic()
+        out, self.ahead = self.ahead[:fits], self.ahead[fits:]
+        # One past its time is not sent: give_back_stale() hands it back.
+        self.ahead += [d for d in out if d["stale_at"] <= now]
+        await self.hold_and_send_now([d for d in out if d["stale_at"] > now])
+
+    async def give_back_stale(self, now):
+        """What was leased ahead and not sent within AHEAD_SECS (or close to its deadline) goes
+        back to pending, its attempt given back: the client has stopped acking."""
+        stale = [d["id"] for d in self.ahead if d["stale_at"] <= now]
+        if not stale:
+            return
+        self.ahead = [d for d in self.ahead if d["stale_at"] > now]
+        await db(ledger.release_held)(
+            [self.channel_name], reason=ledger.NOT_SENT, wake=False, delivery_ids=stale
+        )
 
     async def of_ordered_queues(self, leased):
         """The ids of those deliveries whose queue is ordered (queues are kept in the process:
@@ -568,14 +637,16 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.ack_buffer += [i for i in ids if is_db_id(i)]
         was_full = len(self.held) >= self.prefetch
         ordered = [i for i in ids if i in self.ordered_held]
-        for i in ids:
-            self.held.pop(i, None)
+        self.made_room += sum(self.held.pop(i, None) is not None for i in ids)
         # An ordered queue's next message is leasable only once this ack commits: write_acks
         # leases it then, since a lease before would find the head still in flight, and
         # nothing else would come to lease it.
         self.ordered_held.difference_update(ordered)
         self.ordered_acked += ordered
-        if was_full and len(ordered) < len(ids):
+        from_ahead = bool(self.ahead) and len(self.held) < self.prefetch
+        if from_ahead:
+            self.wake.set()  # the pump leases ahead again, while send_ahead() below fills the room
+        elif was_full and len(ordered) < len(ids):
             # The window has room now: lease the next ones while the acks are written, not
             # after (they are other rows; a catch-up waited a round trip per window for
             # nothing). A window that had room took all that was ready at its last lease:
@@ -583,6 +654,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             self.wake.set()
         if self.ack_task is None or self.ack_task.done():
             self.ack_task = asyncio.ensure_future(self.write_acks())
+        if from_ahead:
+            await self.send_ahead()
         if unknown:
             raise FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown)
 
@@ -624,8 +697,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
         )
         unknown, settled = nacked.unknown, list(nacked.settled)
-        for i in ids:
-            self.held.pop(i, None)
+        self.made_room += sum(self.held.pop(i, None) is not None for i in ids)
         self.wake.set()
         if unknown:
             raise FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown)
@@ -752,6 +824,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def send_json(self, content):
         await self.send(text_data=frames.encode(content))
+
+
+def _of(delivery, subscriptions):
+    """Whether a leased delivery is of one of these (queue, event or None) subscriptions."""
+    queue = delivery["queue"]
+    return (queue, delivery["event"]) in subscriptions or (queue, None) in subscriptions
 
 
 class _Publish(NamedTuple):

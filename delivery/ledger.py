@@ -112,6 +112,7 @@ NACKED = "nacked by the client"
 ACK_DEADLINE_PASSED = "ack deadline passed"
 CONNECTION_CLOSED = "the connection holding it closed"
 CLOSED_IN_FLIGHT = "connection closed while in flight"
+NOT_SENT = "leased ahead for a socket and given back unsent"
 # And an operator's or a seek's, which hand a delivery out again (or give up on it) at once.
 REDELIVERED = "redelivered by an operator"
 KILLED = "killed by an operator"
@@ -1158,12 +1159,15 @@ def drop_undelivered(subscription):
     receipts.moved(receipt_messages)  # what is left of them may be settled now
 
 
-def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subscription_ids=None):
+def release_held(
+    holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subscription_ids=None, delivery_ids=None
+):
     """Deliveries held by these lease holders go back to pending, ready at once: a closed
     websocket (the client is gone, there is nothing to wait for), or a webhook job's batch left
     untried when its endpoint failed (`reason` says which; `wake=False` leaves them to the
     sweeper rather than wake a job that would only find it failing). `subscription_ids`: only
-    those of these subscriptions (a revoked right's, on a socket that stays open).
+    those of these subscriptions (a revoked right's, on a socket that stays open);
+    `delivery_ids`: only these (what a socket leased ahead and never sent).
 
     `spend`: the attempt counts, and a delivery that had its last one is dead. A socket that
     the client closed (or dropped) while holding a delivery spends it: a message its client
@@ -1178,6 +1182,10 @@ def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subs
         of_subscriptions, subscription_params = adb.one_of("subscription_id", list(subscription_ids) or [0])
         where += f" AND {of_subscriptions}"
         params = [*params, *subscription_params]
+    if delivery_ids is not None:
+        of_ids, id_params = adb.one_of("id", list(delivery_ids) or [0])
+        where += f" AND {of_ids}"
+        params = [*params, *id_params]
     return _release(where, params, reason, wake, spend)
 
 

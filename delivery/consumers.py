@@ -374,13 +374,13 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return ledger.release_held([self.channel_name], reason=REVOKED, wake=False, subscription_ids=ids)
 
         # Nothing leased ahead of them goes out any more (the release below gives it back).
-        ended = {(queue, event) for _, queue, event in ending}
-        self.ahead = [d for d in self.ahead if not _of(d, ended)]
+        dropped = self.drop_ahead({(queue, event) for _, queue, event in ending})
         async with self.sending:  # after any delivery of them being sent, before any other
             released = set(await db(release)())
             for delivery_id in released:
                 self.held.pop(delivery_id, None)
             self.ahead = [d for d in self.ahead if d["id"] not in released]
+            await self.give_back_unsent([i for i in dropped if i not in released])
             self.ended.update(ids)
             for i, queue, event in ending:
                 frame = {"type": "unsubscribed", "subscription": i, "queue": queue, "event": event}
@@ -474,9 +474,25 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         if not stale:
             return
         self.ahead = [d for d in self.ahead if d["stale_at"] > now]
-        await db(ledger.release_held)(
-            [self.channel_name], reason=ledger.NOT_SENT, wake=False, delivery_ids=stale
-        )
+        await self.give_back_unsent(stale, wake=False)
+
+    def drop_ahead(self, subscriptions):
+        """Take what was leased ahead of these (queue, event or None) subscriptions out, so
+        that none of it goes out any more; their ids. (A delivery names its queue and event,
+        not its subscription: one of another subscription to the same ones is taken out too,
+        and its caller gives it back.)"""
+        dropped = [d["id"] for d in self.ahead if _of(d, subscriptions)]
+        if dropped:
+            self.ahead = [d for d in self.ahead if not _of(d, subscriptions)]
+        return dropped
+
+    async def give_back_unsent(self, unsent, wake=True):
+        """These deliveries, leased ahead and not sent, go back to pending, their attempt given
+        back (those gone or acked meanwhile are left as they are)."""
+        if unsent:
+            await db(ledger.release_held)(
+                [self.channel_name], reason=ledger.NOT_SENT, wake=wake, delivery_ids=unsent
+            )
 
     async def of_ordered_queues(self, leased):
         """The ids of those deliveries whose queue is ordered (queues are kept in the process:
@@ -610,6 +626,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def on_unsubscribe(self, frame):
         queue, event = await self.resolve(frame)
+        # None of what was leased ahead of it goes out after `unsubscribed` (the unsubscribe
+        # drops it; one of another subscription to the same queue and event is given back).
+        dropped = self.drop_ahead({(queue.name, event)})
 
         def unsubscribe():
             subscription = (
@@ -626,7 +645,10 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             subscribing.unsubscribe(subscription)
             return subscription_id
 
-        subscription_id = await db(unsubscribe)()
+        try:
+            subscription_id = await db(unsubscribe)()
+        finally:
+            await self.give_back_unsent(dropped)
         self.batched.discard((queue.name, event))
         answer = {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name}
         await self.send_json(frames.with_ref({**answer, "event": event}, frame.get("ref")))

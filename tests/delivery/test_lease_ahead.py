@@ -120,3 +120,20 @@ async def test_a_socket_that_asked_for_a_smaller_window_leases_nothing_ahead():
         assert len(inflight) == 2
         await ack(comm, got)
     await comm.disconnect()
+
+
+@override_settings(MQ_PREFETCH=WINDOW)
+async def test_nothing_leased_ahead_goes_out_after_unsubscribed():
+    owner, comm = await caught_up_socket(20)
+    first = await window_of(comm)
+    await ack(comm, first)
+    second = await window_of(comm)  # and the next window leased ahead
+    await send(comm, {"type": "unsubscribe", "queue": "db"})
+    assert (await recv(comm))["type"] == "unsubscribed"
+    await ack(comm, second)  # room in the window: nothing of the subscription may fill it
+    while not await comm.receive_nothing(timeout=0.3):
+        frame = await recv(comm)
+        assert frame["type"] == "error" and frame["code"] == "unknown_ids", frame
+    left = await db(rows, owner)
+    assert not [d for d in left.values() if d.status == Status.INFLIGHT]
+    await comm.disconnect()

@@ -67,6 +67,10 @@ FAIR_SHARE = 10
 # trip. Not sent within this long (the client stopped acking), they are given back, their
 # attempt with them, for a socket that will take them.
 AHEAD_SECS = 0.5
+# A socket whose lease got all it asked for, from its subscriber's one unordered subscription,
+# leases the next ones from it with no read first (ledger.alease_again), for at most this long
+# before a full lease again (which expires overdue leases and finds other subscriptions).
+AGAIN_SECS = 0.25
 
 
 def token_from_scope(scope):
@@ -186,6 +190,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.held = {}  # delivery id -> monotonic time its lease ends
         self.ahead = []  # leased for this socket beyond its window, not sent yet (send_ahead)
         self.made_room = 0  # deliveries its client settled since its last lease (send_ready)
+        self.again = None  # (ledger.Again, until when) for the next lease (send_ready)
         self.ordered_held = set()  # those of them of ordered queues
         self.ordered_acked = []  # acked ones of them: their next heads are leased after the commit
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
@@ -414,9 +419,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             if want <= 0:
                 wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
-            leased = await ledger.alease_deliveries(
-                self.subscriber, limit=want, holder=self.channel_name, framed=True
-            )
+            leased = await self.lease(want, sharing, now)
             if self.closing:
                 # The socket is gone: the release in disconnect() hands these back, unsent.
                 self.ahead += leased
@@ -424,6 +427,25 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             await self.hold_and_send(leased)
         if sharing and len(leased) == want:
             wakeups.pass_turn(pk)  # more may be ready: the next socket's turn (or ours again)
+
+    async def lease(self, want, sharing, now):
+        """Lease up to `want` for this socket: from the subscription its last lease read when
+        that got all it asked for (AGAIN_SECS), else the whole lease."""
+        again, self.again = self.again, None
+        if again is not None and not sharing and again[1] > now:
+            leased = await ledger.alease_again(
+                self.subscriber, again[0], limit=want, holder=self.channel_name
+            )
+            if len(leased) == want:
+                self.again = again
+            return leased
+        found = []
+        leased = await ledger.alease_deliveries(
+            self.subscriber, limit=want, holder=self.channel_name, framed=True, found=found
+        )
+        if found and len(leased) == want:
+            self.again = (found[0], now + AGAIN_SECS)
+        return leased
 
     def to_lease_ahead(self, made_room, sharing):
         """How many to lease ahead: up to twice what the client settled since the last lease,
@@ -606,6 +628,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription, replayed = await db(subscribe)()
+            self.again = None  # the next lease reads: this subscription too
             (self.batched.add if batch else self.batched.discard)((queue.name, event))
             if prefetch is not None:  # the socket's window, whichever subscription asks: last wins
                 self.prefetch = min(prefetch, settings.MQ_PREFETCH)
@@ -645,6 +668,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             subscribing.unsubscribe(subscription)
             return subscription_id
 
+        self.again = None  # the next lease reads
         try:
             subscription_id = await db(unsubscribe)()
         finally:

@@ -288,14 +288,17 @@ def fanned_out(rows):
 # --- lease --------------------------------------------------------------------------------------
 
 
-def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False):
+def lease_deliveries(
+    subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False, found=None
+):
     """Hand out up to `limit` ready deliveries of the subscriber, oldest seq first.
 
     Each is marked in flight until now + its queue's ack timeout, its attempt counted. Overdue
     leases of the same subscriptions are expired first, so they are ready again (after their
     backoff). An ordered queue's subscription hands out only its head, and nothing while a
     delivery of it is in flight or waiting for its retry. Returns dicts ready for the API, or
-    with `framed` (a socket's lease) on PostgreSQL, each as _framed() describes it.
+    with `framed` (a socket's lease) on PostgreSQL, each as _framed() describes it. (`found`:
+    see alease_deliveries; here it stays empty.)
     """
     now = now or timezone.now()
     if limit <= 0:
@@ -325,13 +328,14 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
 
 @adb.twin(lease_deliveries)
 async def alease_deliveries(
-    subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False
+    subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False, found=None
 ):
     """lease_deliveries() from the event loop, on the async connection: the read, then one
     statement per ordered subscription (its head) and per group of unordered ones, each its
     own transaction (a lease of one is independent of the others'). Only an expiry, which
     must come first and be seen by the leases, takes a thread, where the sync lease reads again
-    and does it all in its transaction."""
+    and does it all in its transaction. `found`, a list: given an Again when the read found one
+    unordered subscription to lease from and nothing overdue (alease_again)."""
     now = now or timezone.now()
     if limit <= 0:
         return []
@@ -340,6 +344,8 @@ async def alease_deliveries(
         if not subs:
             return []
         overdue, ordered, unordered = _plan(subs)
+        if found is not None and not overdue and not ordered and len(subs) == 1 and queue is None:
+            found.append(Again(subs[0]["id"], subs[0]["queue__ack_timeout"], event_ids))
         if not overdue:
             leased = []
             for sub in ordered:
@@ -361,6 +367,50 @@ async def alease_deliveries(
     return await adb.thread(lease_deliveries)(
         subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now, framed=framed
     )
+
+
+class Again(NamedTuple):
+    """What a socket's lease read (alease_deliveries' `found`): its subscriber's one unordered
+    subscription with something ready, nothing overdue."""
+
+    subscription_id: int
+    ack_timeout: int
+    event_ids: object
+
+
+def lease_again(subscriber, again, *, limit, holder="", now=None):
+    """Where the async connection is off (SQLite): the whole lease_deliveries()."""
+    return lease_deliveries(
+        subscriber, limit=limit, event_ids=again.event_ids, holder=holder, now=now, framed=True
+    )
+
+
+@adb.twin(lease_again)
+async def alease_again(subscriber, again, *, limit, holder="", now=None):
+    """A socket's next lease from the subscription its last one read (`again`, an Again), with
+    no read first: one round trip a lease rather than two while it catches up. The statement
+    itself checks what the read would have (the subscription its subscriber's, not replaying
+    nor leaving, its queue not paused, its subscriber active and allowed); what it does not
+    do, expire overdue leases and find other subscriptions, the caller's next full lease does
+    (a socket goes back to one at once when a lease gets less than it asked, and every
+    consumers.AGAIN_SECS)."""
+    now = now or timezone.now()
+    if limit <= 0:
+        return []
+    leased = await adb.run(
+        _lease_ready_statement(
+            [again.subscription_id],
+            again.event_ids,
+            limit,
+            again.ack_timeout,
+            holder,
+            now,
+            framed=True,
+            checked_for=subscriber.pk,
+        )
+    )
+    leased.sort(key=lambda d: d["seq"])  # as RETURNING has them, in no order
+    return leased
 
 
 def _leasable(subs):
@@ -448,10 +498,14 @@ def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now, framed=Fal
     return leased if connection.vendor == "postgresql" else _describe(leased)
 
 
-def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now, framed=False):
+def _lease_ready_statement(
+    sub_ids, event_ids, limit, ack_timeout, holder, now, framed=False, checked_for=None
+):
     """Lease the oldest ready deliveries of these subscriptions (one statement) and describe
     them. SKIP LOCKED: two leasers running at once each take rows the other has not locked, so
-    no delivery is handed to both (PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE)."""
+    no delivery is handed to both (PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE).
+    `checked_for` (a subscriber id; PostgreSQL): the statement checks what _subscriptions()
+    would have, for a lease with no read first (alease_again)."""
     table = Delivery._meta.db_table
     where, where_params = _of_subscriptions(sub_ids, event_ids)
     # A subscription is of one queue, where seq is unique: ordered by seq alone, delivery_lease
@@ -466,16 +520,25 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now, 
         return [row[0] for row in leased]
     # PostgreSQL returns the message with the lease: one round trip where the ORM took four
     # (lock, update, then read back with the joins), bench/PROFILE.md.
+    checks, check_params = "", []
+    if checked_for is not None:
+        checks = f"""
+              AND s.id = d.subscription_id AND s.subscriber_id = %s AND s.busy_since IS NULL
+              AND r.id = s.subscriber_id AND {_may_subscribe()} AND q.paused = %s AND q.ordered = %s"""
+        check_params = [checked_for, True, True, False, False]
+    joined = (
+        f", {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r" if checked_for is not None else ""
+    )
     leased = yield (
         f"""
             UPDATE {table} d SET {set_}
             FROM {Message._meta.db_table} m, {Queue._meta.db_table} q,
-                 {Event._meta.db_table} e{_no_flush_wait()}
+                 {Event._meta.db_table} e{joined}{_no_flush_wait()}
             WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
-              AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id
+              AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id{checks}
             RETURNING {_FRAMED if framed else _DESCRIBED}
             """,
-        params,
+        [*params, *check_params],
     )
     return [(_framed if framed else _delivery)(*row) for row in leased]
 

@@ -92,3 +92,40 @@ async def test_a_messages_frame_holds_the_texts():
         "type": "messages",
         "messages": [json.loads(t) for t in texts],
     }
+
+
+async def test_a_lease_again_checks_what_the_read_would_have(db_queue, logger, way):  # noqa: F811
+    """alease_again (a socket's next lease with no read first) leases nothing from a paused queue,
+    a subscription replaying or leaving, or a subscriber that lost its right; else the next ones."""
+    from django.utils import timezone
+
+    from subscribers.models import Subscription
+
+    sub, _ = await database_sync_to_async(subscribing.subscribe)(logger, db_queue)
+    await database_sync_to_async(publishing.publish)(db_queue, the_messages())
+    found = []
+    first = await ledger.alease_deliveries(logger, limit=2, holder="ws.t", framed=True, found=found)
+    assert [d["seq"] for d in first] == [1, 2]
+    if connection.vendor == "postgresql":
+        assert found == [ledger.Again(sub.pk, db_queue.ack_timeout, None)]
+    again = ledger.Again(sub.pk, db_queue.ack_timeout, None)
+
+    async def lease_again():
+        return await way(ledger, "lease_again")(logger, again, limit=1, holder="ws.t")
+
+    def set_(model, pk, **fields):
+        return database_sync_to_async(lambda: model.objects.filter(pk=pk).update(**fields))()
+
+    await set_(type(db_queue), db_queue.pk, paused=True)
+    assert await lease_again() == []
+    await set_(type(db_queue), db_queue.pk, paused=False)
+    await set_(Subscription, sub.pk, busy_since=timezone.now())
+    assert await lease_again() == []
+    await set_(Subscription, sub.pk, busy_since=None)
+    rights = type(logger).subscribe_queues.through
+    await database_sync_to_async(lambda: rights.objects.filter(subscriber_id=logger.pk).delete())()
+    assert await lease_again() == []
+    await database_sync_to_async(
+        lambda: rights.objects.create(subscriber_id=logger.pk, queue_id=db_queue.pk)
+    )()
+    assert [d["seq"] for d in await lease_again()] == [3]

@@ -61,6 +61,16 @@ AUTH_WAIT_SECS = 10
 # What a socket leases at its turn while other sockets of its subscriber share the stream: a
 # backlog is dealt out in shares this big, round-robin (alone, a socket fills its window).
 FAIR_SHARE = 10
+# A socket alone on its subscriber's stream leases ahead: with what fills its window, as many
+# again as its client's acks just made room for (at most a window), held here unsent. The next
+# acks are answered from them at once, while the next lease runs, rather than after its round
+# trip. Not sent within this long (the client stopped acking), they are given back, their
+# attempt with them, for a socket that will take them.
+AHEAD_SECS = 0.5
+# A socket whose lease got all it asked for, from its subscriber's one unordered subscription,
+# leases the next ones from it with no read first (ledger.alease_again), for at most this long
+# before a full lease again (which expires overdue leases and finds other subscriptions).
+AGAIN_SECS = 0.25
 
 
 def token_from_scope(scope):
@@ -182,6 +192,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         # frames (a lease names the queue and event of each delivery, not its subscription)
         self.batched = set()
         self.held = {}  # delivery id -> monotonic time its lease ends
+        self.ahead = []  # leased for this socket beyond its window, not sent yet (send_ahead)
+        self.made_room = 0  # deliveries its client settled since its last lease (send_ready)
+        self.again = None  # (ledger.Again, until when) for the next lease (send_ready)
         self.ordered_held = set()  # those of them of ordered queues
         self.ordered_acked = []  # acked ones of them: their next heads are leased after the commit
         self.ack_buffer = []  # acked ids not yet written: a burst of ack frames is one write
@@ -261,9 +274,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             # What publishes under way give this socket is in flight to it once they commit:
             # the release below must come after, or it would wait for its ack deadline.
             await asyncio.wait(list(self.seats), timeout=10)
-        # What this socket held and had not acked is ready for another at once.
+        # What this socket held and had not acked is ready for another at once; what it leased
+        # ahead and never sent, its attempt given back.
+        unsent, self.ahead = [d["id"] for d in self.ahead], []
         await db(presence.close_connection)(
-            self.channel_name, spend=not self.give_back, reason=self.revoked or ledger.CONNECTION_CLOSED
+            self.channel_name,
+            spend=not self.give_back,
+            reason=self.revoked or ledger.CONNECTION_CLOSED,
+            unsent=unsent,
         )
         socket_loops.closed(self)
         wakeups.unwatch(self.subscriber.pk, self.watching)
@@ -372,9 +390,14 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             # No wake-up: nobody may lease them while the right is withdrawn.
             return ledger.release_held([self.channel_name], reason=REVOKED, wake=False, subscription_ids=ids)
 
+        # Nothing leased ahead of them goes out any more (the release below gives it back).
+        dropped = self.drop_ahead({(queue, event) for _, queue, event in ending})
         async with self.sending:  # after any delivery of them being sent, before any other
-            for delivery_id in await db(release)():
+            released = set(await db(release)())
+            for delivery_id in released:
                 self.held.pop(delivery_id, None)
+            self.ahead = [d for d in self.ahead if d["id"] not in released]
+            await self.give_back_unsent([i for i in dropped if i not in released])
             self.ended.update(ids)
             for i, queue, event in ending:
                 frame = {"type": "unsubscribed", "subscription": i, "queue": queue, "event": event}
@@ -382,23 +405,30 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         self.wake.set()  # the window has room again
 
     def until_a_lease_ends(self):
-        """Seconds until the first lease this socket holds runs out (its window opens then),
-        at most HEARTBEAT_SECS."""
+        """Seconds until the first lease this socket holds runs out (its window opens then), or
+        what it leased ahead is to be given back, at most HEARTBEAT_SECS."""
         ends = min(self.held.values(), default=math.inf)
+        ends = min(ends, min((d["stale_at"] for d in self.ahead), default=math.inf))
         return min(max(ends - time.monotonic(), 0.05), presence.HEARTBEAT_SECS)
 
     def has_room(self):
         """Whether this socket's window could take a delivery now (read from any thread, by a
         wake-up choosing whose turn it is: a hint, as the wake-up itself is)."""
-        return not self.closing and len(self.held) + self.seated < self.prefetch
+        return not self.closing and self.window_free() > 0
+
+    def window_free(self):
+        """Room in the window: the prefetch less what is sent and unacked and what publishes of
+        this process under way hold for this socket (delivery.inline). What was leased ahead
+        and not sent is outside it."""
+        return self.prefetch - len(self.held) - self.seated
 
     def room(self):
         """How many deliveries a publish of this process may hand this socket now
         (delivery.inline): none while closing or in its resume grace; a share, as at a turn of
         send_ready(), while other sockets of its subscriber here share the stream."""
-        if self.closing or not self.resumed.is_set():
-            return 0
-        free = self.prefetch - len(self.held) - self.seated
+        if self.closing or not self.resumed.is_set() or self.ahead:
+            return 0  # a catch-up under way (leased ahead) is served first, in its order
+        free = self.window_free()
         return min(free, FAIR_SHARE) if wakeups.sockets_of(self.subscriber.pk) > 1 else free
 
     def reserve(self, seat):
@@ -420,6 +450,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         this hands them back)."""
         try:
             async with self.sending:
+                # Committed: what it got takes the seat's room in the window (below) instead.
+                self.unreserve(seat)
                 if not self.closing:
                     await self.hold_and_send([d for sub, d in got if sub not in self.ended])
         except Exception:
@@ -432,27 +464,112 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         async with self.sending:
             now = time.monotonic()
             self.held = {i: until for i, until in self.held.items() if until > now}
-            free = self.prefetch - len(self.held) - self.seated
-            if free <= 0:
+            await self.give_back_stale(now)
+            await self.send_ahead()
+            free = self.window_free()
+            sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
+            made_room, self.made_room = self.made_room, 0
+            ahead = self.to_lease_ahead(made_room, sharing)
+            want = (min(free, FAIR_SHARE) if sharing else max(free, 0)) + ahead
+            if want <= 0:
                 wakeups.pass_turn(pk)  # woken while full: another socket with room takes it
                 return
-            sharing = wakeups.sockets_of(pk) > 1 or wakeups.shared_with_other_processes(pk)
-            want = min(free, FAIR_SHARE) if sharing else free
-            leased = await ledger.alease_deliveries(self.subscriber, limit=want, holder=self.channel_name)
+            leased = await self.lease(want, sharing, now)
             if self.closing:
-                return  # the socket is gone: the release in disconnect() hands these back
+                # The socket is gone: the release in disconnect() hands these back, unsent.
+                self.ahead += leased
+                return
             await self.hold_and_send(leased)
         if sharing and len(leased) == want:
             wakeups.pass_turn(pk)  # more may be ready: the next socket's turn (or ours again)
 
+    async def lease(self, want, sharing, now):
+        """Lease up to `want` for this socket: from the subscription its last lease read when
+        that got all it asked for (AGAIN_SECS), else the whole lease."""
+        again, self.again = self.again, None
+        if again is not None and not sharing and again[1] > now:
+            leased = await ledger.alease_again(
+                self.subscriber, again[0], limit=want, holder=self.channel_name
+            )
+            if len(leased) == want:
+                self.again = again
+            return leased
+        found = []
+        leased = await ledger.alease_deliveries(
+            self.subscriber, limit=want, holder=self.channel_name, framed=True, found=found
+        )
+        if found and len(leased) == want:
+            self.again = (found[0], now + AGAIN_SECS)
+        return leased
+
+    def to_lease_ahead(self, made_room, sharing):
+        """How many to lease ahead: up to twice what the client settled since the last lease,
+        at most a window (a client that drains its window fast finds the next one here, a slow
+        one is not held more than it takes); none while other sockets share the stream (what
+        one holds ahead, another could take), nor for a socket that asked for a smaller window
+        than the server's (a slow worker holds only what it can work on: docs/websocket.md)."""
+        if sharing or self.prefetch < settings.MQ_PREFETCH:
+            return 0
+        return max(min(2 * made_room, self.prefetch - len(self.ahead)), 0)
+
     async def hold_and_send(self, leased):
-        """Count what a lease got in the window (until its ack deadline) and send it."""
+        """Count what a lease got in the window (until its ack deadline) and send it; what the
+        window has no room for is kept, leased ahead (send_ahead sends it)."""
         now_wall, now = time.time(), time.monotonic()
         for d in leased:
-            self.held[d["id"]] = now + (d["ack_deadline"].timestamp() - now_wall)
+            d["until"] = until = now + (d["ack_deadline"].timestamp() - now_wall)
+            d["stale_at"] = min(now + AHEAD_SECS, until - AHEAD_SECS)
+        fits = max(self.window_free(), 0)
+        self.ahead += leased[fits:]
+        await self.hold_and_send_now(leased[:fits])
+
+    async def hold_and_send_now(self, leased):
+        for d in leased:
+            self.held[d["id"]] = d["until"]
         self.ordered_held.intersection_update(self.held)
         self.ordered_held.update(await self.of_ordered_queues(leased))
         await self.send_deliveries(leased)
+
+    async def send_ahead(self):
+        """Send what was leased ahead, as far as the window has room: no lease waited for.
+        Without the sending lock (an ack frame's room is filled at once, while the pump may be
+        leasing): these are this socket's already, and a revocation drops its own from them
+        first (apply_changes)."""
+        fits = self.window_free()
+        if fits <= 0 or not self.ahead or self.closing:
+            return  # closing: the release gives them back unsent
+        now = time.monotonic()
+        out, self.ahead = self.ahead[:fits], self.ahead[fits:]
+        # One past its time is not sent: give_back_stale() hands it back.
+        self.ahead += [d for d in out if d["stale_at"] <= now]
+        await self.hold_and_send_now([d for d in out if d["stale_at"] > now])
+
+    async def give_back_stale(self, now):
+        """What was leased ahead and not sent within AHEAD_SECS (or close to its deadline) goes
+        back to pending, its attempt given back: the client has stopped acking."""
+        stale = [d["id"] for d in self.ahead if d["stale_at"] <= now]
+        if not stale:
+            return
+        self.ahead = [d for d in self.ahead if d["stale_at"] > now]
+        await self.give_back_unsent(stale, wake=False)
+
+    def drop_ahead(self, subscriptions):
+        """Take what was leased ahead of these (queue, event or None) subscriptions out, so
+        that none of it goes out any more; their ids. (A delivery names its queue and event,
+        not its subscription: one of another subscription to the same ones is taken out too,
+        and its caller gives it back.)"""
+        dropped = [d["id"] for d in self.ahead if _of(d, subscriptions)]
+        if dropped:
+            self.ahead = [d for d in self.ahead if not _of(d, subscriptions)]
+        return dropped
+
+    async def give_back_unsent(self, unsent, wake=True):
+        """These deliveries, leased ahead and not sent, go back to pending, their attempt given
+        back (those gone or acked meanwhile are left as they are)."""
+        if unsent:
+            await db(ledger.release_held)(
+                [self.channel_name], reason=ledger.NOT_SENT, wake=wake, delivery_ids=unsent
+            )
 
     async def of_ordered_queues(self, leased):
         """The ids of those deliveries whose queue is ordered (queues are kept in the process:
@@ -470,11 +587,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         batch = []
         for d in leased:
             if (d["queue"], d["event"]) in self.batched or (d["queue"], None) in self.batched:
-                batch.append(frames.message_frame(d))
+                batch.append(frames.message_text(d))
             else:
-                await self.send_json(frames.message_frame(d))
+                await self.send(text_data=frames.message_text(d))
         if batch:
-            await self.send_json({"type": "messages", "messages": batch})
+            await self.send(text_data=frames.messages_text(batch))
 
     async def dispatch(self, message):
         # As Channels' own, without its close_old_connections() before every frame: that ran in
@@ -566,6 +683,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription, replayed = await db(subscribe)()
+            self.again = None  # the next lease reads: this subscription too
             (self.batched.add if batch else self.batched.discard)((queue.name, event))
             if prefetch is not None:  # the socket's window, whichever subscription asks: last wins
                 self.prefetch = min(prefetch, settings.MQ_PREFETCH)
@@ -587,6 +705,9 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def on_unsubscribe(self, frame):
         queue, event = await self.resolve(frame)
+        # None of what was leased ahead of it goes out after `unsubscribed` (the unsubscribe
+        # drops it; one of another subscription to the same queue and event is given back).
+        dropped = self.drop_ahead({(queue.name, event)})
 
         def unsubscribe():
             subscription = (
@@ -603,7 +724,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             subscribing.unsubscribe(subscription)
             return subscription_id
 
-        subscription_id = await db(unsubscribe)()
+        self.again = None  # the next lease reads
+        try:
+            subscription_id = await db(unsubscribe)()
+        finally:
+            await self.give_back_unsent(dropped)
         self.batched.discard((queue.name, event))
         answer = {"type": "unsubscribed", "subscription": subscription_id, "queue": queue.name}
         await self.send_json(frames.with_ref({**answer, "event": event}, frame.get("ref")))
@@ -612,16 +737,18 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         ids = frames.ids_of(frame)
         unknown = [i for i in ids if not is_db_id(i)]
         self.ack_buffer += [i for i in ids if is_db_id(i)]
-        was_full = len(self.held) >= self.prefetch
+        was_full = self.window_free() <= 0
         ordered = [i for i in ids if i in self.ordered_held]
-        for i in ids:
-            self.held.pop(i, None)
+        self.made_room += sum(self.held.pop(i, None) is not None for i in ids)
         # An ordered queue's next message is leasable only once this ack commits: write_acks
         # leases it then, since a lease before would find the head still in flight, and
         # nothing else would come to lease it.
         self.ordered_held.difference_update(ordered)
         self.ordered_acked += ordered
-        if was_full and len(ordered) < len(ids):
+        from_ahead = bool(self.ahead) and self.window_free() > 0
+        if from_ahead:
+            self.wake.set()  # the pump leases ahead again, while send_ahead() below fills the room
+        elif was_full and len(ordered) < len(ids):
             # The window has room now: lease the next ones while the acks are written, not
             # after (they are other rows; a catch-up waited a round trip per window for
             # nothing). A window that had room took all that was ready at its last lease:
@@ -629,6 +756,8 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             self.wake.set()
         if self.ack_task is None or self.ack_task.done():
             self.ack_task = asyncio.ensure_future(self.write_acks())
+        if from_ahead:
+            await self.send_ahead()
         if unknown:
             raise FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown)
 
@@ -652,11 +781,11 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         """Lease and send the next head of the ordered subscriptions whose deliveries `acked`
         were just acked (committed)."""
         async with self.sending:
-            free = self.prefetch - len(self.held) - self.seated
+            free = self.window_free()
             if free <= 0 or self.closing:
                 return
             leased = await ledger.alease_heads_after(
-                self.subscriber, acked, limit=free, holder=self.channel_name
+                self.subscriber, acked, limit=free, holder=self.channel_name, framed=True
             )
             if self.closing:
                 return  # the socket is gone: the release in disconnect() hands these back
@@ -670,8 +799,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             self.subscriber, ids, retry_in=retry_in, error=ledger.nack_reason(error)
         )
         unknown, settled = nacked.unknown, list(nacked.settled)
-        for i in ids:
-            self.held.pop(i, None)
+        self.made_room += sum(self.held.pop(i, None) is not None for i in ids)
         self.wake.set()
         if unknown:
             raise FrameError("unknown_ids", UNKNOWN_IDS, ids=unknown)
@@ -798,6 +926,12 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
 
     async def send_json(self, content):
         await self.send(text_data=frames.encode(content))
+
+
+def _of(delivery, subscriptions):
+    """Whether a leased delivery is of one of these (queue, event or None) subscriptions."""
+    queue = delivery["queue"]
+    return (queue, delivery["event"]) in subscriptions or (queue, None) in subscriptions
 
 
 class _Publish(NamedTuple):

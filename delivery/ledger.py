@@ -32,7 +32,7 @@ from mqsite.values import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import receipts
+from . import frames, receipts
 from .bounds import MAX_EXTEND_SECS
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
@@ -112,6 +112,7 @@ NACKED = "nacked by the client"
 ACK_DEADLINE_PASSED = "ack deadline passed"
 CONNECTION_CLOSED = "the connection holding it closed"
 CLOSED_IN_FLIGHT = "connection closed while in flight"
+NOT_SENT = "leased ahead for a socket and given back unsent"
 # And an operator's or a seek's, which hand a delivery out again (or give up on it) at once.
 REDELIVERED = "redelivered by an operator"
 KILLED = "killed by an operator"
@@ -360,13 +361,17 @@ def fanned_out(rows):
 # --- lease --------------------------------------------------------------------------------------
 
 
-def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
+def lease_deliveries(
+    subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False, found=None
+):
     """Hand out up to `limit` ready deliveries of the subscriber, oldest seq first.
 
     Each is marked in flight until now + its queue's ack timeout, its attempt counted. Overdue
     leases of the same subscriptions are expired first, so they are ready again (after their
     backoff). An ordered queue's subscription hands out only its head, and nothing while a
-    delivery of it is in flight or waiting for its retry. Returns dicts ready for the API.
+    delivery of it is in flight or waiting for its retry. Returns dicts ready for the API, or
+    with `framed` (a socket's lease) on PostgreSQL, each as _framed() describes it. (`found`:
+    see alease_deliveries; here it stays empty.)
     """
     now = now or timezone.now()
     if limit <= 0:
@@ -385,22 +390,25 @@ def lease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder=""
             _expire_overdue(now, overdue)
         for sub in ordered:
             if len(leased) < limit:
-                leased += _lease_head(subscriber.pk, sub, event_ids, holder, now)
+                leased += _lease_head(subscriber.pk, sub, event_ids, holder, now, framed)
         for ack_timeout, ids in unordered.items():
             if len(leased) >= limit:
                 break
-            leased += _lease_ready(ids, event_ids, limit - len(leased), ack_timeout, holder, now)
+            leased += _lease_ready(ids, event_ids, limit - len(leased), ack_timeout, holder, now, framed)
     leased.sort(key=lambda d: (d["seq"], d["id"]))
     return leased
 
 
 @adb.twin(lease_deliveries)
-async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, holder="", now=None):
+async def alease_deliveries(
+    subscriber, *, limit, queue=None, event_ids=None, holder="", now=None, framed=False, found=None
+):
     """lease_deliveries() from the event loop, on the async connection: the read, then one
     statement per ordered subscription (its head) and per group of unordered ones, each its
     own transaction (a lease of one is independent of the others'). Only an expiry, which
     must come first and be seen by the leases, takes a thread, where the sync lease reads again
-    and does it all in its transaction."""
+    and does it all in its transaction. `found`, a list: given an Again when the read found one
+    unordered subscription to lease from and nothing overdue (alease_again)."""
     now = now or timezone.now()
     if limit <= 0:
         return []
@@ -409,25 +417,73 @@ async def alease_deliveries(subscriber, *, limit, queue=None, event_ids=None, ho
         if not subs:
             return []
         overdue, ordered, unordered = _plan(subs)
+        if found is not None and not overdue and not ordered and len(subs) == 1 and queue is None:
+            found.append(Again(subs[0]["id"], subs[0]["queue__ack_timeout"], event_ids))
         if not overdue:
             leased = []
             for sub in ordered:
                 if len(leased) < limit:
                     leased += await adb.run(
-                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now), conn
+                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now, framed), conn
                     )
             for ack_timeout, ids in unordered.items():
                 if len(leased) >= limit:
                     break
                 leased += await adb.run(
-                    _lease_ready_statement(ids, event_ids, limit - len(leased), ack_timeout, holder, now),
+                    _lease_ready_statement(
+                        ids, event_ids, limit - len(leased), ack_timeout, holder, now, framed
+                    ),
                     conn,
                 )
             leased.sort(key=lambda d: (d["seq"], d["id"]))
             return leased
     return await adb.thread(lease_deliveries)(
-        subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now
+        subscriber, limit=limit, queue=queue, event_ids=event_ids, holder=holder, now=now, framed=framed
     )
+
+
+class Again(NamedTuple):
+    """What a socket's lease read (alease_deliveries' `found`): its subscriber's one unordered
+    subscription with something ready, nothing overdue."""
+
+    subscription_id: int
+    ack_timeout: int
+    event_ids: object
+
+
+def lease_again(subscriber, again, *, limit, holder="", now=None):
+    """Where the async connection is off (SQLite): the whole lease_deliveries()."""
+    return lease_deliveries(
+        subscriber, limit=limit, event_ids=again.event_ids, holder=holder, now=now, framed=True
+    )
+
+
+@adb.twin(lease_again)
+async def alease_again(subscriber, again, *, limit, holder="", now=None):
+    """A socket's next lease from the subscription its last one read (`again`, an Again), with
+    no read first: one round trip a lease rather than two while it catches up. The statement
+    itself checks what the read would have (the subscription its subscriber's, not replaying
+    nor leaving, its queue not paused, its subscriber active and allowed); what it does not
+    do, expire overdue leases and find other subscriptions, the caller's next full lease does
+    (a socket goes back to one at once when a lease gets less than it asked, and every
+    consumers.AGAIN_SECS)."""
+    now = now or timezone.now()
+    if limit <= 0:
+        return []
+    leased = await adb.run(
+        _lease_ready_statement(
+            [again.subscription_id],
+            again.event_ids,
+            limit,
+            again.ack_timeout,
+            holder,
+            now,
+            framed=True,
+            checked_for=subscriber.pk,
+        )
+    )
+    leased.sort(key=lambda d: d["seq"])  # as RETURNING has them, in no order
+    return leased
 
 
 def _leasable(subs):
@@ -525,15 +581,19 @@ def _deadline(q="q"):
     return f"%s + make_interval(secs => {q}.ack_timeout)"
 
 
-def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now):
-    leased = adb.run_sync(_lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now))
+def _lease_ready(sub_ids, event_ids, limit, ack_timeout, holder, now, framed=False):
+    leased = adb.run_sync(_lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now, framed))
     return leased if connection.vendor == "postgresql" else _describe(leased)
 
 
-def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
+def _lease_ready_statement(
+    sub_ids, event_ids, limit, ack_timeout, holder, now, framed=False, checked_for=None
+):
     """Lease the oldest ready deliveries of these subscriptions (one statement) and describe
     them. SKIP LOCKED: two leasers running at once each take rows the other has not locked, so
-    no delivery is handed to both (PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE)."""
+    no delivery is handed to both (PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE).
+    `checked_for` (a subscriber id; PostgreSQL): the statement checks what _subscriptions()
+    would have, for a lease with no read first (alease_again)."""
     table = Delivery._meta.db_table
     where, where_params = _of_subscriptions(sub_ids, event_ids)
     # A subscription is of one queue, where seq is unique: ordered by seq alone, delivery_lease
@@ -548,19 +608,27 @@ def _lease_ready_statement(sub_ids, event_ids, limit, ack_timeout, holder, now):
         return [row[0] for row in leased]
     # PostgreSQL returns the message with the lease: one round trip where the ORM took four
     # (lock, update, then read back with the joins), bench/PROFILE.md.
+    checks, check_params = "", []
+    if checked_for is not None:
+        checks = f"""
+              AND s.id = d.subscription_id AND s.subscriber_id = %s AND s.busy_since IS NULL
+              AND r.id = s.subscriber_id AND {_may_subscribe()} AND q.paused = %s AND q.ordered = %s"""
+        check_params = [checked_for, True, True, False, False]
+    joined = (
+        f", {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r" if checked_for is not None else ""
+    )
     leased = yield (
         f"""
             UPDATE {table} d SET {set_}
             FROM {Message._meta.db_table} m, {Queue._meta.db_table} q,
-                 {Event._meta.db_table} e{_no_flush_wait()}
+                 {Event._meta.db_table} e{joined}{_no_flush_wait()}
             WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
-              AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id
-            RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                      m.created_at, d.ack_deadline, m.headers_json
+              AND m.id = d.message_id AND q.id = d.queue_id AND e.id = d.event_id{checks}
+            RETURNING {_FRAMED if framed else _DESCRIBED}
             """,
-        params,
+        [*params, *check_params],
     )
-    return [_delivery(*row) for row in leased]
+    return [(_framed if framed else _delivery)(*row) for row in leased]
 
 
 def _leased_set(ack_timeout, holder, now):
@@ -587,10 +655,10 @@ def _heads_in_one():
     return connection.vendor == "postgresql"
 
 
-def _lease_head(subscriber_id, sub, event_ids, holder, now):
+def _lease_head(subscriber_id, sub, event_ids, holder, now, framed=False):
     """Lease an ordered subscription's head, if it is ready (described, as the API gives it)."""
     if _heads_in_one():
-        return adb.run_sync(_lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now))
+        return adb.run_sync(_lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now, framed))
     # SQLite (one writer at a time): lock the subscription row first: with SKIP LOCKED alone a
     # second leaser would skip the locked head and hand out the message behind it.
     list(
@@ -609,7 +677,7 @@ def _lease_head(subscriber_id, sub, event_ids, holder, now):
     return _describe(_mark_leased([head["id"]], sub["queue__ack_timeout"], holder, now))
 
 
-def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
+def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, framed=False):
     """PostgreSQL: lease an ordered subscription's head in one statement, and describe it.
     `subscription` is its id, or the SQL of a subquery giving it, as (sql, params).
 
@@ -652,8 +720,7 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
           AND r.id = s.subscriber_id AND {_may_subscribe()}
           AND q.id = d.queue_id AND {may_lease} AND q.ordered = %s
           AND m.id = d.message_id AND e.id = d.event_id
-        RETURNING d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                  m.created_at, d.ack_deadline, m.headers_json
+        RETURNING {_FRAMED if framed else _DESCRIBED}
         """,
         [
             Status.INFLIGHT,
@@ -671,29 +738,29 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now):
             True,
         ],
     )
-    return [_delivery(*row) for row in leased]
+    return [(_framed if framed else _delivery)(*row) for row in leased]
 
 
-def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
+def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, framed=False):
     """After acks of ordered deliveries (committed): the next head of each of their
     subscriptions, as alease_heads_after() does, one statement each on PostgreSQL (a webhook
     job's ordered line: a round trip per message, where the whole lease's read and head
     statement took two). SQLite, which leases a head in several
     statements, leases what is ready of the subscriber: the whole lease_deliveries()."""
     if not _heads_in_one():
-        return lease_deliveries(subscriber, limit=limit, holder=holder, now=now)
+        return lease_deliveries(subscriber, limit=limit, holder=holder, now=now, framed=framed)
     now = now or timezone.now()
     leased = []
     for acked in acked_ids:
         if len(leased) >= limit:
             break
-        head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now)
+        head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now, framed)
         leased += adb.run_sync(head)
     return leased
 
 
 @adb.twin(lease_heads_after)
-async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None):
+async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, framed=False):
     """The next head of the ordered subscriptions of `acked_ids` (deliveries just acked,
     committed), one statement each and no read first: a prompt consumer of an ordered queue
     waits for its next message one round trip after its ack, not three. Whatever else may be
@@ -704,7 +771,7 @@ async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=Non
         for acked in acked_ids:
             if len(leased) >= limit:
                 break
-            head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now)
+            head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now, framed)
             leased += await adb.run(head, conn)
     return leased
 
@@ -742,6 +809,26 @@ def _head(subscriber_id, subscription_id):
         return None
     id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: line_position(row[1], row[4]))
     return {"id": id_, "status": status, "next_attempt_at": _datetime(next_attempt_at), "event_id": event_id}
+
+
+# What a lease returns of each delivery: what _delivery() makes of it, or (a socket's lease,
+# `framed`) what _framed() does, the frame written by PostgreSQL.
+_DESCRIBED = """d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
+                m.created_at, d.ack_deadline, m.headers_json"""
+_FRAMED = f"d.id, q.name, e.name, d.seq, d.ack_deadline, {frames.message_frame_sql()}"
+
+
+def _framed(id, queue, event, seq, ack_deadline, frame):
+    """A delivery leased for a socket: what the socket keeps of it, and its `message` frame
+    as text (frames.message_text), its payload never decoded."""
+    return {
+        "id": id,
+        "queue": queue,
+        "event": event,
+        "seq": seq,
+        "ack_deadline": ack_deadline,
+        "frame": frame,
+    }
 
 
 def _describe(ids):
@@ -1314,12 +1401,15 @@ def drop_undelivered(subscription):
     receipts.moved(receipt_messages)  # what is left of them may be settled now
 
 
-def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subscription_ids=None):
+def release_held(
+    holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subscription_ids=None, delivery_ids=None
+):
     """Deliveries held by these lease holders go back to pending, ready at once: a closed
     websocket (the client is gone, there is nothing to wait for), or a webhook job's batch left
     untried when its endpoint failed (`reason` says which; `wake=False` leaves them to the
     sweeper rather than wake a job that would only find it failing). `subscription_ids`: only
-    those of these subscriptions (a revoked right's, on a socket that stays open).
+    those of these subscriptions (a revoked right's, on a socket that stays open);
+    `delivery_ids`: only these (what a socket leased ahead and never sent).
 
     `spend`: the attempt counts, and a delivery that had its last one is dead. A socket that
     the client closed (or dropped) while holding a delivery spends it: a message its client
@@ -1334,6 +1424,10 @@ def release_held(holders, reason=CONNECTION_CLOSED, wake=True, spend=False, subs
         of_subscriptions, subscription_params = adb.one_of("subscription_id", list(subscription_ids) or [0])
         where += f" AND {of_subscriptions}"
         params = [*params, *subscription_params]
+    if delivery_ids is not None:
+        of_ids, id_params = adb.one_of("id", list(delivery_ids) or [0])
+        where += f" AND {of_ids}"
+        params = [*params, *id_params]
     return _release(where, params, reason, wake, spend)
 
 

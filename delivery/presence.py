@@ -34,10 +34,14 @@ def lock_subscriber(subscriber):
     Subscriber.objects.select_for_update(no_key=True).filter(pk=subscriber.pk).values_list("pk").first()
 
 
-def close_connection(channel_name, spend=False, reason=ledger.CONNECTION_CLOSED):
+def close_connection(channel_name, spend=False, reason=ledger.CONNECTION_CLOSED, unsent=()):
     """The socket closed: what it held goes back to pending at once, and the row goes.
-    `spend`: the client closed it, and the attempts it held count (ledger.release_held)."""
-    close_connections([channel_name], spend=spend, reason=reason)
+    `spend`: the client closed it, and the attempts it held count (ledger.release_held);
+    but never those of `unsent`, leased ahead and never sent to it."""
+    with transaction.atomic():
+        if unsent:
+            ledger.release_held([channel_name], reason=ledger.NOT_SENT, delivery_ids=unsent)
+        close_connections([channel_name], spend=spend, reason=reason)
 
 
 def close_connections(channel_names, spend=False, reason=ledger.CONNECTION_CLOSED):

@@ -288,24 +288,6 @@ def message_frame(delivery):
 # The same fields in the same order as message_frame(); `published_at` as the API's encoder
 # writes a UTC time (ISO 8601, microseconds only when there are some, "Z").
 # tests/delivery/test_frames.py holds the two to the same JSON.
-def message_frame_sql(d="d", m="m", q="q", e="e"):
-    """The SQL of a delivery's `message` frame text, from its row `d`, its message `m`, queue
-    `q` and event `e` (PostgreSQL)."""
-    at = f"({m}.created_at AT TIME ZONE 'UTC')"
-    published_at = (
-        f"""to_char({at}, 'YYYY-MM-DD"T"HH24:MI:SS') """
-        f"""|| CASE WHEN date_trunc('second', {at}) = {at} THEN '' ELSE to_char({at}, '.US') END"""
-    )
-    return (
-        f"""'{{"type":"message","id":' || {d}.id || ',"message_id":' || {d}.message_id"""
-        f""" || ',"queue":' || to_json({q}.name)::text || ',"event":' || to_json({e}.name)::text"""
-        f""" || ',"seq":' || {d}.seq || ',"payload":' || {m}.payload_json"""
-        f""" || ',"attempt":' || {d}.attempt || ',"published_at":"' || {published_at} || 'Z"'"""
-        f""" || CASE WHEN {m}.headers_json <> '' THEN ',"headers":' || {m}.headers_json ELSE '' END"""
-        """ || '}'"""
-    )
-
-
 def message_text(delivery):
     """A leased delivery's `message` frame as text: the one PostgreSQL wrote (`frame`, a
     framed lease) or encoded here."""

@@ -32,8 +32,9 @@ from mqsite.values import is_db_id
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import frames, receipts
+from . import receipts
 from .bounds import MAX_EXTEND_SECS
+from .frame_sql import message_frame_sql
 from .models import Delivery, DeliveryAttempt, Status
 from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
 
@@ -815,7 +816,7 @@ def _head(subscriber_id, subscription_id):
 # `framed`) what _framed() does, the frame written by PostgreSQL.
 _DESCRIBED = """d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
                 m.created_at, d.ack_deadline, m.headers_json"""
-_FRAMED = f"d.id, q.name, e.name, d.seq, d.ack_deadline, {frames.message_frame_sql()}"
+_FRAMED = f"d.id, q.name, e.name, d.seq, d.ack_deadline, {message_frame_sql()}"
 
 
 def _framed(id, queue, event, seq, ack_deadline, frame):

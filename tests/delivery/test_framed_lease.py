@@ -1,5 +1,5 @@
 """A socket's lease (`framed`): each delivery's `message` frame written by PostgreSQL from the
-stored payload and headers text, never decoded (delivery.frames.message_frame_sql), is the
+stored payload and headers text, never decoded (delivery.frame_sql.message_frame_sql), is the
 frame the API's encoder writes from the decoded delivery, field for field, for an unordered
 lease and an ordered head, sync and async. On SQLite the lease describes as before and the
 frame is encoded in Python: the same frame either way."""

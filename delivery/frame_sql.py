@@ -1,0 +1,24 @@
+"""A delivery's `message` frame written by PostgreSQL, from the stored payload and headers text.
+
+Its own module, below both: the ledger's socket leases select it (ledger._FRAMED), and
+delivery.frames, which encodes the same frame in Python (message_frame), imports publishing,
+which imports the ledger. tests/delivery/test_framed_lease.py holds the two to one text.
+"""
+
+
+def message_frame_sql(d="d", m="m", q="q", e="e"):
+    """The SQL of a delivery's `message` frame text, from its row `d`, its message `m`, queue
+    `q` and event `e` (PostgreSQL)."""
+    at = f"({m}.created_at AT TIME ZONE 'UTC')"
+    published_at = (
+        f"""to_char({at}, 'YYYY-MM-DD"T"HH24:MI:SS') """
+        f"""|| CASE WHEN date_trunc('second', {at}) = {at} THEN '' ELSE to_char({at}, '.US') END"""
+    )
+    return (
+        f"""'{{"type":"message","id":' || {d}.id || ',"message_id":' || {d}.message_id"""
+        f""" || ',"queue":' || to_json({q}.name)::text || ',"event":' || to_json({e}.name)::text"""
+        f""" || ',"seq":' || {d}.seq || ',"payload":' || {m}.payload_json"""
+        f""" || ',"attempt":' || {d}.attempt || ',"published_at":"' || {published_at} || 'Z"'"""
+        f""" || CASE WHEN {m}.headers_json <> '' THEN ',"headers":' || {m}.headers_json ELSE '' END"""
+        """ || '}'"""
+    )

@@ -13,7 +13,7 @@ from delivery import consumers, liveness
 from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers.models import Subscription
-from tests.support.sockets import connect, db, recv, recv_messages, send, setup
+from tests.support.sockets import connect, db, messages_until_quiet, recv, recv_messages, send, setup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 on_postgres = pytest.mark.skipif(
@@ -36,15 +36,6 @@ async def sockets(prefetch=10, ordered=False):
     (first,) = await recv_messages(subscriber, 1)
     await ack(subscriber, [first])
     return queue, publisher, subscriber
-
-
-async def messages_until_quiet(comm, quiet=0.5):
-    got = []
-    while not await comm.receive_nothing(timeout=quiet):
-        frame = await recv(comm)
-        assert frame["type"] == "message", frame
-        got.append(frame)
-    return got
 
 
 async def publish(publisher, n):

@@ -13,7 +13,7 @@ from django.test import override_settings
 from delivery import consumers, ledger, subscribing
 from delivery.models import Delivery, Status
 from tests.support.publish import apublish
-from tests.support.sockets import connect, db, recv, send, setup
+from tests.support.sockets import connect, db, messages_until_quiet, recv, send, setup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -21,13 +21,8 @@ WINDOW = 3
 
 
 async def window_of(comm, quiet=0.15):
-    """The message frames that come until the socket is quiet: what the window lets out."""
-    got = []
-    while not await comm.receive_nothing(timeout=quiet):
-        frame = await recv(comm)
-        assert frame["type"] == "message", frame
-        got.append(frame)
-    return got
+    """What the window lets out: the message frames until the socket is quiet."""
+    return await messages_until_quiet(comm, quiet)
 
 
 def rows(subscriber):

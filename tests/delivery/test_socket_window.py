@@ -13,7 +13,7 @@ from queues.models import Queue
 from subscribers.models import Subscription
 from subscribers.provisioning import create_subscriber
 from tests.support.publish import apublish
-from tests.support.sockets import recv, send
+from tests.support.sockets import messages_until_quiet, recv, send
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -36,15 +36,6 @@ async def open_socket(path="/ws/", headers=()):
     connected, _ = await comm.connect(timeout=5)
     assert connected
     return comm
-
-
-async def messages_until_quiet(comm, quiet=0.5):
-    got = []
-    while not await comm.receive_nothing(timeout=quiet):
-        frame = await recv(comm)
-        assert frame["type"] == "message", frame
-        got.append(frame)
-    return got
 
 
 async def test_it_holds_one_delivery_in_flight_on_a_socket_that_asked_for_a_prefetch_of_1():

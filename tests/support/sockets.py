@@ -51,3 +51,14 @@ def setup(ordered=False):
     owner, owner_token = create_subscriber("owner", publish=["db"], subscribe=["db"])
     peer, peer_token = create_subscriber("peer", publish=["db"], subscribe=["db"])
     return queue, (owner, owner_token), (peer, peer_token)
+
+
+async def messages_until_quiet(comm, quiet=0.5):
+    """The message frames that come until the socket says nothing for `quiet` seconds (what a
+    window, a lease or a publish let out)."""
+    got = []
+    while not await comm.receive_nothing(timeout=quiet):
+        frame = await recv(comm)
+        assert frame["type"] == "message", frame
+        got.append(frame)
+    return got

@@ -2,7 +2,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from delivery import group_commit
+from delivery import group_commit, publishing
 from mqsite.api import BodyRequiredSchema, errors
 from mqsite.names import NAME_HELP, SCHEMA_PATTERN
 from queues.models import Queue
@@ -54,6 +54,8 @@ class MessagesView(CallerView):
                 404,
                 413,
                 429,
+                e400="Malformed body, a bad name, or a payload that fails its event's schema "
+                "(code schema_mismatch, with `errors`: [{index, path, message}]; nothing published).",
                 e403="The subscriber may not publish to this queue, or the operator lacks "
                 "queues.add_message.",
                 e404="No such queue.",
@@ -70,12 +72,20 @@ class MessagesView(CallerView):
         if subscriber is not None and not subscriber.may_publish(queue):
             raise exceptions.PermissionDenied(f"{subscriber.name} may not publish to {queue.name}.")
         outgoing, batch = publish_body(request.data)
-        answers = group_commit.publish(queue, outgoing, publisher=subscriber)
+        try:
+            answers = group_commit.publish(queue, outgoing, publisher=subscriber)
+        except publishing.SchemaMismatch as exc:
+            return Response(schema_mismatch_body(exc), status=status.HTTP_400_BAD_REQUEST)
         created = any(new for _, new in answers)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         if batch:
             return Response({"messages": [a for a, _ in answers]}, status=code)
         return Response(answers[0][0], status=code)
+
+
+def schema_mismatch_body(exc):
+    """A SchemaMismatch as the 400's body: the words, the code and each failure."""
+    return {"detail": str(exc), "code": exc.code, "errors": exc.errors}
 
 
 class QueueListView(CallerView):

@@ -21,6 +21,7 @@ from jsonschema.exceptions import SchemaError
 from referencing.exceptions import Unresolvable
 
 from mqsite import adb, rows
+from mqsite.names import clean_name
 
 from .models import Event
 
@@ -50,7 +51,9 @@ def check_schema(schema):
 def set_event_schema(queue, name, schema):
     """Give the event `name` of `queue` this schema (None: clear it), making the event if it
     does not exist yet. Checked first: an invalid schema raises BadSchema and nothing changes.
-    Returns the Event. Announced to every process by its post_save (delivery.revocation)."""
+    Returns the Event. Announced to every process by its post_save (delivery.revocation).
+    A name that breaks the naming rule raises mqsite.names.BadName."""
+    name = clean_name(name, "event")
     if schema is not None:
         check_schema(schema)
     with transaction.atomic():

@@ -8,6 +8,7 @@ from delivery import group_commit, publishing
 from delivery.models import Delivery
 from queues import schemas
 from queues.models import Event, Message
+from tests.conftest import client_for
 from tests.support.rest import post_messages
 from tests.support.sockets import connect, db, recv, send, setup
 
@@ -128,3 +129,35 @@ async def test_a_socket_publish_that_fails_the_schema_gets_an_error_frame():
     assert answers[2]["errors"] == [{"index": 1, "path": "", "message": "must be of type object"}]
     assert await db(lambda: list(Message.objects.values_list("seq", flat=True))) == [1]
     await comm.disconnect()
+
+
+# --- the event catalog --------------------------------------------------------------------------
+
+
+def test_the_catalog_lists_the_queues_events_with_their_schemas(owner, db_queue, order_schema):
+    assert post_messages(owner, {"event": "delete", "payload": 1}).status_code == 201
+    r = client_for(owner).get("/api/queues/db/events")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["queue"] == "db"
+    assert [(e["name"], e["schema"]) for e in body["events"]] == [("create", ORDER), ("delete", None)]
+    assert body["events"][0]["schema_updated_at"] and body["events"][1]["schema_updated_at"] is None
+
+
+@pytest.mark.parametrize(
+    ("publish", "subscribe", "status"), [(("db",), (), 200), ((), ("db",), 200), ((), (), 404)]
+)
+def test_the_catalog_is_for_callers_that_may_publish_or_subscribe(
+    make_subscriber, db_queue, order_schema, publish, subscribe, status
+):
+    caller = make_subscriber("caller", publish=publish, subscribe=subscribe)
+    r = client_for(caller).get("/api/queues/db/events")
+    assert r.status_code == status
+    if status == 404:
+        assert "schema" not in r.content.decode()
+
+
+def test_the_catalog_is_an_operators_and_nobody_elses(operator_client, db_queue, order_schema):
+    assert operator_client.get("/api/queues/db/events").json()["events"][0]["schema"] == ORDER
+    assert operator_client.get("/api/queues/nowhere/events").status_code == 404
+    assert client_for(None).get("/api/queues/db/events").status_code == 401

@@ -18,7 +18,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from mqsite import adb, rows
 from mqsite.names import clean_name
@@ -46,6 +48,49 @@ def check_schema(schema):
         where = _pointer(exc.absolute_path)
         words = _short(exc.message)
         raise BadSchema(f"not a valid JSON Schema (draft 2020-12) at '{where}': {words}") from None
+    _check_refs(schema)
+
+
+# Values that are data, not subschemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+BASE_URI = "urn:mq:event-schema"
+
+
+def _check_refs(schema):
+    """Refuse a $ref that leads nowhere: nothing is fetched, so only references within the
+    schema (or to the JSON Schema metaschemas) resolve, and one that cannot would fail every
+    publish. A schema with nested $ids is left to the check at publish (its bases change
+    inside it)."""
+    refs, nested_ids = [], []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if path and "$id" in node:
+                nested_ids.append(path)
+            if isinstance(node.get("$ref"), str):
+                refs.append((node["$ref"], path))
+            for k, v in node.items():
+                if k not in _DATA_KEYWORDS:
+                    walk(v, [*path, k])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, [*path, i])
+
+    walk(schema, [])
+    if not refs or nested_ids or not isinstance(schema, dict):
+        return
+    base = schema.get("$id") if isinstance(schema.get("$id"), str) else BASE_URI
+    # With the metaschemas, as the validator has them (a $ref to draft 2020-12's own resolves).
+    registry = SPECIFICATIONS.with_resource(base, DRAFT202012.create_resource(schema))
+    resolver = registry.resolver(base_uri=base)
+    for ref, path in refs:
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise BadSchema(
+                f"the $ref {_short(ref)!r} at '{_pointer(path)}' leads nowhere (only references "
+                "within the schema resolve)"
+            ) from None
 
 
 def set_event_schema(queue, name, schema):

@@ -44,6 +44,8 @@ def test_the_command_reads_stdin_and_clears(owner):
         ('{"type": "nothing"}', "not a valid JSON Schema (draft 2020-12) at '/type'"),
         ('{"minLength": -1}', "at '/minLength'"),
         ("[1]", "a JSON Schema is an object"),
+        ('{"properties": {"a": {"$ref": "#/$defs/nope"}}}', "leads nowhere"),
+        ('{"$ref": "https://example.com/remote.json"}', "leads nowhere"),
         ("{", "not JSON"),
     ],
 )
@@ -52,6 +54,13 @@ def test_the_command_refuses_an_invalid_schema_and_stores_nothing(db_queue, stdi
     with pytest.raises(CommandError, match=words.replace("(", r"\(").replace(")", r"\)")):
         eventschema("db", "create", "-", stdin=stdin)
     assert Event.objects.get(name="create").schema is None
+
+
+def test_a_schema_may_refer_within_itself(owner):
+    schema = {"$defs": {"id": {"type": "integer"}}, "properties": {"id": {"$ref": "#/$defs/id"}}}
+    eventschema("db", "create", "-", stdin=json.dumps(schema))
+    r = post_messages(owner, {"event": "create", "payload": {"id": "x"}})
+    assert r.status_code == 400 and r.json()["errors"][0]["path"] == "/id"
 
 
 def test_the_command_needs_a_queue_and_one_of_file_or_clear(db_queue):

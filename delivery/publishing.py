@@ -124,7 +124,7 @@ def _raise_mismatch(outgoing, validators):
         validator = validators[o.event]
         if validator is not None:
             room = schemas.MAX_ERRORS - len(errors)
-            found = schemas.payload_errors(validator, o.payload_value())
+            found = validator.errors(o.payload_value())
             errors += [{"index": index, **e} for e in found[:room]]
             if len(errors) >= schemas.MAX_ERRORS:
                 break

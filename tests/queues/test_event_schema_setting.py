@@ -9,7 +9,8 @@ from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from queues.models import Event
+from queues import schemas
+from queues.models import Event, Message
 from tests.support.rest import post_messages
 
 SCHEMA = {"type": "object", "required": ["id"]}
@@ -102,3 +103,11 @@ def test_the_admin_refuses_an_invalid_schema(staff, db_queue):
     assert "not a valid JSON Schema (draft 2020-12) at &#x27;/type&#x27;" in r.content.decode()
     event.refresh_from_db()
     assert event.schema is None and event.schema_version == 0
+
+
+def test_the_admins_test_publish_says_which_field_fails_the_schema(staff, db_queue):
+    schemas.set_event_schema(db_queue, "create", SCHEMA)
+    r = staff.post(reverse("mq-publish"), {"queue": db_queue.pk, "event": "create", "payload": '{"name": 1}'})
+    assert r.status_code == 200
+    assert "(the payload): must have required property &#x27;id&#x27;" in r.content.decode()
+    assert not Message.objects.exists()

@@ -137,10 +137,12 @@ class EventCatalogView(CallerView):
         responses={
             200: EventCatalogSerializer,
             **errors(
+                400,
                 401,
                 403,
                 404,
                 429,
+                e400="A queue name that breaks the naming rule.",
                 e403="An operator without queues.view_queue.",
                 e404="No such queue, or one the subscriber may neither publish nor subscribe to.",
             ),

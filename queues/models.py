@@ -58,9 +58,8 @@ class Event(models.Model):
         blank=True,
         help_text="A JSON Schema (draft 2020-12) each published payload must satisfy; empty: any payload.",
     )
-    # Counts the changes of `schema`: with the id it names one compiled validator, so a process
-    # never validates against one it compiled before a change (queues.schemas). db_default:
-    # rows inserted by plain SQL (bench/) get it too.
+    # Counts the changes of `schema` (queues.schemas.save_schema). db_default: rows inserted
+    # by plain SQL (bench/) get it too.
     schema_version = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     schema_updated_at = models.DateTimeField(null=True, blank=True, editable=False)
 

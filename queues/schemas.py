@@ -120,7 +120,7 @@ def set_event_schema(queue, name, schema):
 
 def save_schema(event, schema):
     """Store a checked schema on `event` (the admin's form and set_event_schema()), counting the
-    change so that every process compiles it afresh."""
+    change (schema_version, which the history and the catalog's readers can go by)."""
     event.schema = schema
     event.schema_version = (event.schema_version or 0) + 1
     event.schema_updated_at = timezone.now()

@@ -156,8 +156,11 @@ class PublishForm(forms.Form):
             cleaned["outgoing"] = publishing.prepare(
                 cleaned["event"], cleaned["payload"], cleaned["key"] or None, cleaned["headers"]
             )
+            publishing.check_schemas(cleaned["queue"], [cleaned["outgoing"]])
         except publishing.BadMessageHeaders as exc:
             self.add_error("headers", str(exc))
+        except publishing.SchemaMismatch as exc:
+            self.add_error("payload", [f"{e['path'] or '(the payload)'}: {e['message']}" for e in exc.errors])
         except publishing.BadMessage as exc:
             raise forms.ValidationError(str(exc)) from None
         return cleaned
@@ -173,7 +176,9 @@ def publish_test_message(request):
     form = PublishForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         queue = form.cleaned_data["queue"]
-        [(answer, created)] = publishing.publish(queue, [form.cleaned_data["outgoing"]], publisher=None)
+        [(answer, created)] = publishing.publish(
+            queue, [form.cleaned_data["outgoing"]], publisher=None, checked=True
+        )
         message = Message.objects.get(pk=answer["id"])
         url = reverse("admin:queues_message_change", args=[message.pk])
         if created:

@@ -201,10 +201,14 @@ class DemoTraffic:
         for queue, messages in batches.items():
             token = self.publish_tokens.get(queue)
             if token is None:
-                publishing.publish(
-                    self.queues[queue],
-                    [publishing.prepare(e, p, headers=trace_headers()) for e, p in messages],
-                )
+                try:
+                    publishing.publish(
+                        self.queues[queue],
+                        [publishing.prepare(e, p, headers=trace_headers()) for e, p in messages],
+                    )
+                except publishing.SchemaMismatch as exc:  # an operator gave a demo event a schema
+                    self.publish_error = f"publishing to {queue}: {exc}"
+                    continue
             elif not self._publish_over_rest(queue, token, messages):
                 continue  # lost: the demo goes on, and says why in its report
             published += len(messages)

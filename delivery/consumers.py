@@ -875,7 +875,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         publish, so their seqs follow the order the frames came in."""
         answers = []
         for name, run in _runs(publishes):
-            queue, error = None, None
+            queue, error, refused = None, None, {}
             try:
                 frames.check_queue_name(name)
                 queue = await lookup.afind_queue(name)
@@ -883,18 +883,24 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                     raise FrameError("not_found", f"There is no queue named {name!r}.")
                 if not await self.subscriber.amay_publish(queue):
                     raise FrameError("forbidden", f"{self.subscriber.name} may not publish to {queue.name}.")
+                # Each frame against its schemas alone, before the run goes together: a frame
+                # that fails is refused whole, and fails none of the others.
+                refused = await _schema_refusals(queue, run)
                 published = await group_commit.apublish(
-                    queue, [o for p in run for o in p.outgoing], publisher=self.subscriber
+                    queue,
+                    [o for p in run if id(p) not in refused for o in p.outgoing],
+                    publisher=self.subscriber,
+                    checked=True,
                 )
             except FrameError as exc:
                 error = exc
             except limits.LimitExceeded as exc:
                 error = FrameError.of_limit(exc)
-            if error is not None:
-                answers += [(p, error) for p in run]
-                continue
             start = 0
             for p in run:
+                if error is not None or id(p) in refused:
+                    answers.append((p, refused.get(id(p), error)))
+                    continue
                 answers.append((p, published[start : start + len(p.outgoing)]))
                 start += len(p.outgoing)
         return answers
@@ -940,6 +946,18 @@ class _Publish(NamedTuple):
     outgoing: list
     batch: bool  # a batch frame: answered with every message, in one `published` frame
     receipt: bool = False  # its messages are owed a `receipt` frame each (delivery.receipts)
+
+
+async def _schema_refusals(queue, run):
+    """{id(publish frame): its schema_mismatch FrameError} for the frames of `run` whose payloads
+    fail their events' schemas."""
+    refused = {}
+    for p in run:
+        try:
+            await publishing.acheck_schemas(queue, p.outgoing)
+        except publishing.SchemaMismatch as exc:
+            refused[id(p)] = FrameError(exc.code, str(exc), errors=exc.errors)
+    return refused
 
 
 def _runs(publishes):

@@ -44,14 +44,18 @@ _waiting = {}  # queue id -> [_Job], in order of arrival
 _busy = set()  # queue ids whose batch is being committed
 
 
-def publish(queue, outgoing, publisher=None):
-    """As publishing.publish(), sharing its transaction with concurrent callers.
+def publish(queue, outgoing, publisher=None, checked=False):
+    """As publishing.publish(), sharing its transaction with concurrent callers. The payloads
+    are checked against their schemas before they join the others (unless `checked`): a
+    caller's SchemaMismatch is its own, and fails nobody else's publish.
 
     Inside a transaction of the caller's own, publishing.publish() runs in it, alone: the
     message must exist if and only if the caller's transaction commits.
     """
     if connection.in_atomic_block or not outgoing:
-        return publishing.publish(queue, outgoing, publisher=publisher)
+        return publishing.publish(queue, outgoing, publisher=publisher, checked=checked)
+    if not checked:
+        publishing.check_schemas(queue, outgoing)
     if publisher is not None:
         outgoing = [o if o.publisher is not None else replace(o, publisher=publisher) for o in outgoing]
     job = _Job(outgoing)
@@ -102,14 +106,14 @@ def _take(waiting):
 def _run(queue, batch):
     if len(batch) > 1:
         try:
-            answers = publishing.publish(queue, [o for job in batch for o in job.outgoing])
+            answers = publishing.publish(queue, [o for job in batch for o in job.outgoing], checked=True)
         except Exception:  # one at a time below, so that each caller gets its own answer or error
             _failed_together(queue, batch)
         else:
             return _share(batch, answers)
     for job in batch:
         try:
-            job.result = publishing.publish(queue, job.outgoing)
+            job.result = publishing.publish(queue, job.outgoing, checked=True)
         except Exception as exc:  # the caller's thread raises it
             job.error = exc
 
@@ -148,12 +152,14 @@ _draining = set()  # the batching tasks (referenced, or they could be collected 
 
 
 @adb.twin(publish)
-async def apublish(queue, outgoing, publisher=None):
+async def apublish(queue, outgoing, publisher=None, checked=False):
     """publish() from the event loop: publishing.apublish() in batches, each answer after the
     commit that holds it. In the embedded mode, publish() in a thread (it shares its
     transaction with the requests' publishes)."""
     if not outgoing:
         return []
+    if not checked:
+        await publishing.acheck_schemas(queue, outgoing)
     if publisher is not None:
         outgoing = [o if o.publisher is not None else replace(o, publisher=publisher) for o in outgoing]
     loop = asyncio.get_running_loop()
@@ -186,14 +192,16 @@ async def _drain(queue, waiting):
 async def _arun(queue, batch):
     if len(batch) > 1:
         try:
-            answers = await publishing.apublish(queue, [o for waiter in batch for o in waiter.outgoing])
+            answers = await publishing.apublish(
+                queue, [o for waiter in batch for o in waiter.outgoing], checked=True
+            )
         except Exception:
             _failed_together(queue, batch)
         else:
             return _share(batch, answers)
     for waiter in batch:
         try:
-            waiter.result = await publishing.apublish(queue, waiter.outgoing)
+            waiter.result = await publishing.apublish(queue, waiter.outgoing, checked=True)
         except Exception as exc:  # the caller raises it
             waiter.error = exc
 

@@ -6,7 +6,7 @@ only if that transaction commits, and subscribers are woken only after it does.
 
 import json
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -15,6 +15,7 @@ from django.utils import timezone
 from mqsite import adb, bus, limits
 from mqsite.names import BadName, clean_name
 from mqsite.values import storable_text
+from queues import schemas
 from queues.headers import BadHeaders, encode_headers
 from queues.models import Event, Message, Queue
 
@@ -36,6 +37,25 @@ class BadMessageHeaders(BadMessage):
     """Headers that break a rule of queues.headers (the caller answers 400 naming `headers`)."""
 
 
+class SchemaMismatch(BadMessage):
+    """Payloads that fail their event's schema (queues.schemas): nothing of the publish is
+    written. `errors` lists the failures as [{"index", "path", "message"}], `index` being the
+    message's place in what was published (0 for a single message), `path` a JSON pointer
+    into its payload; at most schemas.MAX_ERRORS of them."""
+
+    code = "schema_mismatch"
+
+    def __init__(self, errors):
+        self.errors = errors
+        where = ", ".join(str(i) for i in sorted({e["index"] for e in errors}))
+        super().__init__(
+            f"A payload does not satisfy its event's schema (message {where}); nothing was published."
+        )
+
+
+_UNPARSED = object()  # an Outgoing made from text alone: its payload is parsed if a schema asks
+
+
 @dataclass(frozen=True)
 class Outgoing:
     event: str
@@ -44,6 +64,11 @@ class Outgoing:
     publisher: object = None  # a Subscriber; publish()'s `publisher` fills it in when None
     headers_json: str | None = None  # None: no headers (queues.headers)
     receipt: bool = False  # the publisher waits for a receipt (delivery.receipts)
+    # The payload as sent, for its event's schema (prepare() has it: no second parse).
+    payload: object = field(default=_UNPARSED, compare=False, repr=False)
+
+    def payload_value(self):
+        return json.loads(self.payload_json) if self.payload is _UNPARSED else self.payload
 
 
 def prepare(event, payload, key=None, headers=None):
@@ -75,11 +100,41 @@ def prepare(event, payload, key=None, headers=None):
         headers_json = encode_headers(headers)
     except BadHeaders as exc:
         raise BadMessageHeaders(str(exc)) from None
-    return Outgoing(event, text, key, headers_json=headers_json)
+    return Outgoing(event, text, key, headers_json=headers_json, payload=payload)
 
 
-def publish(queue, outgoing, publisher=None):
-    """Publish prepared messages to `queue`, all or nothing.
+def check_schemas(queue, outgoing):
+    """Raise SchemaMismatch when a payload fails its event's schema. Before anything is
+    written, and before a publish joins others (group_commit): one caller's bad payload
+    never fails another's publish."""
+    _raise_mismatch(outgoing, {n: schemas.validator_of(queue.pk, n) for n in {o.event for o in outgoing}})
+
+
+async def acheck_schemas(queue, outgoing):
+    """check_schemas() from the event loop."""
+    validators = {n: await schemas.avalidator_of(queue.pk, n) for n in {o.event for o in outgoing}}
+    _raise_mismatch(outgoing, validators)
+
+
+def _raise_mismatch(outgoing, validators):
+    if not any(validators.values()):  # the usual publish: no schema, nothing to parse
+        return
+    errors = []
+    for index, o in enumerate(outgoing):
+        validator = validators[o.event]
+        if validator is not None:
+            room = schemas.MAX_ERRORS - len(errors)
+            found = validator.errors(o.payload_value())
+            errors += [{"index": index, **e} for e in found[:room]]
+            if len(errors) >= schemas.MAX_ERRORS:
+                break
+    if errors:
+        raise SchemaMismatch(errors)
+
+
+def publish(queue, outgoing, publisher=None, checked=False):
+    """Publish prepared messages to `queue`, all or nothing. Their payloads are checked against
+    their events' schemas first (SchemaMismatch), unless the caller did (`checked`).
 
     Returns [(answer, created)] in the given order: the answer as the REST API gives it, and
     whether the message is new (False: its idempotency key was already used in this queue,
@@ -87,6 +142,8 @@ def publish(queue, outgoing, publisher=None):
     """
     if not outgoing:
         return []
+    if not checked:
+        check_schemas(queue, outgoing)
     try:
         return _publish(queue, outgoing, publisher)
     except IntegrityError:
@@ -201,7 +258,7 @@ def _publish_at_once(queue, outgoing, publisher, now):
     return answers
 
 
-async def apublish(queue, outgoing, publisher=None):
+async def apublish(queue, outgoing, publisher=None, checked=False):
     """publish() from the event loop. In the services mode, without idempotency keys and with
     every event known (the usual publish), it is _publish_at_once's one statement on the async
     connection, in autocommit: the answers come back after its commit, the wake-ups go after
@@ -212,9 +269,11 @@ async def apublish(queue, outgoing, publisher=None):
     itself (delivery.inline): sent after the commit, and woken by no wake-up."""
     if not outgoing:
         return []
+    if not checked:
+        await acheck_schemas(queue, outgoing)
     events = _remembered_events(queue, {o.event for o in outgoing})
     if not adb.enabled() or events is None or any(o.key is not None for o in outgoing):
-        return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+        return await adb.thread(publish)(queue, outgoing, publisher=publisher, checked=True)
     seats = inline.take(queue, len(outgoing))
     try:
         answers, owed, taken = await adb.run(
@@ -224,7 +283,7 @@ async def apublish(queue, outgoing, publisher=None):
         inline.cancel(seats)
         # A remembered event deleted since (the admin): publish() looks them up again.
         _forget_events(queue.pk)
-        return await adb.thread(publish)(queue, outgoing, publisher=publisher)
+        return await adb.thread(publish)(queue, outgoing, publisher=publisher, checked=True)
     except BaseException:
         # Committed or not, a seat's socket must not wait for it: what it may have been given
         # is in flight to it in the ledger, and comes back when it closes or at its deadline.

@@ -7,8 +7,9 @@ looks at the row again, closes with 4401 if its token no longer holds, and ends 
 subscriptions it may no longer have. Changes that bypass the signals (a queryset update) are
 caught by each process's periodic check of its sockets' tokens (socket_loops.check_tokens).
 
-Every process keeps the subscribers (by token hash), queues (by name) and publish grants its
-requests look up, and the subscribers its wake-ups found without a webhook (mqsite.rows.Kept).
+Every process keeps the subscribers (by token hash), queues (by name), event schemas
+(queues.schemas) and publish grants its requests look up, and the subscribers its wake-ups
+found without a webhook (mqsite.rows.Kept).
 Any announcement makes it forget them all, and so does a change made in this process, at once
 (before its commit: a test's transaction never commits); what no announcement told of is
 forgotten by age (MQ_REVOCATION_CHECK_SECS).
@@ -18,8 +19,8 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from mqsite import bus
-from queues import lookup
-from queues.models import Queue
+from queues import lookup, schemas
+from queues.models import Event, Queue
 from subscribers import auth
 from subscribers.models import Subscriber, forget_publish_grants, forget_webhookless
 
@@ -71,6 +72,7 @@ def forget_kept_rows(subscriber_ids=(), *_announced):
     their token again (delivery.long_polls): forgotten first, so that they look it up anew."""
     auth.forget_subscribers()
     lookup.forget_queues()
+    schemas.forget()
     forget_publish_grants()
     forget_webhookless()
     wakeups.wake_long_polls(subscriber_ids)
@@ -97,6 +99,19 @@ def _queue_changed(sender, instance, raw=False, **kwargs):
         _announce(queue_ids=[instance.pk])
 
 
+def _event_saved(sender, instance, created, raw=False, **kwargs):
+    # Only what may change a schema kept for publishes (queues.schemas): events made without
+    # one (by a first publish or subscribe) change nothing kept, and are many.
+    if not raw and (instance.schema is not None or not created):
+        _announce(queue_ids=[instance.queue_id])
+
+
+def _event_deleted(sender, instance, **kwargs):
+    # One without a schema leaves a kept "none" true (a queue's delete cascades to many).
+    if instance.schema is not None:
+        _announce(queue_ids=[instance.queue_id])
+
+
 def _rights_changed(sender, instance, action, reverse, pk_set, **kwargs):
     if reverse:  # a queue's subscribers (or publishers) changed: pk_set names them
         if action == "pre_clear":
@@ -116,6 +131,8 @@ def connect_signals():
     post_delete.connect(_deleted, sender=Subscriber, dispatch_uid="mq-revocation-deleted")
     post_save.connect(_queue_changed, sender=Queue, dispatch_uid="mq-revocation-queue-saved")
     post_delete.connect(_queue_changed, sender=Queue, dispatch_uid="mq-revocation-queue-deleted")
+    post_save.connect(_event_saved, sender=Event, dispatch_uid="mq-revocation-event-saved")
+    post_delete.connect(_event_deleted, sender=Event, dispatch_uid="mq-revocation-event-deleted")
     on_change(forget_kept_rows)
     for through in (Subscriber.subscribe_queues.through, Subscriber.publish_queues.through):
         m2m_changed.connect(_rights_changed, sender=through, dispatch_uid=f"mq-revocation-{through.__name__}")

@@ -50,6 +50,18 @@ class Event(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="events")
     name = models.CharField(max_length=64, validators=[name_validator])
     created_at = models.DateTimeField(auto_now_add=True)
+    # A JSON Schema (draft 2020-12) every payload of this event must satisfy (queues.schemas);
+    # null: any payload. Checked when set, never stored invalid.
+    schema = models.JSONField(
+        "payload schema",
+        null=True,
+        blank=True,
+        help_text="A JSON Schema (draft 2020-12) each published payload must satisfy; empty: any payload.",
+    )
+    # Counts the changes of `schema` (queues.schemas.save_schema). db_default: rows inserted
+    # by plain SQL (bench/) get it too.
+    schema_version = models.PositiveIntegerField(default=0, db_default=0, editable=False)
+    schema_updated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["queue__name", "name"]

@@ -13,7 +13,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from delivery import publishing
-from queues import lookup
+from queues import lookup, schemas
 from queues.models import Queue
 from subscribers import auth
 from subscribers.models import forget_publish_grants, forget_webhookless
@@ -137,6 +137,7 @@ def _forget_remembered_events():
     yield
     publishing.forget_all_events()
     lookup.forget_queues()
+    schemas.forget()
     auth.forget_subscribers()
     forget_publish_grants()
     forget_webhookless()

@@ -15,6 +15,7 @@ from django.utils.html import format_html, format_html_join
 
 from mqsite import bus
 from mqsite.names import BadName, clean_name
+from queues import schemas
 from queues.headers import NAME_RE, stored_pair
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscription
@@ -72,7 +73,18 @@ class QueueForm(NameCleaningForm):
 class EventForm(NameCleaningForm):
     class Meta:
         model = Event
-        fields = ["queue", "name"]
+        fields = ["queue", "name", "schema"]
+        widgets = {"schema": forms.Textarea(attrs={"rows": 16, "cols": 80, "spellcheck": "false"})}
+
+    def clean_schema(self):
+        """Never stored invalid: a publish would have nothing to check against."""
+        schema = self.cleaned_data.get("schema")
+        if schema is not None:
+            try:
+                schemas.check_schema(schema)
+            except schemas.BadSchema as exc:
+                raise ValidationError(str(exc)) from None
+        return schema
 
 
 class EventInline(admin.TabularInline):
@@ -206,15 +218,37 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
 @admin.register(Event)
 class EventAdmin(DeliveriesGoWithTheirOwner, DeliveryCountColumns, admin.ModelAdmin):
     form = EventForm
-    list_display = ["name", "queue", "message_count", "subscription_count", "pending", "inflight", "dead"]
+    list_display = [
+        "name",
+        "queue",
+        "has_schema",
+        "message_count",
+        "subscription_count",
+        "pending",
+        "inflight",
+        "dead",
+    ]
     list_filter = ["queue"]
     list_select_related = ["queue"]
     search_fields = ["name", "queue__name"]
-    fields = ["queue", "name", "created_at"]
+    fields = ["queue", "name", "schema", "schema_version", "schema_updated_at", "created_at"]
 
     def get_readonly_fields(self, request, obj=None):
         # Messages and subscriptions name the event: it keeps its name and queue.
-        return ["created_at"] if obj is None else ["queue", "name", "created_at"]
+        kept = ["schema_version", "schema_updated_at", "created_at"]
+        return kept if obj is None else ["queue", "name", *kept]
+
+    def save_model(self, request, obj, form, change):
+        # A schema changed counts as a new version (queues.schemas); the history records the
+        # change as for any field ("Changed payload schema.").
+        if "schema" in form.changed_data:
+            schemas.save_schema(obj, form.cleaned_data["schema"])
+        else:
+            super().save_model(request, obj, form, change)
+
+    @admin.display(description="schema", boolean=True)
+    def has_schema(self, obj):
+        return obj.schema is not None
 
     def get_queryset(self, request):
         queryset = (

@@ -141,3 +141,30 @@ class QueueSerializer(serializers.Serializer):
 
 class QueueListSerializer(serializers.Serializer):
     queues = QueueSerializer(many=True)
+
+
+class SchemaErrorSerializer(serializers.Serializer):
+    index = serializers.IntegerField(help_text="The message's place in the batch (0 for one message).")
+    path = serializers.CharField(help_text="A JSON pointer into that message's payload ('' is all of it).")
+    message = serializers.CharField()
+
+
+class SchemaMismatchSerializer(serializers.Serializer):
+    """A 400: DRF's field errors, or a payload refused by its event's schema (code schema_mismatch)."""
+
+    detail = serializers.CharField(required=False)
+    code = serializers.CharField(required=False)
+    errors = SchemaErrorSerializer(many=True, required=False, help_text="With schema_mismatch: at most 20.")
+
+
+class CatalogEventSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    schema = serializers.JSONField(
+        allow_null=True, help_text="Its JSON Schema (draft 2020-12), or null: any payload."
+    )
+    schema_updated_at = serializers.DateTimeField(allow_null=True)
+
+
+class EventCatalogSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    events = CatalogEventSerializer(many=True)

@@ -2,7 +2,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from delivery import group_commit
+from delivery import group_commit, publishing
 from mqsite.api import BodyRequiredSchema, errors
 from mqsite.names import NAME_HELP, SCHEMA_PATTERN
 from queues.models import Queue
@@ -10,11 +10,13 @@ from subscribers.api.base import CallerView
 from subscribers.auth import operator_with
 
 from .queue_serializers import (
+    EventCatalogSerializer,
     PublishBatchSerializer,
     PublishedBatchSerializer,
     PublishedSerializer,
     PublishSerializer,
     QueueListSerializer,
+    SchemaMismatchSerializer,
     publish_body,
 )
 
@@ -26,29 +28,34 @@ PUBLISHED = PolymorphicProxySerializer(
 )
 
 
+QUEUE_PARAMETER = OpenApiParameter(
+    "queue", str, OpenApiParameter.PATH, pattern=SCHEMA_PATTERN, description=NAME_HELP
+)
+
+
 class MessagesView(CallerView):
     schema = BodyRequiredSchema()
     permission_classes = [operator_with("queues.add_message", subscribers_too=True)]
 
     @extend_schema(
         summary="Publish one message, or a batch of up to 1000 (all or nothing)",
-        parameters=[
-            OpenApiParameter(
-                "queue", str, OpenApiParameter.PATH, pattern=SCHEMA_PATTERN, description=NAME_HELP
-            )
-        ],
+        parameters=[QUEUE_PARAMETER],
         request=PolymorphicProxySerializer(
             component_name="PublishRequest",
             serializers=[PublishSerializer, PublishBatchSerializer],
             resource_type_field_name=None,
         ),
         responses={
+            400: OpenApiResponse(
+                SchemaMismatchSerializer,
+                "Malformed body, a bad name, or a payload that fails its event's schema (code "
+                "schema_mismatch, with `errors`: [{index, path, message}]; nothing published).",
+            ),
             201: PUBLISHED,
             200: OpenApiResponse(
                 PUBLISHED, "Every idempotency key was used before: the first messages, nothing new."
             ),
             **errors(
-                400,
                 401,
                 403,
                 404,
@@ -70,12 +77,20 @@ class MessagesView(CallerView):
         if subscriber is not None and not subscriber.may_publish(queue):
             raise exceptions.PermissionDenied(f"{subscriber.name} may not publish to {queue.name}.")
         outgoing, batch = publish_body(request.data)
-        answers = group_commit.publish(queue, outgoing, publisher=subscriber)
+        try:
+            answers = group_commit.publish(queue, outgoing, publisher=subscriber)
+        except publishing.SchemaMismatch as exc:
+            return Response(schema_mismatch_body(exc), status=status.HTTP_400_BAD_REQUEST)
         created = any(new for _, new in answers)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         if batch:
             return Response({"messages": [a for a, _ in answers]}, status=code)
         return Response(answers[0][0], status=code)
+
+
+def schema_mismatch_body(exc):
+    """A SchemaMismatch as the 400's body: the words, the code and each failure."""
+    return {"detail": str(exc), "code": exc.code, "errors": exc.errors}
 
 
 class QueueListView(CallerView):
@@ -111,3 +126,33 @@ class QueueListView(CallerView):
                 }
             )
         return Response({"queues": answer})
+
+
+class EventCatalogView(CallerView):
+    permission_classes = [operator_with("queues.view_queue", subscribers_too=True)]
+
+    @extend_schema(
+        summary="The queue's events with their payload schemas (the event catalog)",
+        parameters=[QUEUE_PARAMETER],
+        responses={
+            200: EventCatalogSerializer,
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                429,
+                e400="A queue name that breaks the naming rule.",
+                e403="An operator without queues.view_queue.",
+                e404="No such queue, or one the subscriber may neither publish nor subscribe to.",
+            ),
+        },
+    )
+    def get(self, request, queue):
+        queue = self.queue_or_404(queue)
+        subscriber = self.subscriber
+        # A 404, as for no queue: a subscriber learns nothing of queues it has no right to.
+        if subscriber is not None and not (subscriber.may_publish(queue) or subscriber.may_subscribe(queue)):
+            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.")
+        events = queue.events.order_by("name").values("name", "schema", "schema_updated_at")
+        return Response({"queue": queue.name, "events": list(events)})

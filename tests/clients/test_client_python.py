@@ -29,12 +29,14 @@ from mqclient import (
     MQForbidden,
     MQNotFound,
     MQRedirectError,
+    MQSchemaMismatch,
     MQThrottled,
 )
 from websockets.sync.client import connect
 
 from delivery import publishing
 from delivery.models import Delivery, Status
+from queues import schemas
 from queues.models import Queue
 from subscribers.models import Subscription
 from tests.support.redirects import Redirector
@@ -216,6 +218,11 @@ def test_the_servers_refusals_are_the_exception_classes_with_status_code_and_wor
         assert exc.value.status == 413
         with pytest.raises(MQForbidden):
             mq.subscribe("secret")
+        schemas.set_event_schema(Queue.objects.get(name="db"), "typed", {"required": ["id"]})
+        with pytest.raises(MQSchemaMismatch) as exc:
+            mq.publish_many("db", [("typed", {"id": 1}), ("typed", {})])
+        assert exc.value.status == 400 and exc.value.code == "schema_mismatch"
+        assert exc.value.errors == [{"index": 1, "path": "", "message": "must have required property 'id'"}]
         assert all(isinstance(e, MQError) for e in (MQAuthError(401, "x", "y"), MQThrottled(429, "x", "y")))
     with Client(
         f"http://127.0.0.1:{server.port + 1 if server.port < 65535 else 1}", logger_beside_secret.token
@@ -629,6 +636,11 @@ def test_urls_and_error_bodies_are_read_as_the_contract_gives_them():
         {"type": "error", "code": "rate_limited", "detail": "x", "retry_after": 0.5}
     )
     assert isinstance(frame, MQThrottled) and frame.retry_after == 0.5
+    failure = {"index": 0, "path": "/id", "message": "must be of type integer"}
+    mismatch = errors.error_for_frame(
+        {"type": "error", "code": "schema_mismatch", "detail": "x", "errors": [failure]}
+    )
+    assert isinstance(mismatch, MQSchemaMismatch) and mismatch.status == 400 and mismatch.errors == [failure]
     assert _protocol.clean_error("a\x00b" + "c" * 2000) == "ab" + "c" * 998
     # A socket's redirect is followed on its own origin only (scheme, host and port).
     here = "ws://mq.example:8000/ws/"

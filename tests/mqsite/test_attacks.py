@@ -86,6 +86,7 @@ def api_routes():
 PUBLIC = {("schema", "get"), ("docs", "get")}
 EXAMPLE_ARGS = {
     "messages": {"queue": "db"},
+    "event-catalog": {"queue": "db"},
     "subscription-detail": {"pk": 1},
     "subscription-seek": {"pk": 1},
     "delivery-nack": {"pk": 1},
@@ -175,6 +176,14 @@ def peer_reads_the_analytics(w):
     assert client_for(w.peer).get(url_of("analytics") + "?trends=hour").status_code == 403
 
 
+def outsider_reads_the_event_catalog(w):
+    # A queue it may neither publish nor subscribe to: as if there were none (its events and
+    # their schemas are the publishers' and subscribers' business).
+    r = client_for(w.outsider).get(url_of("event-catalog", queue="db"))
+    assert r.status_code == 404 and "events" not in r.json()
+    assert client_for(w.peer).get(url_of("event-catalog", queue="db")).status_code == 200
+
+
 ROUTE_ATTACKS = {
     ("subscription-list", "get"): peer_lists_subscriptions,
     ("subscription-list", "post"): peer_subscribes,
@@ -189,6 +198,7 @@ ROUTE_ATTACKS = {
     ("connection-list", "get"): peer_lists_connections,
     ("message-detail", "get"): peer_reads_the_loggers_receipt,
     ("analytics", "get"): peer_reads_the_analytics,
+    ("event-catalog", "get"): outsider_reads_the_event_catalog,
 }
 
 

@@ -11,6 +11,7 @@ from .errors import (
     MQForbidden,
     MQNotFound,
     MQRedirectError,
+    MQSchemaMismatch,
     MQThrottled,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "MQForbidden",
     "MQNotFound",
     "MQRedirectError",
+    "MQSchemaMismatch",
     "MQThrottled",
 ]
 __version__ = "0.1.0"

@@ -24,6 +24,17 @@ class MQBadRequest(MQError):
     """400 (malformed body, bad name), 413 (too large) or 422."""
 
 
+class MQSchemaMismatch(MQBadRequest):
+    """400 `schema_mismatch` (or a socket's error frame of that code): a payload fails its
+    event's JSON Schema and nothing was published. `errors` lists the failures, each
+    `{"index": the message's place in the batch (0 for one), "path": a JSON pointer into its
+    payload, "message": the rule it breaks}`."""
+
+    def __init__(self, status: int | None, code: str, detail: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(status, code, detail)
+        self.errors = errors
+
+
 class MQAuthError(MQError):
     """401, or a socket closed with 4401: no token, or one that is not valid."""
 
@@ -94,6 +105,7 @@ _FRAME_STATUS = {
     "bad_name": 400,
     "unknown_type": 400,
     "too_large": 413,
+    "schema_mismatch": 400,
     "rate_limited": 429,
     "too_many_connections": 429,
     "too_many_new_events": 429,
@@ -140,6 +152,8 @@ def error_for_answer(status: int, body: Any, retry_after: str | None = None) -> 
     cls = _CLASSES.get(status, MQError)
     if cls is MQThrottled:
         return MQThrottled(status, code, detail, retry_after_of(retry_after))
+    if code == "schema_mismatch":
+        return MQSchemaMismatch(status, code, detail, _schema_errors(body))
     return cls(status, code, detail)
 
 
@@ -152,7 +166,14 @@ def error_for_frame(frame: dict[str, Any]) -> MQError:
     if cls is MQThrottled:
         wait = frame.get("retry_after")
         return MQThrottled(status, code, detail, float(wait) if isinstance(wait, int | float) else None)
+    if code == "schema_mismatch":
+        return MQSchemaMismatch(status, code, detail, _schema_errors(frame))
     return cls(status, code, detail)
+
+
+def _schema_errors(body: Any) -> list[dict[str, Any]]:
+    errors = body.get("errors") if isinstance(body, dict) else None
+    return [e for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
 
 
 def error_for_close(code: int | None, reason: str = "") -> MQError | None:

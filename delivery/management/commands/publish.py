@@ -49,6 +49,10 @@ class Command(BaseCommand):
             raise CommandError(f"--header: {exc}") from None
         except publishing.BadMessage as exc:
             raise CommandError(str(exc)) from None
-        [(answer, _created)] = publishing.publish(queue, [outgoing], publisher=None)
+        try:
+            [(answer, _created)] = publishing.publish(queue, [outgoing], publisher=None)
+        except publishing.SchemaMismatch as exc:
+            failures = "; ".join(f"{e['path'] or '(the payload)'} {e['message']}" for e in exc.errors)
+            raise CommandError(f"{exc} {failures}") from None
         # DRF's encoder: times exactly as the REST API writes them (ISO 8601, 'Z').
         self.stdout.write(json.dumps(answer, cls=JSONEncoder, ensure_ascii=False))

@@ -170,3 +170,25 @@ def test_a_paused_queue_and_a_paused_subscription_are_two_things(logger, peer, d
     assert pull(logger) == []
     Queue.objects.filter(pk=db_queue.pk).update(paused=False)
     assert len(pull(logger)) == 1
+
+
+def test_the_command_pauses_and_resumes_and_prints_each(logger, make_queue):
+    import json
+
+    from django.core.management.base import CommandError
+
+    from tests.support.commands import command_output
+
+    mine = subscribe(logger, {"queue": "db"}).json()
+    one = subscribe(logger, {"queue": "db", "event": "create"}).json()
+    out = [json.loads(line) for line in command_output("pausesubscription", "logger", "DB", "*").splitlines()]
+    assert [{k: v for k, v in o.items() if k != "created_at"} for o in out] == [
+        {"subscriber": "logger", "id": mine["id"], "queue": "db", "event": None, "paused": True}
+    ]
+    assert not Subscription.objects.get(pk=one["id"]).paused
+    command_output("pausesubscription", "logger", "db")  # all of them; the paused one stays so
+    assert set(Subscription.objects.values_list("paused", flat=True)) == {True}
+    out = command_output("pausesubscription", "logger", "db", "create", "--resume").splitlines()
+    assert [json.loads(line)["paused"] for line in out] == [False]
+    with pytest.raises(CommandError):
+        command_output("pausesubscription", "logger", "nope")

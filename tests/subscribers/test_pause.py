@@ -192,3 +192,12 @@ def test_the_command_pauses_and_resumes_and_prints_each(logger, make_queue):
     assert [json.loads(line)["paused"] for line in out] == [False]
     with pytest.raises(CommandError):
         command_output("pausesubscription", "logger", "nope")
+
+
+def test_the_dashboard_shows_a_paused_subscription(logger):
+    from dashboard import snapshot
+
+    sub = subscribe(logger, {"queue": "db"}).json()
+    pause(client_for(logger), sub["id"])
+    (shown,) = [s for s in snapshot.overview()["subscribers"] if s["subscriber"] == "logger"]
+    assert shown["subscriptions"] == [{"queue": "db", "event": None, "paused": True}]

@@ -1,7 +1,8 @@
 """Pausing a subscription end to end, as services would use it: a real Daphne, a real Celery
 worker with beat sweeping every second, a real webhook receiver. While paused, nothing is
 posted however many sweeps pass; the resume over REST gets everything owed posted at once (its
-wake-up enqueues the job), in order on an ordered queue."""
+wake-up enqueues the job), in order on an ordered queue. The same over a websocket: a socket
+open through the pause is sent nothing, and the resume sends it the line from its head."""
 
 import json
 import signal
@@ -14,7 +15,8 @@ from delivery.models import Delivery, Status
 from queues.models import Queue
 from subscribers.provisioning import create_subscriber
 from tests.support.http import post, publish_over_http, request
-from tests.support.servers import start_daphne, start_redis, start_worker
+from tests.support.personas import subscribed_owner
+from tests.support.servers import eventually, start_daphne, start_redis, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,3 +67,22 @@ def test_a_paused_webhook_subscription_gets_nothing_then_everything_in_order_on_
     assert acked() == 6, services["worker"].output()[-3000:]
     print(f"all owed posted {time.monotonic() - resumed_at:.2f} s after the resume")
     assert [json.loads(body)["payload"]["n"] for *_, body in receiver.requests] == list(range(6))
+
+
+def test_a_socket_is_sent_nothing_while_paused_and_the_line_from_its_head_on_resume(server):
+    from websockets.sync.client import connect
+
+    from tests.e2e.test_websocket import receive
+
+    _, _, token, subscription = subscribed_owner(ordered=True)
+    with connect(f"{server.ws}?token={token}") as ws:
+        publish_over_http(server, token, 1)
+        (first,) = receive(ws, 1, ack=False)
+        status, _ = post(server, token, f"/api/subscriptions/{subscription.pk}/pause", None)
+        assert status == 200
+        ws.send(json.dumps({"type": "ack", "ids": [first["id"]]}))  # in flight: it finishes
+        publish_over_http(server, token, 3, start=1)
+        assert receive(ws, 1, timeout=2.5) == []  # past a recheck (2 s): nothing
+        post(server, token, f"/api/subscriptions/{subscription.pk}/resume", None)
+        assert [f["payload"]["n"] for f in receive(ws, 3, timeout=5)] == [1, 2, 3]
+        assert eventually(lambda: Delivery.objects.filter(status=Status.ACKED).count() == 4)

@@ -585,5 +585,13 @@ class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         if not subscriptions:
             return "nothing (no subscriptions)"
         return format_html_join(
-            ", ", "{}", ((admin_link(s, f"{s.queue.name}/{_event_name(s)}"),) for s in subscriptions)
+            ", ",
+            "{}{}",
+            (
+                (
+                    admin_link(s, f"{s.queue.name}/{_event_name(s)}"),
+                    " (paused: receives nothing)" if s.paused else "",
+                )
+                for s in subscriptions
+            ),
         )

@@ -157,6 +157,14 @@ def test_the_admin_pauses_and_resumes_and_writes_it_in_the_history(staff, logger
         .values_list("action_flag", "change_message")
     )
     assert entries == [(CHANGE, "paused"), (CHANGE, "resumed")]
+    # Where subscriptions are shown: its own page, and what a connection receives.
+    from delivery import presence
+    from subscribers.models import Connection
+    from tests.support.admin import change, changelist
+
+    assert ">paused</span>" in staff.get(change(theirs)).content.decode()
+    presence.open_connection(peer, "ws.peer.1")
+    assert "db/*</a> (paused: receives nothing)" in staff.get(changelist(Connection)).content.decode()
     page = staff.get("/admin/subscribers/subscription/?paused__exact=1").content.decode()
     assert "paused" in page and f"/admin/subscribers/subscription/{theirs.pk}/change/" in page
     assert f"/admin/subscribers/subscription/{mine.pk}/change/" not in page

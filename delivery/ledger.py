@@ -464,10 +464,9 @@ async def alease_again(subscriber, again, *, limit, holder="", now=None):
     """A socket's next lease from the subscription its last one read (`again`, an Again), with
     no read first: one round trip a lease rather than two while it catches up. The statement
     itself checks what the read would have (the subscription its subscriber's, _may_lease(),
-    its subscriber active and allowed); what it does not
-    do, expire overdue leases and find other subscriptions, the caller's next full lease does
-    (a socket goes back to one at once when a lease gets less than it asked, and every
-    consumers.AGAIN_SECS)."""
+    its subscriber active and allowed); what it does not do, expire overdue leases and find
+    other subscriptions, the caller's next full lease does (a socket goes back to one at once
+    when a lease gets less than it asked, and every consumers.AGAIN_SECS)."""
     now = now or timezone.now()
     if limit <= 0:
         return []
@@ -695,9 +694,10 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
 
     The head is its lowest-seq pending delivery, leased only if it is ready (of `event_ids`,
     if given), nothing of the subscription is in flight (whatever its seq: a seek or a
-    redelivery can reopen lower seqs behind it), and the subscription may lease at all: no
-    replay under way, neither it nor its queue paused, its subscriber active and allowed (the checks of
-    _subscriptions(), so that after an ack the head needs no read first). This is what an
+    redelivery can reopen lower seqs behind it), and the subscription may lease at all
+    (_may_lease(): no replay under way, neither it nor its queue paused), its subscriber active
+    and allowed (the checks of _subscriptions(), so that after an ack the head needs no read
+    first). This is what an
     ordered queue's speed turns on: one round trip per message, where a lock of the
     subscription row, a read of the head, its update and a read back took five and a
     transaction (bench/README.md, W7).

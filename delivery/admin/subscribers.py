@@ -429,7 +429,8 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         self._pause_or_resume(request, queryset, subscribing.resume, "resumed")
 
     def _pause_or_resume(self, request, queryset, change, done):
-        """Each one changed is written in its history, as the API's changes are not."""
+        """Each one it changed is written in its admin history, as a replay from here is. (The
+        list's queryset carries counts, which a row lock may not: its ids are taken.)"""
         ids = change(Subscription.objects.filter(pk__in=queryset.values("pk")))
         for subscription in Subscription.objects.filter(pk__in=ids).select_related(
             "subscriber", "queue", "event"

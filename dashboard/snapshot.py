@@ -239,7 +239,7 @@ def subscribers_with_backlog(now, kept, oldest, activity):
     ):
         names[s.subscriber_id] = s.subscriber.name
         subscriptions.setdefault(s.subscriber_id, []).append(
-            {"queue": s.queue.name, "event": s.event.name if s.event_id else None}
+            {"queue": s.queue.name, "event": s.event.name if s.event_id else None, "paused": s.paused}
         )
     connections = {}
     for row in (

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -463,11 +463,10 @@ def lease_again(subscriber, again, *, limit, holder="", now=None):
 async def alease_again(subscriber, again, *, limit, holder="", now=None):
     """A socket's next lease from the subscription its last one read (`again`, an Again), with
     no read first: one round trip a lease rather than two while it catches up. The statement
-    itself checks what the read would have (the subscription its subscriber's, not replaying
-    nor leaving, its queue not paused, its subscriber active and allowed); what it does not
-    do, expire overdue leases and find other subscriptions, the caller's next full lease does
-    (a socket goes back to one at once when a lease gets less than it asked, and every
-    consumers.AGAIN_SECS)."""
+    itself checks what the read would have (the subscription its subscriber's, _may_lease(),
+    its subscriber active and allowed); what it does not do, expire overdue leases and find
+    other subscriptions, the caller's next full lease does (a socket goes back to one at once
+    when a lease gets less than it asked, and every consumers.AGAIN_SECS)."""
     now = now or timezone.now()
     if limit <= 0:
         return []
@@ -525,9 +524,9 @@ def _of_events(column, event_ids):
 
 
 def _subscriptions(subscriber, queue, event_ids, now):
-    """The subscriber's subscriptions to queues that are not paused (to `queue` only, if
-    given), not in the middle of a replay or an unsubscribe (begin_replay), and that it is still
-    active and allowed to subscribe to, each with its queue's
+    """The subscriber's subscriptions that may lease (_may_lease: neither paused nor their queue,
+    not in the middle of a replay or an unsubscribe) (to `queue` only, if given), and that it
+    is still active and allowed to subscribe to, each with its queue's
     settings and whether it has a delivery ready and a lease overdue (of `event_ids`, if
     given): one read, EXISTS stopping at the first row."""
     at = connection.ops.adapt_datetimefield_value(now)
@@ -569,12 +568,22 @@ def _subscriptions(subscriber, queue, event_ids, now):
 
 
 def _may_lease():
-    """SQL (and its parameters): subscription `s` of queue `q` may be leased from: the queue is
-    not paused, and no replay or unsubscribe of it is under way (begin_replay(), unsubscribe():
-    its history is not all owed yet). With the subscriber's rights (_may_subscribe()), what
-    every lease checks: _subscriptions() before a lease, _lease_head_statement() in one, and
-    a publish that hands its deliveries to sockets as it makes them (_fan_out_seated())."""
-    return "q.paused = %s AND s.busy_since IS NULL", [False]
+    """SQL (and its parameters): subscription `s` of queue `q` may be leased from: neither the
+    queue nor the subscription is paused (subscribing.pause: still owed, handed out nothing),
+    and no replay or unsubscribe of it is under way (begin_replay(), unsubscribe(): its history
+    is not all owed yet). With the subscriber's rights (_may_subscribe()), what every lease
+    checks: _subscriptions() before a lease, _lease_head_statement() in one, alease_again()'s
+    statement with no read first, and a publish that hands its deliveries to sockets as it
+    makes them (_fan_out_seated())."""
+    return "q.paused = %s AND s.paused = %s AND s.busy_since IS NULL", [False, False]
+
+
+def may_lease_q():
+    """The pause part of _may_lease() as a Q over Delivery rows, for the ORM's "anything due?"
+    reads that decide whether to lease at all (the webhook job's, the sweep's): neither the
+    delivery's queue nor its subscription paused, so that paused work wakes no job. (The
+    lease itself checks the whole rule.)"""
+    return Q(queue__paused=False, subscription__paused=False)
 
 
 def _deadline(q="q"):
@@ -611,10 +620,11 @@ def _lease_ready_statement(
     # (lock, update, then read back with the joins), bench/PROFILE.md.
     checks, check_params = "", []
     if checked_for is not None:
+        may_lease, lease_params = _may_lease()
         checks = f"""
-              AND s.id = d.subscription_id AND s.subscriber_id = %s AND s.busy_since IS NULL
-              AND r.id = s.subscriber_id AND {_may_subscribe()} AND q.paused = %s AND q.ordered = %s"""
-        check_params = [checked_for, True, True, False, False]
+              AND s.id = d.subscription_id AND s.subscriber_id = %s
+              AND r.id = s.subscriber_id AND {_may_subscribe()} AND {may_lease} AND q.ordered = %s"""
+        check_params = [checked_for, True, True, *lease_params, False]
     joined = (
         f", {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r" if checked_for is not None else ""
     )
@@ -684,9 +694,10 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
 
     The head is its lowest-seq pending delivery, leased only if it is ready (of `event_ids`,
     if given), nothing of the subscription is in flight (whatever its seq: a seek or a
-    redelivery can reopen lower seqs behind it), and the subscription may lease at all: no
-    replay under way, its queue not paused, its subscriber active and allowed (the checks of
-    _subscriptions(), so that after an ack the head needs no read first). This is what an
+    redelivery can reopen lower seqs behind it), and the subscription may lease at all
+    (_may_lease(): no replay under way, neither it nor its queue paused), its subscriber active
+    and allowed (the checks of _subscriptions(), so that after an ack the head needs no read
+    first). This is what an
     ordered queue's speed turns on: one round trip per message, where a lock of the
     subscription row, a read of the head, its update and a read back took five and a
     transaction (bench/README.md, W7).

@@ -150,7 +150,7 @@ class Reason:
 REASONS = (
     "inactive",  # the subscriber's token is refused, its webhook not called: it takes nothing
     "orphaned",  # pending without a subscription (left by an unsubscribe): never handed out
-    "paused",  # the queue hands out nothing
+    "paused",  # the queue or the subscription hands out nothing
     "blocked",  # an ordered subscription waits for its head (in flight or waiting for a retry)
     "retrying",  # pending, but not before next_attempt_at (a nack, a failed push, a lost lease)
     "inflight",  # handed out, until acked or the ack deadline
@@ -273,6 +273,9 @@ def why_owed(owed, ready, subscriber, connected):
     if queue is not None and queue.paused and owed.pending:
         stopped = True
         yield Reason("paused", f"the queue {queue.name} is paused: it hands out nothing until resumed")
+    elif subscription is not None and subscription.paused and owed.pending:
+        stopped = True
+        yield Reason("paused", "the subscription is paused: it hands out nothing until resumed")
     if queue is not None and queue.ordered and (owed.inflight or owed.retrying) and ready:
         yield Reason("blocked", f"{ready} blocked behind the head of line (ordered: one at a time)")
         ready = 0

@@ -2,7 +2,7 @@
 
 from django.db import transaction
 
-from mqsite import limits
+from mqsite import bus, limits
 from queues.models import Event
 from subscribers.models import Subscription
 
@@ -82,3 +82,30 @@ def unsubscribe(subscription):
     """Delete the subscription; what it was still owed is dropped (ledger.unsubscribe, in
     chunks when it is much)."""
     ledger.unsubscribe(subscription.pk)
+
+
+def pause(subscriptions):
+    """Pause these subscriptions (a queryset): each stays owed everything published to it and
+    is handed nothing, by any transport, until resumed (the lease's rule, ledger._may_lease);
+    what is in flight finishes as usual. Pausing a paused one changes nothing. Returns the
+    ids of those it paused."""
+    return _set_paused(subscriptions, True)
+
+
+def resume(subscriptions):
+    """Resume these subscriptions (a queryset): their subscribers are woken at once (sockets,
+    long polls, the webhook job), so that what they were owed meanwhile goes out without
+    waiting for a recheck; an ordered one goes on from its head, in order. Returns the ids of
+    those it resumed."""
+    return _set_paused(subscriptions, False)
+
+
+def _set_paused(subscriptions, paused):
+    with transaction.atomic():
+        changed = subscriptions.filter(paused=not paused).select_for_update().order_by("pk")
+        changed = list(changed.values_list("pk", "subscriber_id"))
+        if changed:
+            Subscription.objects.filter(pk__in=[pk for pk, _ in changed]).update(paused=paused)
+            if not paused:
+                bus.send_after_commit(bus.WAKE, {subscriber_id for _, subscriber_id in changed})
+    return [pk for pk, _ in changed]

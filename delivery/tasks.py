@@ -331,9 +331,9 @@ def next_due_at(subscriber_id, now=None):
     return (
         Delivery.objects.retrying(now)
         .filter(
+            ledger.may_lease_q(),
             subscriber_id=subscriber_id,
             next_attempt_at__lte=now + timedelta(seconds=RETRY_LOOKAHEAD_SECS),
-            queue__paused=False,
         )
         .order_by("next_attempt_at")
         .values_list("next_attempt_at", flat=True)
@@ -364,7 +364,7 @@ def sweep():
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
         Delivery.objects.ready(soon)
-        .filter(queue__paused=False)
+        .filter(ledger.may_lease_q())
         .exclude(subscriber__webhook_url="")
         .order_by()
         .values_list("subscriber_id", flat=True)

@@ -16,6 +16,8 @@ from delivery.api.subscription_views import (
     ConnectionListView,
     SubscriptionDetailView,
     SubscriptionListView,
+    SubscriptionPauseView,
+    SubscriptionResumeView,
     SubscriptionSeekView,
 )
 from delivery.api.views import AckView, DeliveryListView, ExtendView, MessageView, NackView
@@ -36,6 +38,8 @@ api = [
     path("subscriptions", SubscriptionListView.as_view(), name="subscription-list"),
     path("subscriptions/<int:pk>", SubscriptionDetailView.as_view(), name="subscription-detail"),
     path("subscriptions/<int:pk>/seek", SubscriptionSeekView.as_view(), name="subscription-seek"),
+    path("subscriptions/<int:pk>/pause", SubscriptionPauseView.as_view(), name="subscription-pause"),
+    path("subscriptions/<int:pk>/resume", SubscriptionResumeView.as_view(), name="subscription-resume"),
     path("deliveries", DeliveryListView.as_view(), name="delivery-list"),
     path("deliveries/ack", AckView.as_view(), name="delivery-ack"),
     path("deliveries/extend", ExtendView.as_view(), name="delivery-extend"),

@@ -240,6 +240,15 @@ class Subscription(models.Model):
     # subscriptions before it, so fanned out without it, and took the seqs just after the range.
     replay_extend = models.BooleanField(default=False, editable=False)
     leaving = models.BooleanField(default=False, editable=False, help_text="Being unsubscribed.")
+    # Paused (its subscriber, an operator: delivery.subscribing.pause): still owed everything
+    # published to it, handed out nothing by any transport until resumed (ledger._may_lease).
+    # db_default: the column is filled by the database, so that adding it to a big table is
+    # no rewrite, and rows made by raw SQL need not name it.
+    paused = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Still owed what is published, but handed nothing until resumed.",
+    )
 
     class Meta:
         ordering = ["subscriber__name", "queue__name"]

@@ -37,6 +37,7 @@ from .widgets import (
     count_badge,
     deliveries_url,
     owed_links,
+    paused_badge,
     pretty_json,
     search_by_id_or_name,
     status_badge,
@@ -103,7 +104,7 @@ class EventInline(admin.TabularInline):
 
 
 class QueueSubscriptionInline(SubscriptionInlineBase):
-    fields = ["subscriber", "event", "created_at"]
+    fields = ["subscriber", "event", "state", "created_at"]
     autocomplete_fields = ["subscriber"]
     verbose_name_plural = "subscriptions (event empty: every event of the queue)"
 
@@ -174,12 +175,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
 
     @admin.display(description="state", ordering="paused")
     def state(self, obj):
-        label, colour = ("paused", "#8a6d00") if obj.paused else ("running", "#2e7d32")
-        return format_html(
-            '<span style="background:{};color:#fff;padding:1px 7px;border-radius:9px">{}</span>',
-            colour,
-            label,
-        )
+        return paused_badge(obj.paused)
 
     @admin.display(description="messages", ordering="n_messages")
     def message_count(self, obj):

@@ -47,6 +47,7 @@ from .widgets import (
     count_badge,
     deliveries_url,
     owed_links,
+    paused_badge,
     with_delivery_counts,
 )
 
@@ -66,7 +67,7 @@ def heartbeat(connection):
 
 
 class SubscriberSubscriptionInline(SubscriptionInlineBase):
-    fields = ["queue", "event", "created_at"]
+    fields = ["queue", "event", "state", "created_at"]
     verbose_name_plural = "subscriptions (event empty: every event of the queue)"
 
 
@@ -372,22 +373,23 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         "subscriber",
         "queue_name",
         "event_name",
+        "state",
         "pending",
         "inflight",
         "dead",
         "created_at",
     ]
-    list_filter = ["queue"]
+    list_filter = ["paused", "queue"]
     list_select_related = ["subscriber", "queue", "event"]
     search_fields = ["subscriber__name", "queue__name", "event__name"]
     autocomplete_fields = ["subscriber"]
-    fields = ["subscriber", "queue", "event", "created_at", "owed"]
-    actions = ["replay_from"]
+    fields = ["subscriber", "queue", "event", "state", "created_at", "owed"]
+    actions = ["replay_from", "pause", "resume"]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ["created_at", "owed"]
-        return ["subscriber", "queue", "event", "created_at", "owed"]
+        return ["subscriber", "queue", "event", "state", "created_at", "owed"]
 
     def get_fields(self, request, obj=None):
         if obj is None:
@@ -413,6 +415,28 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
     @admin.display(description="what it is owed")
     def owed(self, obj):
         return owed_links(obj, subscription__id__exact=obj.pk)
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj):
+        return paused_badge(obj.paused)
+
+    @admin.action(description="Pause: keep owing what is published, hand out nothing", permissions=["change"])
+    def pause(self, request, queryset):
+        self._pause_or_resume(request, queryset, subscribing.pause, "paused")
+
+    @admin.action(description="Resume: hand out what is owed again", permissions=["change"])
+    def resume(self, request, queryset):
+        self._pause_or_resume(request, queryset, subscribing.resume, "resumed")
+
+    def _pause_or_resume(self, request, queryset, change, done):
+        """Each one it changed is written in its admin history, as a replay from here is. (The
+        list's queryset carries counts, which a row lock may not: its ids are taken.)"""
+        ids = change(Subscription.objects.filter(pk__in=queryset.values("pk")))
+        for subscription in Subscription.objects.filter(pk__in=ids).select_related(
+            "subscriber", "queue", "event"
+        ):
+            self.log_change(request, subscription, done)
+        self.message_user(request, f"{len(ids)} subscriptions {done}.")
 
     def delete_model(self, request, obj):
         subscribing.unsubscribe(obj)
@@ -562,5 +586,13 @@ class ConnectionAdmin(DeliveryCountColumns, admin.ModelAdmin):
         if not subscriptions:
             return "nothing (no subscriptions)"
         return format_html_join(
-            ", ", "{}", ((admin_link(s, f"{s.queue.name}/{_event_name(s)}"),) for s in subscriptions)
+            ", ",
+            "{}{}",
+            (
+                (
+                    admin_link(s, f"{s.queue.name}/{_event_name(s)}"),
+                    " (paused: receives nothing)" if s.paused else "",
+                )
+                for s in subscriptions
+            ),
         )

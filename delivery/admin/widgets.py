@@ -260,13 +260,27 @@ class SharedChoicesFormSet(BaseInlineFormSet):
         return form
 
 
+def paused_badge(paused):
+    """A queue's or a subscription's state: paused (hands out nothing) or running."""
+    label, colour = ("paused", "#8a6d00") if paused else ("running", "#2e7d32")
+    return format_html(
+        '<span style="background:{};color:#fff;padding:1px 7px;border-radius:9px">{}</span>',
+        colour,
+        label,
+    )
+
+
 class SubscriptionInlineBase(admin.TabularInline):
     model = Subscription
     form = SubscriptionForm
     formset = SharedChoicesFormSet
     extra = 0
     show_change_link = True
-    readonly_fields = ["created_at"]
+    readonly_fields = ["created_at", "state"]
+
+    @admin.display(description="state")
+    def state(self, obj):
+        return paused_badge(obj.paused) if obj.pk else "-"
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "event":

@@ -12,9 +12,11 @@ from subscribers.api.serializers import (
     SubscribedSerializer,
     SubscribeSerializer,
     SubscriptionListSerializer,
+    SubscriptionSerializer,
     subscription_answer,
 )
 from subscribers.auth import IsSubscriber, operator_with
+from subscribers.models import Subscription
 
 SUBSCRIBERS_ONLY = "This call acts as a subscriber: an operator's session is refused."
 
@@ -135,6 +137,62 @@ class SubscriptionSeekView(CallerView):
             )
         replayed = subscribing.seek(subscription, point, limited=True)
         return Response({**subscription_answer(subscription), "replay": replay.answer_of(replayed)})
+
+
+_PAUSE_ERRORS = errors(
+    401,
+    403,
+    404,
+    429,
+    e403="Neither a subscriber's token nor an operator (staff) with subscribers.change_subscription.",
+    e404="No such subscription (a subscriber: none of its own with that id).",
+)
+
+
+class _PauseOrResume(CallerView):
+    """POST /api/subscriptions/{id}/pause and /resume: its subscriber, or an operator who may
+    change subscriptions (what the admin's actions ask). A subscriber never sees another's:
+    someone else's id is a 404, as one that does not exist. Both are idempotent, and answer
+    the subscription as it is now."""
+
+    permission_classes = [operator_with("subscribers.change_subscription", subscribers_too=True)]
+
+    def _set(self, pk, change):
+        pk = self.id_or_404(pk, "subscription")
+        mine = Subscription.objects.all() if self.subscriber is None else self.subscriber.subscriptions.all()
+        subscriptions = mine.filter(pk=pk)
+        change(subscriptions)
+        subscription = subscriptions.select_related("queue", "event").first()
+        if subscription is None:
+            raise exceptions.NotFound("You have no subscription with that id.")
+        return Response(subscription_answer(subscription))
+
+
+class SubscriptionPauseView(_PauseOrResume):
+    @extend_schema(
+        summary="Pause a subscription: still owed everything published, handed nothing until resumed",
+        description="Nothing of the subscription is handed out, by any transport (pull, long poll, "
+        "websocket, webhook), until it is resumed; what is in flight finishes as usual (acks, nacks "
+        "and extensions still work). Publishes still make its deliveries. Pausing a paused one "
+        "changes nothing and answers the same. Its subscriber, or an operator.",
+        request=None,
+        responses={200: SubscriptionSerializer, **_PAUSE_ERRORS},
+    )
+    def post(self, request, pk):
+        return self._set(pk, subscribing.pause)
+
+
+class SubscriptionResumeView(_PauseOrResume):
+    @extend_schema(
+        summary="Resume a paused subscription: what it is owed is handed out again",
+        description="Its subscriber's sockets, long polls and webhook are woken at once; an ordered "
+        "subscription goes on from its head, in order. Resuming one that is not paused changes "
+        "nothing and answers the same. Its subscriber, or an operator.",
+        request=None,
+        responses={200: SubscriptionSerializer, **_PAUSE_ERRORS},
+    )
+    def post(self, request, pk):
+        return self._set(pk, subscribing.resume)
 
 
 class ConnectionListView(CallerView):

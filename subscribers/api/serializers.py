@@ -41,6 +41,9 @@ class SubscriptionSerializer(serializers.Serializer):
     queue = serializers.CharField()
     event = serializers.CharField(allow_null=True)
     created_at = serializers.DateTimeField()
+    paused = serializers.BooleanField(
+        help_text="Paused (POST .../pause): still owed what is published, handed nothing until resumed."
+    )
 
 
 class SubscribedSerializer(SubscriptionSerializer):
@@ -64,6 +67,7 @@ def subscription_answer(subscription):
         "queue": subscription.queue.name,
         "event": subscription.event.name if subscription.event_id else None,
         "created_at": subscription.created_at,
+        "paused": subscription.paused,
     }
 
 

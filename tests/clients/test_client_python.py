@@ -149,6 +149,9 @@ def test_it_publishes_subscribes_pulls_acks_and_nacks_with_the_blocking_client(s
         assert mq.ack([d1.id, 2**40]) == {"acked": 0, "unknown": [2**40]}
         assert statuses() == {d1.id: Status.ACKED, d2.id: Status.ACKED, d3.id: Status.PENDING}
         assert Delivery.objects.get(id=d3.id).last_error == "nacked by the client: no such customer"
+        # pause and resume answer the subscription (what they do: tests/subscribers/test_pause.py)
+        assert mq.pause(sub) == {**sub, "paused": True} == mq.pause(sub["id"])
+        assert mq.resume(sub) == {**sub, "paused": False}
         # and unsubscribing deletes the subscription, and what it was still owed
         mq.unsubscribe(sub["id"])
     assert not Subscription.objects.filter(subscriber=logger_beside_secret).exists()
@@ -171,6 +174,8 @@ def test_it_does_the_same_with_the_asyncio_client(server, logger_beside_secret):
             assert await asyncio.to_thread(lambda: Delivery.objects.get(id=rest[0].id).status) == Status.ACKED
             nacked = await asyncio.to_thread(lambda: Delivery.objects.get(id=rest[1].id).last_error)
             assert nacked == "nacked by the client: later"
+            assert (await mq.pause(sub))["paused"] is True
+            assert (await mq.resume(sub))["paused"] is False
             await mq.unsubscribe(sub)
 
     asyncio.run(scenario())

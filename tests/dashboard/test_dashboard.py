@@ -111,11 +111,11 @@ async def test_it_sends_staff_a_snapshot_that_matches_the_database(operator):
 
     subscribers = {s["subscriber"]: s for s in snap["subscribers"]}
     assert subscribers["peer"]["connections"] == 1
-    assert subscribers["peer"]["subscriptions"] == [{"queue": "db", "event": "create"}]
+    assert subscribers["peer"]["subscriptions"] == [{"queue": "db", "event": "create", "paused": False}]
     assert (subscribers["peer"]["pending"], subscribers["peer"]["dead"]) == (2, 1)
     assert subscribers["logger"]["connections"] == 0
     assert subscribers["logger"]["pending"] == 2
-    assert subscribers["logger"]["subscriptions"] == [{"queue": "db", "event": None}]
+    assert subscribers["logger"]["subscriptions"] == [{"queue": "db", "event": None, "paused": False}]
 
     # No analytics run yet: the page says how to make one.
     assert snap["history"] == {

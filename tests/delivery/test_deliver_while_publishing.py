@@ -105,6 +105,25 @@ async def test_a_paused_queue_hands_nothing_over():
     await subscriber.disconnect()
 
 
+async def test_a_paused_subscription_is_handed_nothing_and_its_resume_wakes_the_socket(monkeypatch):
+    """Seated by no publish while paused (its deliveries made pending, owed); resumed, the
+    socket gets them from the resume's wake-up, not the recheck (made far longer here)."""
+    from delivery import socket_loops, subscribing
+
+    monkeypatch.setattr(socket_loops, "RECHECK_SECS", 60)
+    _, publisher, subscriber = await sockets()
+    await db(lambda: subscribing.pause(Subscription.objects.all()))
+    ids = await publish(publisher, 3)
+    assert await subscriber.receive_nothing(timeout=0.5)
+    made = await db(rows, message_id__in=ids)
+    assert [(r["status"], r["attempt"], r["delivered_at"]) for r in made] == [(Status.PENDING, 0, None)] * 3
+    await db(lambda: subscribing.resume(Subscription.objects.all()))
+    frames = await recv_messages(subscriber, 3, timeout=2)
+    assert [f["message_id"] for f in frames] == ids
+    await publisher.disconnect()
+    await subscriber.disconnect()
+
+
 async def test_a_subscription_whose_replay_is_under_way_is_handed_nothing():
     _, publisher, subscriber = await sockets()
     # What begin_replay() marks: its history is not all owed yet, so nothing may be leased.

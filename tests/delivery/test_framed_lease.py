@@ -96,7 +96,8 @@ async def test_a_messages_frame_holds_the_texts():
 
 async def test_a_lease_again_checks_what_the_read_would_have(db_queue, logger, way):  # noqa: F811
     """alease_again (a socket's next lease with no read first) leases nothing from a paused queue,
-    a subscription replaying or leaving, or a subscriber that lost its right; else the next ones."""
+    a paused subscription, a subscription replaying or leaving, or a subscriber that lost its
+    right; else the next ones."""
     from django.utils import timezone
 
     from subscribers.models import Subscription
@@ -119,6 +120,9 @@ async def test_a_lease_again_checks_what_the_read_would_have(db_queue, logger, w
     await set_(type(db_queue), db_queue.pk, paused=True)
     assert await lease_again() == []
     await set_(type(db_queue), db_queue.pk, paused=False)
+    await set_(Subscription, sub.pk, paused=True)
+    assert await lease_again() == []
+    await set_(Subscription, sub.pk, paused=False)
     await set_(Subscription, sub.pk, busy_since=timezone.now())
     assert await lease_again() == []
     await set_(Subscription, sub.pk, busy_since=None)

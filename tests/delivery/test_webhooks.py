@@ -336,3 +336,39 @@ def test_an_unsafe_url_is_refused_where_it_is_entered(db, settings):
 
     with pytest.raises(ValidationError):
         create_subscriber("bad", webhook_url="http://169.254.169.254/")
+
+
+def test_a_paused_subscription_is_posted_nothing_and_wakes_no_job_until_resumed(hooked, db_queue, receiver):
+    from subscribers.models import Subscription
+
+    subscribing.pause(Subscription.objects.filter(subscriber=hooked))
+    publish(db_queue, 3)
+    assert tasks.deliver_webhooks(hooked.pk) == 0
+    assert receiver.requests == []
+    # Neither the job's look for a retry nor the sweep's due read sees paused work.
+    assert tasks.next_due_at(hooked.pk, timezone.now() - timedelta(seconds=1)) is None
+    assert tasks.sweep()["webhook_jobs"] == 0
+    subscribing.resume(Subscription.objects.filter(subscriber=hooked))
+    assert tasks.deliver_webhooks(hooked.pk) == 3
+    assert sorted(json.loads(body)["payload"]["n"] for *_, body in receiver.requests) == [0, 1, 2]
+    assert set(Delivery.objects.values_list("status", flat=True)) == {Status.ACKED}
+
+
+def test_an_ordered_lines_next_head_after_an_ack_waits_while_paused(hooked, make_queue):
+    """The job's next heads after an ack (ledger.lease_heads_after, no read first) respect the
+    pause: the delivery in flight is acked as usual, the line waits, and goes on in order."""
+    from delivery import ledger
+    from subscribers.models import Subscription
+
+    line = make_queue("line", ordered=True)
+    hooked.subscribe_queues.add(line)
+    sub, _ = subscribing.subscribe(hooked, line)
+    publish(line, 3)
+    (head,) = ledger.lease_deliveries(hooked, limit=5, holder="job")
+    assert head["seq"] == 1
+    subscribing.pause(Subscription.objects.filter(pk=sub.pk))
+    assert ledger.ack_deliveries(hooked, [head["id"]])[0] == 1
+    assert ledger.lease_heads_after(hooked, [head["id"]], limit=5, holder="job") == []
+    assert ledger.lease_deliveries(hooked, limit=5, holder="job") == []
+    subscribing.resume(Subscription.objects.filter(pk=sub.pk))
+    assert [d["seq"] for d in ledger.lease_heads_after(hooked, [head["id"]], limit=5, holder="job")] == [2]

@@ -175,6 +175,14 @@ def unsubscribe(subscription_id: int | dict[str, Any]) -> Call:
     return Call("DELETE", f"subscriptions/{_name(str(subscription_id))}", lambda body: None)
 
 
+def pause(subscription_id: int | dict[str, Any], paused: bool = True) -> Call:
+    """Pause (or, with `paused` False, resume) a subscription: the subscription as it is now."""
+    if isinstance(subscription_id, dict):  # the answer of subscribe()
+        subscription_id = subscription_id["id"]
+    verb = "pause" if paused else "resume"
+    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/{verb}", _same)
+
+
 def pull(queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0) -> Call:
     params: dict[str, Any] = {"limit": limit, "wait": wait}
     if queue is not None:

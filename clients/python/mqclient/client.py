@@ -114,6 +114,13 @@ class Client(_Base):
     def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         self._do(_protocol.unsubscribe(subscription_id))
 
+    def pause(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+        """Still owed what is published, handed nothing until resume(): the subscription."""
+        return self._do(_protocol.pause(subscription_id))
+
+    def resume(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+        return self._do(_protocol.pause(subscription_id, paused=False))
+
     def pull(
         self, queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0
     ) -> list[Delivery]:
@@ -220,6 +227,12 @@ class AsyncClient(_Base):
 
     async def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         await self._do(_protocol.unsubscribe(subscription_id))
+
+    async def pause(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+        return await self._do(_protocol.pause(subscription_id))
+
+    async def resume(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+        return await self._do(_protocol.pause(subscription_id, paused=False))
 
     async def pull(
         self, queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0

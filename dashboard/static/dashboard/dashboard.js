@@ -170,7 +170,9 @@
         h("td", {}, s.connections
           ? h("span", { class: "badge live", title: "connected since " + clock(s.connected_since) }, h("span", { class: "dot" }), s.connections === 1 ? "websocket" : s.connections + " websockets")
           : h("span", { class: "badge away" }, h("span", { class: "dot" }), "not connected (pull / webhook)")),
-        h("td", {}, s.subscriptions.length ? s.subscriptions.map((x) => h("span", { class: "chip" }, x.queue + "/" + (x.event || "*"))) : h("span", { class: "muted" }, "none")),
+        h("td", {}, s.subscriptions.length ? s.subscriptions.map((x) => x.paused
+          ? h("span", { class: "chip paused", title: "paused: still owed what is published, handed nothing until resumed" }, x.queue + "/" + (x.event || "*") + " \u23f8 paused")
+          : h("span", { class: "chip" }, x.queue + "/" + (x.event || "*"))) : h("span", { class: "muted" }, "none")),
         cell(s.pending, "pending"),
         cell(s.inflight, "inflight"),
         cell(s.dead, "dead"),

@@ -80,6 +80,11 @@ class Command(BaseCommand):
         event_ids = self._subscribe(subscriber, queue, event_name, point)
         if queue.paused:
             self.stderr.write(f"queue {queue.name} is paused: nothing is handed out until it resumes")
+        if Subscription.objects.filter(subscriber=subscriber, queue=queue, paused=True).exists():
+            self.stderr.write(
+                f"a subscription of {subscriber.name} to {queue.name} is paused: nothing of it is handed"
+                " out until it resumes (pausesubscription --resume)"
+            )
 
         stop = _StopOnSignal()
         printed = 0

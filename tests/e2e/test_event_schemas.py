@@ -18,18 +18,15 @@ from queues.models import Message
 from subscribers.provisioning import create_subscriber
 from tests.support.personas import subscribed_owner
 from tests.support.servers import E2E_REDIS as REDIS
-from tests.support.servers import start_daphne
+from tests.support.servers import separate_daphnes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def servers():
-    env = {"REDIS_URL": REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}
-    started = [start_daphne(env), start_daphne(env)]
-    yield started
-    for s in started:
-        s.stop()
+    with separate_daphnes(2, {"REDIS_URL": REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}) as started:
+        yield started
 
 
 def post(server, token, payload):

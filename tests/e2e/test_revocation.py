@@ -25,7 +25,7 @@ from delivery.models import Delivery, Status
 from subscribers.models import Connection, Subscription
 from tests.support.personas import subscribed_owner
 from tests.support.servers import E2E_REDIS as REDIS
-from tests.support.servers import eventually, start_daphne
+from tests.support.servers import eventually, separate_daphnes, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WITHIN = 2.0
@@ -41,11 +41,8 @@ def _print_timings():
 
 @pytest.fixture
 def servers():
-    env = {"REDIS_URL": REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}
-    started = [start_daphne(env), start_daphne(env)]
-    yield started
-    for s in started:
-        s.stop()
+    with separate_daphnes(2, {"REDIS_URL": REDIS, "MQ_REVOCATION_CHECK_SECS": "30"}) as started:
+        yield started
 
 
 @pytest.fixture

@@ -89,6 +89,8 @@ EXAMPLE_ARGS = {
     "event-catalog": {"queue": "db"},
     "subscription-detail": {"pk": 1},
     "subscription-seek": {"pk": 1},
+    "subscription-pause": {"pk": 1},
+    "subscription-resume": {"pk": 1},
     "delivery-nack": {"pk": 1},
     "message-detail": {"id": 1},
 }
@@ -115,6 +117,15 @@ def peer_deletes_the_loggers_subscription(w):
 def peer_seeks_the_loggers_subscription(w):
     r = client_for(w.peer).post(url_of("subscription-seek", pk=w.subscription.pk), {"seq": 1}, format="json")
     assert r.status_code == 404
+
+
+def peer_pauses_or_resumes_the_loggers_subscription(action):
+    def attack(w):
+        r = client_for(w.peer).post(url_of(f"subscription-{action}", pk=w.subscription.pk))
+        assert r.status_code == 404
+        assert Subscription.objects.get(pk=w.subscription.pk).paused is False
+
+    return attack
 
 
 def peer_subscribes(w):
@@ -189,6 +200,8 @@ ROUTE_ATTACKS = {
     ("subscription-list", "post"): peer_subscribes,
     ("subscription-detail", "delete"): peer_deletes_the_loggers_subscription,
     ("subscription-seek", "post"): peer_seeks_the_loggers_subscription,
+    ("subscription-pause", "post"): peer_pauses_or_resumes_the_loggers_subscription("pause"),
+    ("subscription-resume", "post"): peer_pauses_or_resumes_the_loggers_subscription("resume"),
     ("delivery-list", "get"): peer_pulls,
     ("delivery-ack", "post"): peer_acks_the_loggers_deliveries,
     ("delivery-extend", "post"): peer_extends_the_loggers_deliveries,

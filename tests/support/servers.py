@@ -1,6 +1,7 @@
 """Real server processes for end-to-end tests: Daphne on a free loopback port, pointed at the
 test database that pytest-django made (so tests must use transactional_db)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -120,6 +121,20 @@ class SharedPortServers(Server):
         for proc in self.procs:
             self.proc = proc
             super().stop(sig)
+
+
+@contextlib.contextmanager
+def separate_daphnes(count, extra_env=None):
+    """`count` Daphne processes, each on a port of its own (a test says which it talks to),
+    stopped at the end."""
+    started = []
+    try:
+        for _ in range(count):
+            started.append(start_daphne(extra_env))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
 
 
 def start_daphnes(count, extra_env=None):

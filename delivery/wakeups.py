@@ -107,8 +107,16 @@ def wake_sockets(subscriber_ids):
 
 
 def pass_turn(subscriber_id):
-    """The socket that had the turn left work ready: the next one with room takes it."""
-    wake_sockets([subscriber_id])
+    """The socket that had the turn left work ready: the next one with room takes it. Of a
+    subscriber shared with other processes, the next one in any of them: the turn goes out as a
+    wake-up word, which this process's sockets hear at its echo, when the others hear it. Passed
+    here directly, this process's socket took every turn again within a lease's round trip
+    (a millisecond, once leases were prepared), before another process's socket woke at all:
+    a burst went to one worker."""
+    if subscriber_id in _shared and bus.client() is not None:
+        bus.send(bus.WAKE, [subscriber_id])
+    else:
+        wake_sockets([subscriber_id])
 
 
 def _take_turn(subscriber_id):

@@ -136,9 +136,11 @@ class BodyRequiredSchema(AutoSchema):
 
 
 class ErrorSerializer(serializers.Serializer):
-    """An error in words: {"detail": "..."}; for a 400, DRF's field errors ({"field": ["..."]})."""
+    """An error in words and a code (mqsite.errors): {"detail": "...", "code": "..."}; for a
+    400, DRF's field errors beside them ({"field": ["..."]})."""
 
-    detail = serializers.CharField(required=False)
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="A short code a program can test: `forbidden`, `unknown_queue`...")
 
 
 ERRORS = {

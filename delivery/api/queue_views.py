@@ -153,6 +153,6 @@ class EventCatalogView(CallerView):
         subscriber = self.subscriber
         # A 404, as for no queue: a subscriber learns nothing of queues it has no right to.
         if subscriber is not None and not (subscriber.may_publish(queue) or subscriber.may_subscribe(queue)):
-            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.")
+            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.", code="unknown_queue")
         events = queue.events.order_by("name").values("name", "schema", "schema_updated_at")
         return Response({"queue": queue.name, "events": list(events)})

@@ -21,5 +21,5 @@ class CallerView(ApiView):
         self.name_or_400(name, field)
         queue = lookup.find_queue(name)
         if queue is None:
-            raise exceptions.NotFound(f"There is no queue named {name!r}.")
+            raise exceptions.NotFound(f"There is no queue named {name!r}.", code="unknown_queue")
         return queue

@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from delivery import group_commit, presence, publishing, subscribing
-from mqsite import limits
+from mqsite import limits, log_context
 from mqsite.client_address import scope_client_address
 from mqsite.values import is_db_id
 from queues import lookup
@@ -222,6 +222,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
             return False
         # From here on the socket is its subscriber's: disconnect() releases what it holds.
         self.subscriber = subscriber
+        log_context.bind(subscriber=subscriber.pk)  # this socket's task's lines, and its pump's
         self.unnamed = {pk for pk, _ in held}
         self.seats = set()
         if not self.unnamed:

@@ -35,7 +35,7 @@ from django.db import connection
 from django.utils import timezone
 
 from delivery import presence
-from mqsite import adb
+from mqsite import adb, log_context
 from queues import lookup
 from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
 
@@ -187,6 +187,7 @@ claims = ClaimRenewer()
 def deliver_webhooks(subscriber_id):
     """Post the subscriber's ready deliveries to its webhook until none is ready or due within
     RETRY_LOOKAHEAD_SECS; stop at the first failure (the rest waits for the sweeper)."""
+    log_context.bind(subscriber=subscriber_id)
     holder = liveness.holder(f"webhook.{uuid.uuid4().hex[:12]}")
     key = claim_key(subscriber_id)
     if str(_cache_call(cache.get, key) or "").startswith("running:"):
@@ -252,7 +253,10 @@ def _post_ready(subscriber_id, holder):
                 # endpoint that is failing.
                 ledger.release_held([holder], reason=NOT_POSTED, wake=False)
                 log.info(
-                    "webhook of %s failed (%s); the rest waits", subscriber, webhooks.loggable(probe.error)
+                    "webhook of %s failed (%s); the rest waits",
+                    subscriber,
+                    webhooks.loggable(probe.error),
+                    extra={"delivery_id": batch[0]["id"], "message_id": batch[0]["message_id"]},
                 )
                 if _wait_for_retry(subscriber_id, batch[:1]):
                     continue

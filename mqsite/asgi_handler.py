@@ -11,6 +11,7 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import HttpResponse
 from django.urls import set_script_prefix
 
+from . import log_context, request_ids
 from .bodies import body_limit, too_large_detail, too_large_json
 
 
@@ -77,6 +78,9 @@ class SyncChainASGIHandler(ASGIHandler):
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         executor = self.threads.take()
         try:
+            # The request's id, for its answer and its log lines (mqsite.request_ids); the
+            # context is this request's task's own, and goes with it to its thread.
+            log_context.bind(request_id=request_ids.of_scope(scope))
             async with ThreadSensitiveContext(executor=executor):
                 await self.handle(scope, receive, send)
         except BaseException:
@@ -137,6 +141,7 @@ class SyncChainASGIHandler(ASGIHandler):
     async def send_too_large(self, send, detail):
         response = HttpResponse(too_large_json(detail), status=413, content_type="application/json")
         response["Connection"] = "close"
+        response[request_ids.HEADER] = log_context.current("request_id")
         await self.send_response(response, send)
 
     def _respond(self, scope, body_file):

@@ -2,12 +2,13 @@
 a folder under var/ in the embedded mode. Either way the ledger is the truth: a lost job costs
 time, never a message, because the sweeper finds due work in the database again."""
 
+import logging
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import setup_logging, task_prerun, worker_ready
 
-from mqsite import heap
+from mqsite import heap, log_context
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
@@ -20,3 +21,21 @@ app.autodiscover_tasks()
 def _freeze_startup_heap(**kwargs):
     """Once the worker is ready (its tasks imported, its pool started): mqsite.heap."""
     heap.freeze()
+
+
+@setup_logging.connect
+def _log_as_the_web_does(loglevel=None, **kwargs):
+    """A worker logs as every process does (settings.LOGGING: MQ_LOG_FORMAT, the ids, tokens
+    blanked) at the level its command line asks (-l), not in Celery's own format."""
+    from django.conf import settings
+
+    log_context.configure(settings.LOGGING)
+    if loglevel:
+        logging.getLogger().setLevel(loglevel)
+
+
+@task_prerun.connect
+def _bind_the_task(task_id=None, **kwargs):
+    """A job's log lines carry its id, and none of the ids an earlier job of the same thread
+    bound (a job binds what it is about itself: a webhook job its subscriber)."""
+    log_context.bind(**{**dict.fromkeys(log_context.FIELDS), "task_id": task_id})

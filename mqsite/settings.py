@@ -90,6 +90,8 @@ INSTALLED_APPS = [
 # (`check --deploy` looks for it by name): on an API call it does nothing but read the cookie
 # header, since DRF's views are csrf_exempt and DRF checks a session's calls itself.
 MIDDLEWARE = [
+    # First: the request's id, for every answer and every line logged while serving it.
+    "mqsite.request_ids.RequestId",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "mqsite.middleware.SessionMiddleware",
@@ -556,10 +558,36 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# How every process logs (mqsite.log_context): `text`, a line of time, level, logger and words,
+# or `json`, one JSON object a line with the ids of the request, subscriber, message and
+# delivery it is about. Either way a token or a webhook secret in a line is blanked.
+MQ_LOG_FORMAT = env.str("MQ_LOG_FORMAT", default="text")
+LOGGING_CONFIG = "mqsite.log_context.configure"
+if MQ_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"MQ_LOG_FORMAT must be text or json, not {MQ_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {
+        "context": {"()": "mqsite.log_context.Context"},
+        "redact": {"()": "mqsite.log_context.Redact"},
+    },
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {
+            "()": "mqsite.log_context.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger"},
+            "timestamp": "time",
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": MQ_LOG_FORMAT,
+            "filters": ["context", "redact"],
+        }
+    },
     # The level of what the processes log (DEBUG, INFO, WARNING, ERROR).
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}},

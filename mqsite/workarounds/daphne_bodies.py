@@ -16,6 +16,7 @@ from io import BytesIO
 from daphne import http_protocol
 from twisted.internet import reactor
 
+from mqsite import request_ids
 from mqsite.bodies import body_limit, raw_target_path, too_large_detail, too_large_json
 
 # After a 413 the connection is half-closed and what the client still sends is dropped for this
@@ -65,9 +66,11 @@ class BodyLimitedRequest(http_protocol.WebRequest):
         channel = self.channel
         transport = channel.transport
         body = too_large_json(detail)
+        sent_id = (self.requestHeaders.getRawHeaders(b"x-request-id") or [None])[0]
         transport.write(
             b"HTTP/1.1 413 Request Entity Too Large\r\n"
             b"Content-Type: application/json\r\n"
+            b"X-Request-ID: " + request_ids.from_header(sent_id).encode() + b"\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n"
             b"Connection: close\r\n\r\n" + body
         )

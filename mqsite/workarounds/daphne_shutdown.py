@@ -23,6 +23,8 @@ import asyncio
 import logging
 import os
 
+from mqsite import request_ids
+
 log = logging.getLogger(__name__)
 
 # Within a process manager's grace: supervisord.conf gives the web server 5 s, so that `make
@@ -55,7 +57,11 @@ class CountHTTPRequests:
                 {
                     "type": "http.response.start",
                     "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"retry-after", b"1"),
+                        (b"x-request-id", request_ids.of_scope(scope).encode()),
+                    ],
                 }
             )
             await send({"type": "http.response.body", "body": STOPPING})

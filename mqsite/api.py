@@ -202,6 +202,7 @@ def as_api_error(exc):
     """A service's refusal as the status code and code it carries, in the contract's words."""
     if not isinstance(exc, ServiceError):
         return exc
-    error = exceptions.APIException(exc.detail(), exc.code)
+    detail = {"detail": exc.detail(), "code": exc.code} if exc.code_in_body else exc.detail()
+    error = exceptions.APIException(detail, exc.code)
     error.status_code = exc.status_code
     return error

@@ -16,6 +16,7 @@ into objects only: an array or a scalar on the way leaves the key absent.
 
 import json
 import math
+import re
 
 from django.db import connection, transaction
 
@@ -31,18 +32,39 @@ MAX_FIELD_CHARS = 128
 MAX_TEXT_CHARS = 1024  # one allowed text value
 
 PAYLOAD, HEADERS = "payload", "headers"
+# What a payload field may not hold (a regex class): a quote or a backslash would need an
+# escape in the JSON path, and control characters are refused as in names.
+FIELD_FORBIDDEN = r'"\\\x00-\x1f\x7f-\x9f'
 
 # The JSON schema of a filter, for OpenAPI and the AsyncAPI document.
 FILTER_SCHEMA = {
-    "type": ["object", "null"],
+    # OpenAPI 3.0, read as JSON Schema draft 4 (as Schemathesis and validators read it): the key
+    # rule as patternProperties with no other key allowed (propertyNames would need draft 6),
+    # bounds with boolean exclusives; the field's allow_null makes it nullable.
+    "type": "object",
     "maxProperties": MAX_KEYS,
-    "propertyNames": {"pattern": r"^(headers\.[A-Za-z0-9_.-]{1,64}|payload(\.[^.\"\\]{1,128}){1,4})$"},
-    "additionalProperties": {
-        "type": "array",
-        "minItems": 1,
-        "maxItems": MAX_VALUES,
-        "items": {"type": ["string", "number", "boolean", "null"]},
+    "patternProperties": {
+        rf"^(headers\.[A-Za-z0-9_.-]{{1,64}}|payload(\.[^.{FIELD_FORBIDDEN}]{{1,128}}){{1,{MAX_DEPTH}}})$": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_VALUES,
+            "items": {
+                "nullable": True,
+                "anyOf": [
+                    {"type": "string", "maxLength": MAX_TEXT_CHARS, "pattern": "^[^\\u0000]*$"},
+                    {
+                        "type": "number",
+                        "minimum": -(2**63),
+                        "maximum": 2**63,
+                        "exclusiveMinimum": True,
+                        "exclusiveMaximum": True,
+                    },
+                    {"type": "boolean"},
+                ],
+            },
+        }
     },
+    "additionalProperties": False,
     "description": f"At most {MAX_KEYS} keys, each `headers.<name>` or `payload.<field>[.<field>...]` "
     f"(at most {MAX_DEPTH} fields), each naming 1 to {MAX_VALUES} allowed values (strings, numbers, "
     "booleans, null). A message matches when every key's value equals one of its values; an absent "
@@ -99,7 +121,7 @@ def _source_and_path(key):
         for field in fields:
             if not field or len(field) > MAX_FIELD_CHARS:
                 raise BadFilter(key, f"each payload field is 1 to {MAX_FIELD_CHARS} characters")
-            if '"' in field or "\\" in field or not field.isprintable() or not storable_text(field):
+            if re.search(f"[{FIELD_FORBIDDEN}]", field) or not storable_text(field):
                 raise BadFilter(
                     key, "a payload field may not hold a quote, a backslash or a control character"
                 )
@@ -117,8 +139,8 @@ def _allowed(key, allowed):
             continue
         if isinstance(value, int | float):
             # Beyond 2**63 SQLite reads an integer as a float: equal where PostgreSQL is not.
-            if not math.isfinite(value) or (isinstance(value, int) and abs(value) >= 2**63):
-                raise BadFilter(key, "numbers must be finite, integers within 64 bits")
+            if not (isinstance(value, int) or math.isfinite(value)) or not -(2**63) < value < 2**63:
+                raise BadFilter(key, "numbers must be finite, and under 2**63 either way")
             continue
         if isinstance(value, str):
             if len(value) > MAX_TEXT_CHARS or not storable_text(value):

@@ -117,7 +117,8 @@ class SubscriptionDetailView(CallerView):
             raise exceptions.NotFound("You have no subscription with that id.")
         serializer = SubscriptionChangeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        subscribing.set_filter(subscription, filters.check_filter(serializer.validated_data["filter"]))
+        if "filter" in serializer.validated_data:  # a PATCH changes what it names: {} changes nothing
+            subscribing.set_filter(subscription, filters.check_filter(serializer.validated_data["filter"]))
         return Response(subscription_answer(subscription))
 
     @extend_schema(

@@ -59,7 +59,9 @@ class SubscriptionSerializer(serializers.Serializer):
 
 
 class SubscriptionChangeSerializer(serializers.Serializer):
-    filter = FilterField(allow_null=True, help_text="The new filter; null: none (every message is owed).")
+    filter = FilterField(
+        required=False, allow_null=True, help_text="The new filter; null: none (every message is owed)."
+    )
 
 
 class SubscribedSerializer(SubscriptionSerializer):

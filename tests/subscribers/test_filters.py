@@ -307,3 +307,22 @@ def test_an_unfiltered_replay_is_as_before(logger, peer, db_queue):
     publish(peer, [{"event": "x", "payload": {"n": n}} for n in range(3)])
     sub = subscribing.subscribe(logger, db_queue)[0]
     assert ledger.replay(sub, replay.Point("all", None)).deliveries == 3
+
+
+# --- manage.py listen --filter --------------------------------------------------------------------
+
+
+def test_listen_sets_the_filter_before_its_replay(logger, peer):
+    from django.core.management.base import CommandError
+
+    from tests.support.commands import listen
+
+    publish(peer, [{"event": "x", "payload": {"n": n}} for n in range(4)])
+    got = listen("logger", "db", "--count", "2", "--from", "all", "--filter", '{"payload.n": [1, 3]}')
+    assert [d["payload"]["n"] for d in got] == [1, 3]
+    assert Subscription.objects.get(subscriber=logger).filter == {"payload.n": [1, 3]}
+    listen("logger", "db", "--count", "1", "--from", "all", "--filter", "null")  # clears it, seeks back
+    assert Subscription.objects.get(subscriber=logger).filter is None
+    for bad, words in (("{", "not JSON"), ('{"payload.a.b.c.d.e": [1]}', "payload.a.b.c.d.e")):
+        with pytest.raises(CommandError, match=words):
+            listen("logger", "db", "--count", "1", "--filter", bad)

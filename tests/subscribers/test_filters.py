@@ -326,3 +326,51 @@ def test_listen_sets_the_filter_before_its_replay(logger, peer):
     for bad, words in (("{", "not JSON"), ('{"payload.a.b.c.d.e": [1]}', "payload.a.b.c.d.e")):
         with pytest.raises(CommandError, match=words):
             listen("logger", "db", "--count", "1", "--filter", bad)
+
+
+# --- the admin ------------------------------------------------------------------------------------
+
+
+def test_the_admin_sets_a_checked_filter_and_writes_it_in_the_history(staff, logger, peer):
+    from django.contrib.admin.models import LogEntry
+
+    from tests.support.admin import change
+
+    sub = Subscription.objects.get(pk=subscribe(logger, {"queue": "db"}).json()["id"])
+    r = staff.post(change(sub), {"filter_json": '{"payload.a.b.c.d.e": [1]}'})
+    assert r.status_code == 200 and "at most 4 levels" in r.content.decode()
+    assert Subscription.objects.get(pk=sub.pk).filter is None
+    r = staff.post(change(sub), {"filter_json": '{"payload.kind": ["red"]}'})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    assert Subscription.objects.get(pk=sub.pk).filter == {"payload.kind": ["red"]}
+    assert [
+        a["deliveries"] for a in publish(peer, [{"event": "x", "payload": {"kind": k}} for k in "rb"])
+    ] == [0, 0]
+    assert [a["deliveries"] for a in publish(peer, [{"event": "x", "payload": {"kind": "red"}}])] == [1]
+    assert "payload.kind" in staff.get(change(sub)).content.decode()
+    assert LogEntry.objects.filter(object_id=str(sub.pk)).last().get_change_message() == "Changed filter."
+    staff.post(change(sub), {"filter_json": ""})
+    assert Subscription.objects.get(pk=sub.pk).filter is None and not FilterClause.objects.exists()
+
+
+def test_the_queues_page_asks_who_would_receive_a_message(staff, logger, peer, db_queue):
+    from django.urls import reverse
+
+    from tests.support.admin import change
+
+    mine = subscribe(logger, {"queue": "db", "filter": {"payload.kind": ["red"]}}).json()
+    subscribe(peer, {"queue": "db", "event": "other"})
+    url = reverse("admin:queues_queue_route", args=[db_queue.pk])
+    assert url in staff.get(change(db_queue)).content.decode()
+    assert staff.get(url).status_code == 200
+    page = staff.post(url, {"event": "paint", "payload": '{"kind": "blue"}', "headers": ""}).content.decode()
+    assert "filter key payload.kind has &quot;blue&quot;" in page and "event differs" in page
+    assert f"/admin/subscribers/subscription/{mine['id']}/change/" in page
+    page = staff.post(url, {"event": "Bad Name!", "payload": "1"}).content.decode()
+    assert "errorlist" in page
+    from queues.models import Message
+
+    assert not Message.objects.exists()
+    from tests.conftest import client_for as anonymous
+
+    assert anonymous().get(url).status_code == 302  # to the login page: staff only

@@ -189,7 +189,11 @@ def filter_source(messages, where):
     OFFSET 0 subquery is not flattened into the join, so the parse is not redone per
     subscription row), and only when its queue has a filtered subscription (a probe of the
     partial index subscription_filtered): a queue without filters parses nothing. SQLite reads
-    the JSON text where it is needed (its json functions keep recent parses)."""
+    the JSON text where it is needed (its json functions keep recent parses).
+
+    jsonb refuses the escape \\u0000 that a payload's JSON text may hold (a NUL in a string,
+    which the text keeps as sent): the filters read it as U+FFFD instead, so that such a
+    payload is published like any other (no allowed value holds a NUL, so it matched none)."""
     if connection.vendor != "postgresql":
         return f"(SELECT m.* FROM {messages} WHERE {where}) m"
     from .models import Subscription
@@ -197,8 +201,9 @@ def filter_source(messages, where):
     return f"""(SELECT m.*, CASE WHEN EXISTS (
                 SELECT 1 FROM {Subscription._meta.db_table} f
                 WHERE f.queue_id = m.queue_id AND f.filter IS NOT NULL
-            ) THEN jsonb_build_object('{PAYLOAD}', CAST(m.payload_json AS jsonb),
-                                      '{HEADERS}', CAST(m.headers_json AS jsonb)) END AS filter_docs
+            ) THEN jsonb_build_object(
+                '{PAYLOAD}', CAST(replace(m.payload_json, '\\u0000', '\\ufffd') AS jsonb),
+                '{HEADERS}', CAST(m.headers_json AS jsonb)) END AS filter_docs
             FROM {messages} WHERE {where} OFFSET 0) m"""
 
 
@@ -213,12 +218,14 @@ def clause_holds(c, m="m"):
     kind = f"json_type({doc}, {c}.path)"
     value = f"json_extract({doc}, {c}.path)"
     # json_extract makes true 1 and loses the kind: compare kinds first, then values (numbers
-    # as numbers, so 1 = 1.0). Absent (no kind at all) is null.
+    # as numbers, so 1 = 1.0). Absent (no kind at all) is null. A text holding a NUL comes out
+    # of json_extract cut at the NUL ("a\u0000" would equal "a"): its JSON text, which keeps
+    # the escape, rules it out (no allowed value holds a NUL).
     return f"""EXISTS (SELECT 1 FROM json_each({c}.allowed) a WHERE CASE a.type
             WHEN 'null' THEN COALESCE({kind}, 'null') = 'null'
             WHEN 'true' THEN {kind} = 'true'
             WHEN 'false' THEN {kind} = 'false'
-            WHEN 'text' THEN {kind} = 'text' AND {value} = a.atom
+            WHEN 'text' THEN {kind} = 'text' AND {value} = a.atom AND instr({doc} -> {c}.path, '\\u0000') = 0
             ELSE {kind} IN ('integer', 'real') AND {value} = a.atom END)"""
 
 

@@ -179,6 +179,20 @@ def test_an_absent_header_matches_where_null_is_listed(logger, peer):
     assert [a["deliveries"] for a in answers] == [1, 1, 1, 0]
 
 
+def test_a_payload_holding_a_nul_is_published_and_filtered_like_any_other(logger, peer):
+    # PostgreSQL's jsonb refuses the escape \u0000: the filters must not fail the publish.
+    filtered(logger, {"payload.kind": ["a"]})
+    answers = publish(
+        peer,
+        [
+            {"event": "x", "payload": {"kind": "a", "note": "x\u0000y"}},
+            {"event": "x", "payload": {"kind": "a\u0000"}},
+            {"event": "x", "payload": {"kind": "a", "note": "\\u0000 as text"}},
+        ],
+    )
+    assert [a["deliveries"] for a in answers] == [1, 0, 1]
+
+
 def test_a_filter_and_an_event_both_hold(logger, peer):
     filtered(logger, {"payload.kind": ["a"]}, event="made")
     answers = publish(

@@ -7,6 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
+# Where `make run` keeps supervisord's log, pid file and beat schedule.
+RUN_DIR ?= var
 
 .PHONY: run install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
 	test-postgres-e2e test-postgres-rest bench clean demo
@@ -37,9 +39,12 @@ install-dev: install $(VENV)/.dev-installed
 run: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap
-	PORT=$(PORT) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
+	mkdir -p $(RUN_DIR)
+	@# exec: make's SIGTERM goes to supervisord itself, not to a shell that would leave it running;
+	@# --pdeathsig: supervisord stops everything should make be killed outright (supervisord.conf).
+	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
 	MQ_WEB_PROCESSES=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings; print(settings.MQ_WEB_PROCESSES)') \
-	$(BIN)/supervisord -c mqsite/supervisord.conf
+	exec setpriv --pdeathsig TERM $(BIN)/supervisord -c mqsite/supervisord.conf
 
 demo: install
 	$(BIN)/python manage.py demo

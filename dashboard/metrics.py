@@ -20,11 +20,12 @@ What is a counter and what is a gauge:
 import time
 
 from django.conf import settings
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse
 from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from mqsite.errors import error_json
 from subscribers.auth import operator_may
 
 from . import shared
@@ -196,9 +197,8 @@ def refusal(request):
     if user is not None and user.is_authenticated:
         if operator_may(user):
             return None
-        return JsonResponse(
-            {"detail": "The metrics are for staff users and the scraper with MQ_METRICS_TOKEN."}, status=403
-        )
+        detail = "The metrics are for staff users and the scraper with MQ_METRICS_TOKEN."
+        return error_json(detail, "forbidden", 403)
     if token:
         detail = (
             "The metrics need the bearer token of MQ_METRICS_TOKEN (Authorization: Bearer <token>) "
@@ -206,7 +206,7 @@ def refusal(request):
         )
     else:
         detail = "The metrics need a staff login, or MQ_METRICS_TOKEN set and sent as a bearer token."
-    response = JsonResponse({"detail": detail}, status=401)
+    response = error_json(detail, "unauthenticated", 401)
     response["WWW-Authenticate"] = 'Bearer realm="metrics"'
     return response
 

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 
 from delivery import ledger
 from delivery.models import Delivery, Status
+from mqsite.errors import error_json
 from subscribers.auth import operator_may
 
 from . import snapshot
@@ -38,14 +39,14 @@ def redeliver_dead(request, pk):
     page, with its CSRF token). Answers JSON: the page calls it with fetch()."""
     user = request.user
     if not operator_may(user):
-        return JsonResponse({"detail": "Log in as an operator (staff) first."}, status=403)
+        return error_json("Log in as an operator (staff) first.", "forbidden", 403)
     if not user.has_perm("delivery.change_delivery"):
-        return JsonResponse({"detail": "You may not change deliveries."}, status=403)
+        return error_json("You may not change deliveries.", "forbidden", 403)
     delivery = Delivery.objects.filter(pk=pk).first()
     if delivery is None:
-        return JsonResponse({"detail": f"There is no delivery {pk}."}, status=404)
+        return error_json(f"There is no delivery {pk}.", "not_found", 404)
     if delivery.status != Status.DEAD:
-        return JsonResponse({"detail": f"Delivery {pk} is {delivery.status}, not dead."}, status=409)
+        return error_json(f"Delivery {pk} is {delivery.status}, not dead.", "not_dead", 409)
     moved = ledger.redeliver(Delivery.objects.filter(pk=pk, status=Status.DEAD))
     if moved:
         # Recorded as the admin's own redeliver action would be: in the admin's history.

@@ -1129,7 +1129,7 @@ class NotOwned(ServiceError, LookupError):
 class AlreadySettled(ServiceError):
     """The delivery is acked or dead (its status is the error's text); a nack cannot move it."""
 
-    status_code, code = 409, "conflict"
+    status_code, code = 409, "already_settled"
 
     def detail(self):
         return f"The delivery is already {self}; a nack cannot move it."

@@ -136,9 +136,11 @@ class BodyRequiredSchema(AutoSchema):
 
 
 class ErrorSerializer(serializers.Serializer):
-    """An error in words: {"detail": "..."}; for a 400, DRF's field errors ({"field": ["..."]})."""
+    """An error in words and a code (mqsite.errors): {"detail": "...", "code": "..."}; for a
+    400, DRF's field errors beside them ({"field": ["..."]})."""
 
-    detail = serializers.CharField(required=False)
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="A short code a program can test: `forbidden`, `unknown_queue`...")
 
 
 ERRORS = {
@@ -202,7 +204,6 @@ def as_api_error(exc):
     """A service's refusal as the status code and code it carries, in the contract's words."""
     if not isinstance(exc, ServiceError):
         return exc
-    detail = {"detail": exc.detail(), "code": exc.code} if exc.code_in_body else exc.detail()
-    error = exceptions.APIException(detail, exc.code)
+    error = exceptions.APIException(exc.detail(), exc.code)
     error.status_code = exc.status_code
     return error

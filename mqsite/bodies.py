@@ -68,4 +68,4 @@ def too_large_detail(limit, size=None):
 
 
 def too_large_json(detail):
-    return json.dumps({"detail": detail}).encode()
+    return json.dumps({"detail": detail, "code": "payload_too_large"}).encode()

@@ -9,9 +9,6 @@ class ServiceError(Exception):
 
     status_code = 400
     code = "invalid"
-    # The REST body carries the code beside the words ({"detail", "code"}), as the contract's
-    # "Errors carry a code" asks; a refusal that adopted it says so.
-    code_in_body = False
 
     def detail(self):
         return str(self)

@@ -77,7 +77,6 @@ class BadFilter(ServiceError):
 
     status_code = 400
     code = "bad_filter"
-    code_in_body = True
 
     def __init__(self, key, words):
         self.key = key

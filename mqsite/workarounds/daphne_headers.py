@@ -60,8 +60,8 @@ class HeaderDeadlineChannel(http.HTTPChannel):
             return
         if self._receivedHeaderSize or self.requests:  # a request had begun: say why
             body = (
-                b'{"detail": "The request headers did not arrive within %g s (MQ_HTTP_HEADER_TIMEOUT_SECS)."}'
-                % settings.MQ_HTTP_HEADER_TIMEOUT_SECS
+                b'{"detail": "The request headers did not arrive within %g s (MQ_HTTP_HEADER_TIMEOUT_SECS).",'
+                b' "code": "timeout"}' % settings.MQ_HTTP_HEADER_TIMEOUT_SECS
             )
             self.transport.write(TIMED_OUT % (len(body), body))
         # Nothing more is read; closed once the answer is written, forced after abortTimeout.

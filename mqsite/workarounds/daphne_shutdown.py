@@ -25,8 +25,13 @@ import os
 
 log = logging.getLogger(__name__)
 
-# Within a process manager's grace (supervisord's stopwaitsecs is 20 s in supervisord.conf).
-SHUTDOWN_SECS = 15
+# Within a process manager's grace: supervisord.conf gives the web server 5 s, so that `make
+# run` is gone within 10 s (the workers' 4 s come after it). A request is never that long: a
+# long poll stops waiting at once, and a body's read has its own deadline.
+SHUTDOWN_SECS = 4
+# What a request that arrives while the server stops is answered (503), with the code of the
+# database-unavailable answer: nothing was done, try again.
+STOPPING = b'{"detail": "The server is stopping; try again.", "code": "unavailable"}'
 
 _requests = 0  # HTTP requests under way in this process (counted on its event loop)
 _idle = None  # set when _requests falls to 0
@@ -53,9 +58,7 @@ class CountHTTPRequests:
                     "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
                 }
             )
-            await send(
-                {"type": "http.response.body", "body": b'{"detail": "The server is stopping; try again."}'}
-            )
+            await send({"type": "http.response.body", "body": STOPPING})
             return
         _requests += 1
         # Its own task, shielded and counted until it ends: Daphne cancels every application

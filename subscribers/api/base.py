@@ -21,7 +21,7 @@ class CallerView(ApiView):
         self.name_or_400(name, field)
         queue = lookup.find_queue(name)
         if queue is None:
-            raise exceptions.NotFound(f"There is no queue named {name!r}.")
+            raise exceptions.NotFound(f"There is no queue named {name!r}.", code="unknown_queue")
         return queue
 
     def seen_queue_or_404(self, name):
@@ -31,5 +31,5 @@ class CallerView(ApiView):
         queue = self.queue_or_404(name)
         subscriber = self.subscriber
         if subscriber is not None and not (subscriber.may_publish(queue) or subscriber.may_subscribe(queue)):
-            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.")
+            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.", code="unknown_queue")
         return queue

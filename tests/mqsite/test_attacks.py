@@ -332,6 +332,7 @@ def test_api2_every_non_public_route_refuses_a_caller_without_a_valid_token(pers
     before = (Message.objects.count(), Subscription.objects.count(), personas.statuses())
     r = getattr(client_for(), method)(url_of(name), {}, format="json", **headers)
     assert r.status_code == 401, r.content
+    assert r.json()["code"] == "unauthenticated"
     assert r["WWW-Authenticate"].startswith("Bearer")
     assert (Message.objects.count(), Subscription.objects.count(), personas.statuses()) == before
 
@@ -831,11 +832,15 @@ def test_api4_a_list_over_its_length_is_one_error_not_one_per_item(personas):
     client = client_for(personas.logger)
     r = client.post(url_of("messages", queue="db"), {"messages": [1] * 1001}, format="json")
     assert r.status_code == 400 and r.json() == {
-        "messages": ["Ensure this field has no more than 1000 elements."]
+        "detail": "messages: Ensure this field has no more than 1000 elements.",
+        "code": "bad_request",
+        "messages": ["Ensure this field has no more than 1000 elements."],
     }
     r = client.post(url_of("delivery-ack"), {"ids": ["1"] * 10001}, format="json")
     assert r.status_code == 400 and r.json() == {
-        "ids": ["Ensure this field has no more than 10000 elements."]
+        "detail": "ids: Ensure this field has no more than 10000 elements.",
+        "code": "bad_request",
+        "ids": ["Ensure this field has no more than 10000 elements."],
     }
 
 

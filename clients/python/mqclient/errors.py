@@ -1,6 +1,6 @@
 """The server's refusals as exceptions: its status, a short code and its own words.
 
-REST errors are `{"detail": "..."}` or DRF's field errors (`{"field": ["..."]}`); socket errors
+REST errors are `{"detail": "...", "code": "..."}` (field errors beside them); socket errors
 are `error` frames with a `code` and a `detail`. Both end up here, so a caller catches one
 family whichever way the client talked to the server.
 """

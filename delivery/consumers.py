@@ -671,16 +671,20 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
         prefetch = frames.prefetch_of(frame)
 
         point = frames.replay_point_of(frame)
+        filter_ = frames.filter_of(frame)
 
         def subscribe():
             if not self.subscriber.may_subscribe(queue):
                 raise FrameError("forbidden", f"{self.subscriber.name} may not subscribe to {queue.name}.")
             if point is None:
-                return subscribing.subscribe(self.subscriber, queue, event, limited=True)[0], {}
+                subscription = subscribing.subscribe(
+                    self.subscriber, queue, event, limited=True, filter=filter_
+                )[0]
+                return subscription, {"filter": subscription.filter}
             subscription, _, replayed = subscribing.subscribe_from(
-                self.subscriber, queue, event, point, limited=True
+                self.subscriber, queue, event, point, limited=True, filter=filter_
             )
-            return subscription, {"replay": replay.answer_of(replayed)}
+            return subscription, {"filter": subscription.filter, "replay": replay.answer_of(replayed)}
 
         async with self.sending:  # "subscribed" goes out before any delivery of it
             subscription, replayed = await db(subscribe)()

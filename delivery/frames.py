@@ -11,7 +11,7 @@ from dataclasses import replace
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
-from delivery import publishing
+from delivery import publishing, subscribing
 from mqsite.names import BadName, clean_name
 from mqsite.parsers import (
     MAX_PUBLISH_FRAME_CONTAINERS,
@@ -23,7 +23,7 @@ from mqsite.parsers import (
     decode_json,
 )
 from mqsite.values import storable_text
-from subscribers import replay
+from subscribers import filters, replay
 
 from .bounds import MAX_EXTEND_SECS, MAX_IDS, MAX_NACK_ERROR_CHARS, MAX_RETRY_IN_SECS
 
@@ -215,6 +215,17 @@ def replay_point_of(frame):
         return replay.point_of(frame["from"])
     except replay.BadPoint as exc:
         raise FrameError("bad_frame", f"from: {exc.detail}") from None
+
+
+def filter_of(frame):
+    """The `filter` of a subscribe frame, checked (subscribers.filters; null: none), or
+    subscribing.KEEP when absent: the subscription keeps the one it has."""
+    if "filter" not in frame:
+        return subscribing.KEEP
+    try:
+        return filters.check_filter(frame["filter"])
+    except filters.BadFilter as exc:
+        raise FrameError(exc.code, str(exc)) from None
 
 
 def prefetch_of(frame):

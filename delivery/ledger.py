@@ -30,6 +30,7 @@ from mqsite import adb, bus, limits, rows
 from mqsite.service_errors import ServiceError
 from mqsite.values import is_db_id
 from queues.models import Event, Message, Queue
+from subscribers.filters import filter_holds, filter_source
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
 from . import receipts
@@ -222,25 +223,31 @@ def fan_out(queue_id, first_seq, last_seq, now, receipt=False):
     INSERT's own RETURNING: no second query. `receipt`: some of the messages want a receipt.
     """
     sql, params = fan_out_statement(
-        "queues_message m", "m.queue_id = %s AND m.seq BETWEEN %s AND %s", now, receipt
+        "queues_message m",
+        "m.queue_id = %s AND m.seq BETWEEN %s AND %s",
+        now,
+        receipt,
+        where_params=[queue_id, first_seq, last_seq],
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, queue_id, first_seq, last_seq])
+        cursor.execute(sql, params)
         return fanned_out(cursor.fetchall())
 
 
-def fan_out_statement(messages, where, now, receipt=False, seats=None):
+def fan_out_statement(messages, where, now, receipt=False, seats=None, where_params=()):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
-    queue_id, event_id, seq, and receipt_wanted when `receipt`) where `where` holds, and its
-    leading parameters (the caller's for `where` follow). With `receipt` (some message wants a
-    receipt), each delivery copies its message's receipt_wanted; without, the column keeps its
-    default and the statement is the one every other publish sends.
+    queue_id, event_id, seq, payload_json, headers_json, and receipt_wanted when `receipt`)
+    where `where` (with `where_params`) holds, and all its parameters. With `receipt` (some
+    message wants a receipt), each delivery copies its message's receipt_wanted; without, the
+    column keeps its default and the statement is the one every other publish sends.
 
     A subscription matches a message when it is for the message's queue and for its event or
-    all events and is not being unsubscribed (unsubscribe()), and its subscriber is active and
-    may still subscribe to the queue (revocation: a subscription stays, but is owed nothing
-    while its right is gone). Deliveries are numbered in seq order, as the messages are. It
-    returns (message id, subscriber id) per delivery made.
+    all events and is not being unsubscribed (unsubscribe()), its filter (if any) holds for
+    the message (subscribers.filters: evaluated here, in SQL, from the clauses stored as
+    data, so the statement's text is the same whatever filters exist), and its subscriber is
+    active and may still subscribe to the queue (revocation: a subscription stays, but is owed
+    nothing while its right is gone). Deliveries are numbered in seq order, as the messages
+    are. It returns (message id, subscriber id) per delivery made.
 
     `seats` (PostgreSQL; delivery.inline): the sockets of this process that take deliveries
     as they are made, as (the SQL of a FROM item `q` with the queue's ordered, paused and
@@ -248,29 +255,44 @@ def fan_out_statement(messages, where, now, receipt=False, seats=None):
     those two, each delivery's id, lease holder ('' when pending), ack deadline, attempt and
     subscription (_fan_out_seated)."""
     if seats is not None:
-        return _fan_out_seated(messages, where, now, receipt, seats)
+        return _fan_out_seated(messages, where, now, receipt, seats, where_params)
     insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt)
+    # The messages through filter_source(): what the filters read, parsed once per message.
     sql = f"""
         {insert}
-        FROM {messages}
+        FROM {filter_source(messages, where)}
         {_OWED_JOIN()}
-        WHERE {where}
         ORDER BY m.seq, s.id
         RETURNING message_id, subscriber_id
     """
-    return sql, [*params, True, True]
+    return sql, [*params, *where_params, True, True]
+
+
+def owed_clauses():
+    """The fan-out's rule, clause by clause: {name: SQL over subscription `s`, its subscriber
+    `r` and message `m` (of subscribers.filters.filter_source)}, each with at most one
+    parameter, True. _OWED_JOIN() joins them all; the route (delivery.routing) selects each,
+    to say which one fails: one spelling of who is owed a message."""
+    return {
+        "event": "(s.event_id IS NULL OR s.event_id = m.event_id)",
+        "staying": "NOT s.leaving",
+        "filter": filter_holds("s", "m"),
+        "active": "r.is_active = %s",
+        "right": may_subscribe_sql("r", "s"),
+    }
 
 
 @functools.cache
 def _OWED_JOIN():  # noqa: N802 (a constant, made once the models are loaded)
     """SQL (two parameters, both True): the subscriptions `s` owed message `m`, of subscribers
     `r` (fan_out_statement says which)."""
+    owed = owed_clauses()
     return f"""JOIN {Subscription._meta.db_table} s
-          ON s.queue_id = m.queue_id AND (s.event_id IS NULL OR s.event_id = m.event_id) AND NOT s.leaving
+          ON s.queue_id = m.queue_id AND {owed["event"]} AND {owed["staying"]} AND {owed["filter"]}
         JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}"""
 
 
-def _fan_out_seated(messages, where, now, receipt, seats):
+def _fan_out_seated(messages, where, now, receipt, seats, where_params):
     """fan_out_statement() with `seats`: a delivery whose subscriber has a seat is made already
     in flight to the seat's holder, as a lease leaves it (attempt 1, the queue's ack deadline),
     when a lease would take it now and the seat has room: its queue is unordered (an ordered
@@ -289,12 +311,11 @@ def _fan_out_seated(messages, where, now, receipt, seats):
                    t.holder IS NOT NULL AND q.ordered = %s AND {may_lease}
                    AND row_number() OVER (PARTITION BY s.subscriber_id ORDER BY m.seq, s.id) <= t.room
                    AS seated
-            FROM {messages}
+            FROM {filter_source(messages, where)}
             CROSS JOIN {queue}
             {_OWED_JOIN()}
             LEFT JOIN unnest(%s::bigint[], %s::text[], %s::int[]) AS t (subscriber_id, holder, room)
               ON t.subscriber_id = s.subscriber_id
-            WHERE {where}
         ) m
         ORDER BY m.seq, m.subscription_id
         RETURNING message_id, subscriber_id, id, lease_holder, ack_deadline, attempt, subscription_id
@@ -305,6 +326,7 @@ def _fan_out_seated(messages, where, now, receipt, seats):
         at,
         False,
         *lease_params,
+        *where_params,
         *queue_params,
         True,
         True,
@@ -348,7 +370,8 @@ def _may_subscribe():
     """SQL: the subscriber `r` of subscription `s` is active and may subscribe to its queue
     (two parameters, both True): a primary-key row and may_subscribe_sql. (A function: the
     rights table is known once apps load.)"""
-    return f"r.is_active = %s AND {may_subscribe_sql('r', 's')}"
+    owed = owed_clauses()
+    return f"{owed['active']} AND {owed['right']}"
 
 
 def fanned_out(rows):
@@ -1612,12 +1635,13 @@ def replay_chunk(subscription_id, now=None):
                 "replay_events",
                 "replay_extend",
                 "leaving",
+                "filter",
             )
             .first()
         )
         if row is None or row[3] is None or row[8]:
             return 0, True  # gone, done, or being unsubscribed
-        subscriber_id, queue_id, event_id, first, until, reopen, event_ids, extend, _ = row
+        subscriber_id, queue_id, event_id, first, until, reopen, event_ids, extend, _, filtered = row
         if first > until and extend:
             # The end of a new subscription's range: read the queue's last seq again, under its
             # lock, which waits for the publishes that were waiting on begin_replay()'s; they
@@ -1631,20 +1655,31 @@ def replay_chunk(subscription_id, now=None):
         narrow, narrow_params = _of_events("m.event_id", event_ids)
         # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
         insert, insert_params = owed_insert("%s, %s", [subscription_id, subscriber_id], now)
+        # A replay owes what a publish would owe the subscription now: its filter as it is now
+        # applies (filter_holds, the fan-out's own clause), to history published before it too.
+        of_range = f"m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}"
+        owed_now = f"""{filter_source(f"{Message._meta.db_table} m", of_range)}
+                JOIN {Subscription._meta.db_table} s ON s.id = %s"""
+        owed_params = [queue_id, first, last, *event_params, *narrow_params, subscription_id]
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""
                 {insert}
-                FROM {Message._meta.db_table} m
-                WHERE m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}
+                FROM {owed_now}
+                WHERE {filter_holds("s", "m")}
                 ORDER BY m.seq
                 ON CONFLICT (subscription_id, message_id) DO NOTHING
                 """,
-                [*insert_params, queue_id, first, last, *event_params, *narrow_params],
+                [*insert_params, *owed_params],
             )
             owed = cursor.rowcount
             if reopen:
                 narrow, narrow_params = _of_events("event_id", event_ids)
+                if filtered is not None:  # reopened only where the filter holds now, as above
+                    narrow += (
+                        f" AND message_id IN (SELECT m.id FROM {owed_now} WHERE {filter_holds('s', 'm')})"
+                    )
+                    narrow_params = [*narrow_params, *owed_params]
                 cursor.execute(
                     f"""
                     UPDATE {table} SET status = %s, next_attempt_at = %s, {UNLEASED_SQL},

@@ -328,7 +328,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
                 %s{wanted[1]}
             FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[]{wanted[2]})
                 WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}, n)
-            RETURNING id, queue_id, event_id, seq{wanted[0]}
+            RETURNING id, queue_id, event_id, seq, payload_json, headers_json{wanted[0]}
         ), d AS ({fan_out})
         {result}
     """

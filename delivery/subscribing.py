@@ -1,17 +1,26 @@
 """Subscribe and unsubscribe: a subscriber's durable interest in a queue's events."""
 
+import json
+
 from django.db import transaction
 
 from mqsite import bus, limits
 from queues.models import Event
+from subscribers import filters
 from subscribers.models import Subscription
 
 from . import ledger
 from .presence import lock_subscriber
 
+# A subscribe that says nothing of a filter leaves the one the subscription has (a client
+# that knows no filters, sending its subscribe again at each reconnect, clears nothing).
+KEEP = object()
 
-def subscribe(subscriber, queue, event_name=None, limited=False, replaying=False):
-    """Make or reuse the subscription; returns (subscription, created).
+
+def subscribe(subscriber, queue, event_name=None, limited=False, replaying=False, filter=KEEP):  # noqa: A002
+    """Make or reuse the subscription, with `filter` (unchecked, as sent: BadFilter before
+    anything is made; KEEP: a new one has none, an existing one keeps its own) set on it, a
+    reused one's changed; returns (subscription, created).
 
     The event is made if nothing was published to it yet: subscribing first is normal.
     `limited`: the subscriber itself asks (REST, its socket), so mqsite.limits applies: a new
@@ -21,6 +30,28 @@ def subscribe(subscriber, queue, event_name=None, limited=False, replaying=False
     always fine, but for one being unsubscribed (ledger.unsubscribe: it is owed nothing and
     goes soon), refused until that is done.
     """
+    checked = KEEP if filter is KEEP else filters.check_filter(filter)
+    with transaction.atomic():
+        subscription, created = _subscribe(subscriber, queue, event_name, limited, replaying)
+        if checked is not KEEP:
+            set_filter(subscription, checked)
+    return subscription, created
+
+
+def set_filter(subscription, checked):
+    """Set a checked filter (subscribers.filters.check_filter) on the subscription: publishes
+    after it are owed by it; what the subscription was owed before stays. Setting the filter
+    it has already writes nothing."""
+    if _as_stored(checked) != _as_stored(subscription.filter):
+        filters.set_filter(subscription, checked)
+
+
+def _as_stored(checked):
+    # As JSON, not as Python values: in Python True == 1 == 1.0, to a filter they differ.
+    return json.dumps(checked)
+
+
+def _subscribe(subscriber, queue, event_name, limited, replaying):
     if not limited:
         event = None
         if event_name is not None:
@@ -44,7 +75,7 @@ def subscribe(subscriber, queue, event_name=None, limited=False, replaying=False
         return Subscription.objects.get_or_create(subscriber=subscriber, queue=queue, event=event)
 
 
-def subscribe_from(subscriber, queue, event_name, point, limited=False):
+def subscribe_from(subscriber, queue, event_name, point, limited=False, filter=KEEP):  # noqa: A002
     """subscribe(), and a new subscription also owes what its queue still holds from `point`
     (a subscribers.replay.Point). The replay is marked in the same transaction as the
     subscription (ledger.begin_replay): it is never seen without it, and is leased nothing
@@ -53,9 +84,12 @@ def subscribe_from(subscriber, queue, event_name, point, limited=False):
     it is, nothing replayed: a client sends its subscribe again at each reconnect, and must not
     be handed its history again each time (seek() is the way to replay an existing one).
     `limited`: past MQ_MAX_REPLAYS_PER_SUBSCRIBER replays under way, nothing is made
-    (LimitExceeded, 429). Returns (subscription, created, ledger.Replayed or None)."""
+    (LimitExceeded, 429). `filter`: as subscribe(), set before the replay, which applies it.
+    Returns (subscription, created, ledger.Replayed or None)."""
     with transaction.atomic():
-        subscription, created = subscribe(subscriber, queue, event_name, limited=limited, replaying=True)
+        subscription, created = subscribe(
+            subscriber, queue, event_name, limited=limited, replaying=True, filter=filter
+        )
         if not created:
             return subscription, False, None
         from_seq = ledger.begin_replay(subscription, point)

@@ -11,7 +11,7 @@ from drf_spectacular.views import SpectacularSwaggerSplitView
 from analytics.api.views import AnalyticsView
 from dashboard.metrics import metrics
 from dashboard.urls import admin_tools
-from delivery.api.queue_views import EventCatalogView, MessagesView, QueueListView
+from delivery.api.queue_views import EventCatalogView, MessagesView, QueueListView, RouteView
 from delivery.api.subscription_views import (
     ConnectionListView,
     SubscriptionDetailView,
@@ -34,6 +34,7 @@ api = [
     path("queues", QueueListView.as_view(), name="queue-list"),
     path("queues/<str:queue>/messages", MessagesView.as_view(), name="messages"),
     path("queues/<str:queue>/events", EventCatalogView.as_view(), name="event-catalog"),
+    path("queues/<str:queue>/route", RouteView.as_view(), name="route"),
     path("messages/<int:id>", MessageView.as_view(), name="message-detail"),
     path("subscriptions", SubscriptionListView.as_view(), name="subscription-list"),
     path("subscriptions/<int:pk>", SubscriptionDetailView.as_view(), name="subscription-detail"),

@@ -250,6 +250,16 @@ class Subscription(models.Model):
         help_text="Still owed what is published, but handed nothing until resumed.",
     )
 
+    # What it is owed of its queue, by the values of headers and payload fields
+    # (subscribers.filters, which checked it): null, everything. Its FilterClause rows are
+    # what the fan-out reads; this is the filter as given, for the answers.
+    filter = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Only messages whose headers and payload fields have these values; empty: all.",
+    )
+
     class Meta:
         ordering = ["subscriber__name", "queue__name"]
         constraints = [
@@ -263,7 +273,14 @@ class Subscription(models.Model):
                 name="subscription_unique_all_events",
             ),
         ]
-        indexes = [models.Index(fields=["queue", "event"], name="subscription_fanout")]
+        indexes = [
+            models.Index(fields=["queue", "event"], name="subscription_fanout"),
+            # Whether a queue has a filtered subscription: asked once per message published
+            # (subscribers.filters.filter_source), so it must be a probe of a tiny index.
+            models.Index(
+                fields=["queue"], condition=models.Q(filter__isnull=False), name="subscription_filtered"
+            ),
+        ]
 
     def __str__(self):
         return f"{self.subscriber.name} ← {self.queue.name}/{self.event.name if self.event_id else '*'}"
@@ -276,6 +293,25 @@ class Subscription(models.Model):
                 f"{self.subscriber.name} may not subscribe to {self.queue.name}: give it that right"
                 " first (its subscriber page), or this subscription would be owed nothing."
             )
+
+
+class FilterClause(models.Model):
+    """One key of a subscription's filter (subscribers.filters), as the fan-out reads it: in
+    which document (`source`, payload or headers), at which JSON path, and the values allowed
+    there (a JSON array). Replaced whole whenever the filter is set."""
+
+    subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="filter_clauses")
+    key = models.CharField(max_length=600)
+    source = models.CharField(max_length=7)
+    path = models.CharField(max_length=600)
+    allowed = models.JSONField()
+
+    class Meta:
+        # The fan-out looks a subscription's clauses up by its foreign key's index.
+        ordering = ["subscription", "id"]
+
+    def __str__(self):
+        return self.key
 
 
 # Each open connection's server refreshes its row (last_seen) this often (delivery.presence).

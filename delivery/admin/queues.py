@@ -8,9 +8,12 @@ show where each one still is: which subscriptions have not acknowledged it.
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.utils import display_for_value
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Q
+from django.http import Http404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from mqsite import bus
@@ -20,7 +23,7 @@ from queues.headers import NAME_RE, stored_pair
 from queues.models import Event, Message, Queue
 from subscribers.models import Subscription
 
-from .. import ledger, tallies
+from .. import ledger, publishing, routing, tallies
 from ..big_lists import BigListAdmin
 from ..models import Delivery, Status
 from ..querysets import UNSETTLED
@@ -119,6 +122,36 @@ class QueueSubscriptionInline(SubscriptionInlineBase):
         return formset
 
 
+class RouteForm(forms.Form):
+    """A candidate message for "who would receive this": checked as a publish checks it."""
+
+    event = forms.CharField(max_length=64)
+    payload = forms.JSONField(required=False, help_text="JSON; empty: null.")
+    headers = forms.JSONField(required=False, help_text='JSON, e.g. {"tenant": "acme"}; empty: none.')
+
+    def __init__(self, queue, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.queue = queue
+        for name in ("payload", "headers"):
+            self.fields[name].widget = forms.Textarea(attrs={"rows": 5, "cols": 80, "spellcheck": "false"})
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        try:
+            outgoing = publishing.prepare(
+                cleaned["event"], cleaned.get("payload"), headers=cleaned.get("headers")
+            )
+            publishing.check_schemas(self.queue, [outgoing])
+        except publishing.SchemaMismatch as exc:
+            raise ValidationError([f"{e['path'] or '/'}: {e['message']}" for e in exc.errors]) from None
+        except publishing.BadMessage as exc:
+            raise ValidationError(str(exc)) from None
+        cleaned["outgoing"] = outgoing
+        return cleaned
+
+
 @admin.register(Queue)
 class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountColumns, admin.ModelAdmin):
     form = QueueForm
@@ -150,17 +183,51 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         "last_seq",
         "created_at",
         "owed",
+        "who_would_receive",
     ]
 
     def get_readonly_fields(self, request, obj=None):
-        readonly = ["last_seq", "created_at", "owed"]
+        readonly = ["last_seq", "created_at", "owed", "who_would_receive"]
         # Clients address a queue by its name: renaming one would silently re-target them.
         return readonly if obj is None else ["name", *readonly]
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return [f for f in self.fields if f not in ("last_seq", "created_at", "owed")]
+            return [
+                f for f in self.fields if f not in ("last_seq", "created_at", "owed", "who_would_receive")
+            ]
         return self.fields
+
+    def get_urls(self):
+        route = self.admin_site.admin_view(self.route_view)
+        return [path("<path:object_id>/route/", route, name="queues_queue_route"), *super().get_urls()]
+
+    @admin.display(description="who would receive")
+    def who_would_receive(self, obj):
+        url = reverse("admin:queues_queue_route", args=[obj.pk])
+        return format_html('<a href="{}">Which subscriptions would a message be owed to, and why</a>', url)
+
+    def route_view(self, request, object_id):
+        """Who would receive this: a candidate message in, the queue's subscriptions out, each
+        with whether a publish would owe it the message and why (delivery.routing, the
+        fan-out's own rule). Publishes nothing. Staff who may view the queue."""
+        queue = self.get_object(request, object_id)
+        if queue is None:
+            raise Http404("No such queue.")
+        if not self.has_view_permission(request, queue):
+            raise PermissionDenied
+        form = RouteForm(queue, request.POST if request.method == "POST" else None)
+        routed = routing.route(queue, form.cleaned_data["outgoing"]) if form.is_valid() else None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Who would receive a message of {queue.name}",
+            "opts": self.model._meta,
+            "original": queue,
+            "form": form,
+            "routed": routed,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/queues/queue/route.html", context)
 
     def get_queryset(self, request):
         queryset = (

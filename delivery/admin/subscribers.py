@@ -39,7 +39,7 @@ from ..reports import (
 from .widgets import (
     DeliveriesGoWithTheirOwner,
     DeliveryCountColumns,
-    SubscriptionForm,
+    SubscriptionFilterForm,
     SubscriptionInlineBase,
     UnsubscribeOnDelete,
     admin_link,
@@ -367,7 +367,7 @@ class ReplayFromForm(forms.Form):
 
 @admin.register(Subscription)
 class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
-    form = SubscriptionForm
+    form = SubscriptionFilterForm
     list_display = [
         "id",
         "subscriber",
@@ -383,7 +383,7 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
     list_select_related = ["subscriber", "queue", "event"]
     search_fields = ["subscriber__name", "queue__name", "event__name"]
     autocomplete_fields = ["subscriber"]
-    fields = ["subscriber", "queue", "event", "state", "created_at", "owed"]
+    fields = ["subscriber", "queue", "event", "filter_json", "state", "created_at", "owed"]
     actions = ["replay_from", "pause", "resume"]
 
     def get_readonly_fields(self, request, obj=None):
@@ -393,8 +393,15 @@ class SubscriptionAdmin(DeliveryCountColumns, admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ["subscriber", "queue", "event"]
+            return ["subscriber", "queue", "event", "filter_json"]
         return self.fields
+
+    def save_model(self, request, obj, form, change):
+        # The filter is stored as clause rows beside the row (subscribers.filters), in one
+        # transaction with it; the history says "Changed filter." as for any field.
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            subscribing.set_filter(obj, form.cleaned_data.get("filter_json"))
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "event":

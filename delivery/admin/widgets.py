@@ -6,6 +6,7 @@ import json
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import F, Q
 from django.forms.models import BaseInlineFormSet, InlineForeignKeyField
 from django.urls import reverse
@@ -14,6 +15,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from queues.models import Event
+from subscribers import filters
 from subscribers.models import Subscription
 
 from .. import subscribing
@@ -239,6 +241,33 @@ class SubscriptionForm(forms.ModelForm):
         if queue is not None and event is not None and event.queue_id != queue.pk:
             self.add_error("event", f"{event} is not an event of the queue {queue.name}.")
         return cleaned
+
+
+class SubscriptionFilterForm(SubscriptionForm):
+    """The subscription's own page: its filter too, as JSON, checked as the API checks it
+    (subscribers.filters); the admin's save sets it (subscribing.set_filter). Not in the inlines:
+    a row there that does not show it must not clear it."""
+
+    # Not named `filter`: the model's field is not editable, and a form field of its name
+    # would be refused as one.
+    filter_json = forms.JSONField(
+        label="filter",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}),
+        help_text='Only messages whose values match are owed, e.g. {"payload.kind": ["red", "blue"], '
+        '"headers.tenant": ["acme", null]}: each key headers.NAME or payload.FIELD[.FIELD...] (at most 4), '
+        "each with a list of allowed values; an absent key matches only null. Empty: every message.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["filter_json"].initial = self.instance.filter
+
+    def clean_filter_json(self):
+        try:
+            return filters.check_filter(self.cleaned_data.get("filter_json"))
+        except filters.BadFilter as exc:
+            raise ValidationError(str(exc)) from None
 
 
 class SharedChoicesFormSet(BaseInlineFormSet):

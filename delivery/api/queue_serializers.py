@@ -168,3 +168,21 @@ class CatalogEventSerializer(serializers.Serializer):
 class EventCatalogSerializer(serializers.Serializer):
     queue = serializers.CharField()
     events = CatalogEventSerializer(many=True)
+
+
+class RouteSerializer(PublishSerializer):
+    """A route's candidate message: a publish's, without an idempotency key."""
+
+    key = None
+
+
+class RoutedSubscriptionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    subscriber = serializers.CharField()
+    event = serializers.CharField(allow_null=True, help_text="The subscription's event; null: every event.")
+    matches = serializers.BooleanField(help_text="A publish now would owe it the message (paused: held).")
+    reason = serializers.CharField()
+
+
+class RouteAnswerSerializer(serializers.Serializer):
+    subscriptions = RoutedSubscriptionSerializer(many=True)

@@ -2,7 +2,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from delivery import group_commit, publishing
+from delivery import group_commit, publishing, routing
 from mqsite.api import BodyRequiredSchema, errors
 from mqsite.names import NAME_HELP, SCHEMA_PATTERN
 from queues.models import Queue
@@ -16,6 +16,8 @@ from .queue_serializers import (
     PublishedSerializer,
     PublishSerializer,
     QueueListSerializer,
+    RouteAnswerSerializer,
+    RouteSerializer,
     SchemaMismatchSerializer,
     publish_body,
 )
@@ -149,10 +151,48 @@ class EventCatalogView(CallerView):
         },
     )
     def get(self, request, queue):
-        queue = self.queue_or_404(queue)
-        subscriber = self.subscriber
-        # A 404, as for no queue: a subscriber learns nothing of queues it has no right to.
-        if subscriber is not None and not (subscriber.may_publish(queue) or subscriber.may_subscribe(queue)):
-            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.", code="unknown_queue")
+        queue = self.seen_queue_or_404(queue)
         events = queue.events.order_by("name").values("name", "schema", "schema_updated_at")
         return Response({"queue": queue.name, "events": list(events)})
+
+
+class RouteView(CallerView):
+    permission_classes = [operator_with("queues.view_queue", subscribers_too=True)]
+
+    @extend_schema(
+        summary="Who would receive this: which subscriptions a message would be owed to, and why",
+        description="Publishes nothing. Each subscription of the queue (a subscriber: only its own) "
+        "with `matches` (a publish now would owe it that message; a paused subscription or queue "
+        "is still owed, and held) and the reason in words: event differs, filter key K has V (or "
+        "is absent), subscriber inactive, no right to subscribe, being unsubscribed, or owed (held "
+        "while paused). The body is checked as a publish's (its event's schema too).",
+        parameters=[QUEUE_PARAMETER],
+        request=RouteSerializer,
+        responses={
+            200: RouteAnswerSerializer,
+            400: OpenApiResponse(
+                SchemaMismatchSerializer,
+                "A malformed body or name, or a payload that fails its event's schema (schema_mismatch).",
+            ),
+            **errors(
+                401,
+                403,
+                404,
+                413,
+                429,
+                e403="An operator without queues.view_queue.",
+                e404="No such queue, or one the subscriber may neither publish nor subscribe to.",
+                e413="A payload over MQ_MAX_PAYLOAD_BYTES.",
+            ),
+        },
+    )
+    def post(self, request, queue):
+        queue = self.seen_queue_or_404(queue)
+        serializer = RouteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        outgoing = serializer.validated_data
+        try:
+            publishing.check_schemas(queue, [outgoing])
+        except publishing.SchemaMismatch as exc:
+            return Response(schema_mismatch_body(exc), status=status.HTTP_400_BAD_REQUEST)
+        return Response({"subscriptions": routing.route(queue, outgoing, self.subscriber)})

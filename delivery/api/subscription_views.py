@@ -4,13 +4,14 @@ from rest_framework.response import Response
 
 from delivery import presence, subscribing
 from mqsite.api import BodyRequiredSchema, errors
-from subscribers import replay
+from subscribers import filters, replay
 from subscribers.api.base import CallerView
 from subscribers.api.serializers import (
     ConnectionListSerializer,
     SeekResultSerializer,
     SubscribedSerializer,
     SubscribeSerializer,
+    SubscriptionChangeSerializer,
     SubscriptionListSerializer,
     SubscriptionSerializer,
     subscription_answer,
@@ -46,6 +47,7 @@ class SubscriptionListView(CallerView):
                 409,
                 429,
                 e403="The subscriber may not subscribe to this queue (or the caller is no subscriber).",
+                e400="A malformed body, a bad name, or a malformed filter (code bad_filter, naming the key).",
                 e404="No such queue.",
                 e409="A new subscription past MQ_MAX_SUBSCRIPTIONS_PER_SUBSCRIBER (delete one first).",
                 e429="Throttled (MQ_THROTTLE_RATE), or a new event name past "
@@ -64,12 +66,15 @@ class SubscriptionListView(CallerView):
         if event is not None:
             event = self.name_or_400(event, "event")
         point = serializer.validated_data.get("from")
+        filter_ = serializer.validated_data.get("filter", subscribing.KEEP)
         if point is None:
-            subscription, created = subscribing.subscribe(subscriber, queue, event, limited=True)
+            subscription, created = subscribing.subscribe(
+                subscriber, queue, event, limited=True, filter=filter_
+            )
             answer = subscription_answer(subscription)
         else:
             subscription, created, replayed = subscribing.subscribe_from(
-                subscriber, queue, event, point, limited=True
+                subscriber, queue, event, point, limited=True, filter=filter_
             )
             answer = {**subscription_answer(subscription), "replay": replay.answer_of(replayed)}
         return Response(answer, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -77,6 +82,44 @@ class SubscriptionListView(CallerView):
 
 class SubscriptionDetailView(CallerView):
     permission_classes = [IsSubscriber]
+
+    def get_permissions(self):
+        # A change (its filter) is its subscriber's or an operator's, as a pause is; an
+        # unsubscribe stays the subscriber's own.
+        if self.request.method == "PATCH":
+            return [operator_with("subscribers.change_subscription", subscribers_too=True)()]
+        return super().get_permissions()
+
+    @extend_schema(
+        summary="Change a subscription's filter",
+        description="Publishes after the change are owed by the new filter; what the subscription was "
+        "owed before stays owed. Its subscriber, or an operator with subscribers.change_subscription.",
+        request=SubscriptionChangeSerializer,
+        responses={
+            200: SubscriptionSerializer,
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                429,
+                e400="A malformed body or filter (code bad_filter, naming the key).",
+                e403="Neither a subscriber nor an operator (staff) with subscribers.change_subscription.",
+                e404="No such subscription (a subscriber: none of its own with that id).",
+            ),
+        },
+    )
+    def patch(self, request, pk):
+        pk = self.id_or_404(pk, "subscription")
+        mine = Subscription.objects.all() if self.subscriber is None else self.subscriber.subscriptions.all()
+        subscription = mine.select_related("queue", "event").filter(pk=pk).first()
+        if subscription is None:
+            raise exceptions.NotFound("You have no subscription with that id.")
+        serializer = SubscriptionChangeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        if "filter" in serializer.validated_data:  # a PATCH changes what it names: {} changes nothing
+            subscribing.set_filter(subscription, filters.check_filter(serializer.validated_data["filter"]))
+        return Response(subscription_answer(subscription))
 
     @extend_schema(
         summary="Unsubscribe; what the subscription was still owed is dropped",
@@ -144,7 +187,7 @@ _PAUSE_ERRORS = errors(
     403,
     404,
     429,
-    e403="Neither a subscriber's token nor an operator (staff) with subscribers.change_subscription.",
+    e403="Neither a subscriber nor an operator (staff) with subscribers.change_subscription.",
     e404="No such subscription (a subscriber: none of its own with that id).",
 )
 

@@ -23,3 +23,13 @@ class CallerView(ApiView):
         if queue is None:
             raise exceptions.NotFound(f"There is no queue named {name!r}.", code="unknown_queue")
         return queue
+
+    def seen_queue_or_404(self, name):
+        """queue_or_404(), and for a subscriber a queue it may neither publish nor subscribe to is a
+        404 too, as if there were none: it learns nothing of queues it has no right to (the event
+        catalog's rule, and the route's). An operator's permission is its view's."""
+        queue = self.queue_or_404(name)
+        subscriber = self.subscriber
+        if subscriber is not None and not (subscriber.may_publish(queue) or subscriber.may_subscribe(queue)):
+            raise exceptions.NotFound(f"There is no queue named {queue.name!r}.", code="unknown_queue")
+        return queue

@@ -2,7 +2,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from mqsite.api import NameField
-from subscribers import replay
+from subscribers import filters, replay
 
 
 @extend_schema_field(replay.FROM_SCHEMA)
@@ -27,9 +27,20 @@ class ReplayField(serializers.Field):
         return value
 
 
+@extend_schema_field(filters.FILTER_SCHEMA)
+class FilterField(serializers.JSONField):
+    """A subscription's `filter`, as sent: subscribers.filters checks it (400 bad_filter)."""
+
+
 class SubscribeSerializer(serializers.Serializer):
     queue = NameField()
     event = NameField(required=False, allow_null=True, help_text="Absent or null: every event of the queue.")
+    filter = FilterField(
+        required=False,
+        allow_null=True,
+        help_text="Only messages whose values match (subscribers.filters); null: all. Absent: a new "
+        "subscription has none, an existing one keeps its own.",
+    )
 
     def get_fields(self):
         # "from" is a Python keyword: it cannot be declared as an attribute.
@@ -43,6 +54,13 @@ class SubscriptionSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     paused = serializers.BooleanField(
         help_text="Paused (POST .../pause): still owed what is published, handed nothing until resumed."
+    )
+    filter = FilterField(allow_null=True, help_text="Only messages that match it are owed; null: all.")
+
+
+class SubscriptionChangeSerializer(serializers.Serializer):
+    filter = FilterField(
+        required=False, allow_null=True, help_text="The new filter; null: none (every message is owed)."
     )
 
 
@@ -68,6 +86,7 @@ def subscription_answer(subscription):
         "event": subscription.event.name if subscription.event_id else None,
         "created_at": subscription.created_at,
         "paused": subscription.paused,
+        "filter": subscription.filter,
     }
 
 

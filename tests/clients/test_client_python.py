@@ -182,6 +182,38 @@ def test_it_does_the_same_with_the_asyncio_client(server, logger_beside_secret):
     assert not Subscription.objects.exists()
 
 
+def test_it_sets_a_filter_and_asks_who_would_receive(server, logger_beside_secret):
+    """subscribe(filter=...), set_filter() and route(): what they do is tests/subscribers/test_filters.py
+    and tests/delivery/test_route.py; here, that the client says it to the server and reads the answers."""
+    with Client(server.http, logger_beside_secret.token) as mq:
+        sub = mq.subscribe("db", filter={"payload.kind": ["red"]})
+        assert sub["filter"] == {"payload.kind": ["red"]}
+        assert mq.subscribe("db")["filter"] == {"payload.kind": ["red"]}  # no filter named: kept
+        assert mq.publish("db", "paint", {"kind": "blue"})["deliveries"] == 0
+        assert mq.route("db", "paint", {"kind": "blue"}) == [
+            {
+                "id": sub["id"],
+                "subscriber": "logger",
+                "event": None,
+                "matches": False,
+                "reason": 'filter key payload.kind has "blue"',
+            }
+        ]
+        assert mq.route("db", "paint", {"kind": "red"}, headers={"tenant": "acme"})[0]["matches"] is True
+        assert mq.set_filter(sub, None)["filter"] is None
+        with pytest.raises(MQBadRequest) as refused:
+            mq.set_filter(sub["id"], {"payload.a.b.c.d.e": [1]})
+        assert refused.value.code == "bad_filter" and "payload.a.b.c.d.e" in refused.value.detail
+
+    async def scenario():
+        async with AsyncClient(server.http, logger_beside_secret.token) as mq:
+            sub = await mq.subscribe("db", filter={"headers.tenant": ["acme"]})
+            assert (await mq.route("db", "x", 1))[0]["reason"] == "filter key headers.tenant is absent"
+            assert (await mq.set_filter(sub, None))["filter"] is None
+
+    asyncio.run(scenario())
+
+
 def test_a_long_poll_waits_for_a_publish(server, logger_beside_secret):
     with (
         Client(server.http, logger_beside_secret.token, timeout=5) as mq,

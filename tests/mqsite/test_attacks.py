@@ -87,6 +87,7 @@ PUBLIC = {("schema", "get"), ("docs", "get")}
 EXAMPLE_ARGS = {
     "messages": {"queue": "db"},
     "event-catalog": {"queue": "db"},
+    "route": {"queue": "db"},
     "subscription-detail": {"pk": 1},
     "subscription-seek": {"pk": 1},
     "subscription-pause": {"pk": 1},
@@ -112,6 +113,14 @@ def peer_deletes_the_loggers_subscription(w):
     r = client_for(w.peer).delete(url_of("subscription-detail", pk=w.subscription.pk))
     assert r.status_code == 404
     assert Subscription.objects.filter(pk=w.subscription.pk).exists()
+
+
+def peer_changes_the_filter_of_the_loggers_subscription(w):
+    r = client_for(w.peer).patch(
+        url_of("subscription-detail", pk=w.subscription.pk), {"filter": {"payload.n": [1]}}, format="json"
+    )
+    assert r.status_code == 404
+    assert Subscription.objects.get(pk=w.subscription.pk).filter is None
 
 
 def peer_seeks_the_loggers_subscription(w):
@@ -195,10 +204,22 @@ def outsider_reads_the_event_catalog(w):
     assert client_for(w.peer).get(url_of("event-catalog", queue="db")).status_code == 200
 
 
+def peer_and_outsider_ask_who_would_receive(w):
+    # The peer learns of its own subscription only; the outsider, of no queue at all.
+    body = {"event": "create", "payload": {"n": 1}}
+    r = client_for(w.peer).post(url_of("route"), body, format="json")
+    assert r.status_code == 200
+    assert [s["id"] for s in r.json()["subscriptions"]] == [w.peer_subscription.pk]
+    r = client_for(w.outsider).post(url_of("route"), body, format="json")
+    assert r.status_code == 404 and "subscriptions" not in r.json()
+    assert Message.objects.count() == 4  # nothing published
+
+
 ROUTE_ATTACKS = {
     ("subscription-list", "get"): peer_lists_subscriptions,
     ("subscription-list", "post"): peer_subscribes,
     ("subscription-detail", "delete"): peer_deletes_the_loggers_subscription,
+    ("subscription-detail", "patch"): peer_changes_the_filter_of_the_loggers_subscription,
     ("subscription-seek", "post"): peer_seeks_the_loggers_subscription,
     ("subscription-pause", "post"): peer_pauses_or_resumes_the_loggers_subscription("pause"),
     ("subscription-resume", "post"): peer_pauses_or_resumes_the_loggers_subscription("resume"),
@@ -212,6 +233,7 @@ ROUTE_ATTACKS = {
     ("message-detail", "get"): peer_reads_the_loggers_receipt,
     ("analytics", "get"): peer_reads_the_analytics,
     ("event-catalog", "get"): outsider_reads_the_event_catalog,
+    ("route", "post"): peer_and_outsider_ask_who_would_receive,
 }
 
 

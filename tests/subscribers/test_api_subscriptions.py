@@ -10,7 +10,7 @@ def test_it_subscribes_to_one_event_and_answers_201(logger):
     r = subscribe(logger, {"queue": "db", "event": "create"})
     assert r.status_code == 201
     body = r.json()
-    assert set(body) == {"id", "queue", "event", "created_at", "paused"}
+    assert set(body) == {"id", "queue", "event", "created_at", "paused", "filter"}
     assert body["paused"] is False
     assert body["queue"] == "db" and body["event"] == "create"
     assert Subscription.objects.get(pk=body["id"]).subscriber == logger

@@ -191,7 +191,14 @@ def test_the_command_pauses_and_resumes_and_prints_each(logger, make_queue):
     one = subscribe(logger, {"queue": "db", "event": "create"}).json()
     out = [json.loads(line) for line in command_output("pausesubscription", "logger", "DB", "*").splitlines()]
     assert [{k: v for k, v in o.items() if k != "created_at"} for o in out] == [
-        {"subscriber": "logger", "id": mine["id"], "queue": "db", "event": None, "paused": True}
+        {
+            "subscriber": "logger",
+            "id": mine["id"],
+            "queue": "db",
+            "event": None,
+            "paused": True,
+            "filter": None,
+        }
     ]
     assert not Subscription.objects.get(pk=one["id"]).paused
     command_output("pausesubscription", "logger", "db")  # all of them; the paused one stays so

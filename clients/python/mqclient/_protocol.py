@@ -165,8 +165,31 @@ def publish_many(queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]])
     )
 
 
-def subscribe(queue: str, event: str | None = None) -> Call:
-    return Call("POST", "subscriptions", _same, {"queue": queue, "event": event}, has_body=True)
+def subscribe(queue: str, event: str | None = None, filter: dict[str, list[Any]] | None = None) -> Call:  # noqa: A002
+    """Without a filter the body names none: an existing subscription keeps its own."""
+    body: dict[str, Any] = {"queue": queue, "event": event}
+    if filter is not None:
+        body["filter"] = filter
+    return Call("POST", "subscriptions", _same, body, has_body=True)
+
+
+def set_filter(subscription_id: int | dict[str, Any], filter: dict[str, list[Any]] | None) -> Call:  # noqa: A002
+    """Set (None: clear) a subscription's filter: the subscription as it is now."""
+    if isinstance(subscription_id, dict):  # the answer of subscribe()
+        subscription_id = subscription_id["id"]
+    return Call(
+        "PATCH", f"subscriptions/{_name(str(subscription_id))}", _same, {"filter": filter}, has_body=True
+    )
+
+
+def route(queue: str, event: str, payload: Any, headers: dict[str, str] | None = None) -> Call:
+    """Who would receive this message: nothing is published."""
+    body: dict[str, Any] = {"event": event, "payload": payload}
+    if headers is not None:
+        body["headers"] = headers
+    return Call(
+        "POST", f"queues/{_name(queue)}/route", lambda body: body["subscriptions"], body, has_body=True
+    )
 
 
 def unsubscribe(subscription_id: int | dict[str, Any]) -> Call:

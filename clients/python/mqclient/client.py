@@ -108,8 +108,32 @@ class Client(_Base):
         """Publish [(event, payload), ...] (or (event, payload, key)) at once, all or nothing."""
         return self._do(_protocol.publish_many(queue, messages))
 
-    def subscribe(self, queue: str, event: str | None = None) -> dict[str, Any]:
-        return self._do(_protocol.subscribe(queue, event))
+    def subscribe(
+        self,
+        queue: str,
+        event: str | None = None,
+        *,
+        filter: dict[str, list[Any]] | None = None,  # noqa: A002
+    ) -> dict[str, Any]:
+        """Subscribe; with `filter` ({"payload.kind": ["red"], "headers.tenant": ["acme", None]}),
+        only the messages that match are owed (an existing subscription's filter is changed).
+        Without one, an existing subscription keeps its own."""
+        return self._do(_protocol.subscribe(queue, event, filter))
+
+    def set_filter(
+        self,
+        subscription_id: int | dict[str, Any],
+        filter: dict[str, list[Any]] | None,  # noqa: A002
+    ) -> dict[str, Any]:
+        """Set a subscription's filter (None: none, every message): the subscription."""
+        return self._do(_protocol.set_filter(subscription_id, filter))
+
+    def route(
+        self, queue: str, event: str, payload: Any, headers: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Who would receive this message, and why (publishes nothing): [{"id", "subscriber",
+        "event", "matches", "reason"}] of the caller's subscriptions of the queue."""
+        return self._do(_protocol.route(queue, event, payload, headers))
 
     def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         self._do(_protocol.unsubscribe(subscription_id))
@@ -222,8 +246,26 @@ class AsyncClient(_Base):
     ) -> list[dict[str, Any]]:
         return await self._do(_protocol.publish_many(queue, messages))
 
-    async def subscribe(self, queue: str, event: str | None = None) -> dict[str, Any]:
-        return await self._do(_protocol.subscribe(queue, event))
+    async def subscribe(
+        self,
+        queue: str,
+        event: str | None = None,
+        *,
+        filter: dict[str, list[Any]] | None = None,  # noqa: A002
+    ) -> dict[str, Any]:
+        return await self._do(_protocol.subscribe(queue, event, filter))
+
+    async def set_filter(
+        self,
+        subscription_id: int | dict[str, Any],
+        filter: dict[str, list[Any]] | None,  # noqa: A002
+    ) -> dict[str, Any]:
+        return await self._do(_protocol.set_filter(subscription_id, filter))
+
+    async def route(
+        self, queue: str, event: str, payload: Any, headers: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._do(_protocol.route(queue, event, payload, headers))
 
     async def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         await self._do(_protocol.unsubscribe(subscription_id))

@@ -106,6 +106,7 @@ _FRAME_STATUS = {
     "unknown_type": 400,
     "too_large": 413,
     "schema_mismatch": 400,
+    "bad_filter": 400,
     "rate_limited": 429,
     "too_many_connections": 429,
     "too_many_new_events": 429,

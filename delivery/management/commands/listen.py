@@ -1,4 +1,4 @@
-"""listen SUBSCRIBER QUEUE [EVENT] [--count N] [--no-ack] [--from all|new|SEQ|TIME]
+"""listen SUBSCRIBER QUEUE [EVENT] [--count N] [--no-ack] [--from all|new|SEQ|TIME] [--filter JSON]
 
 Pulls the subscriber's deliveries from the ledger as a client would, catch-up first, and
 prints each as one JSON line, acking it once printed. Stops after --count messages, or at the
@@ -8,6 +8,9 @@ usual).
 --from replays what the queue still holds from that point (subscribers.replay): a new
 subscription is made from it, and an existing one is sought back to it (its acked messages
 from there are handed out again), as an operator asking for history means.
+
+--filter sets the filter of the subscription it listens through (subscribers.filters: only
+the messages whose values match are owed from then on; "null" clears it), before any replay.
 """
 
 import functools
@@ -27,7 +30,7 @@ from delivery import ledger, subscribing, wakeups
 from mqsite.names import BadName, clean_name
 from queues import lookup
 from queues.models import Event
-from subscribers import replay
+from subscribers import filters, replay
 from subscribers.models import Subscriber, Subscription
 
 # Wake-ups only cross threads of one process; deliveries published by another process are
@@ -54,6 +57,11 @@ class Command(BaseCommand):
             help="replay from there first: every message still kept (all), a seq, or an ISO 8601 time "
             "(an existing subscription is sought back to it)",
         )
+        parser.add_argument(
+            "--filter",
+            metavar="JSON",
+            help='set the subscription\'s filter first, e.g. \'{"payload.kind": ["red"]}\' (null: none)',
+        )
 
     def handle(self, *args, **options):
         count = options["count"]
@@ -77,7 +85,15 @@ class Command(BaseCommand):
                 point = replay.point_of_text(options["start"])
             except replay.BadPoint as exc:
                 raise CommandError(f"--from: {exc.detail}") from None
-        event_ids = self._subscribe(subscriber, queue, event_name, point)
+        checked = subscribing.KEEP
+        if options["filter"] is not None:
+            try:
+                checked = filters.check_filter(json.loads(options["filter"]))
+            except ValueError as exc:
+                raise CommandError(f"--filter is not JSON: {exc}") from None
+            except filters.BadFilter as exc:
+                raise CommandError(f"--filter: {exc}") from None
+        event_ids = self._subscribe(subscriber, queue, event_name, point, checked)
         if queue.paused:
             self.stderr.write(f"queue {queue.name} is paused: nothing is handed out until it resumes")
         if Subscription.objects.filter(subscriber=subscriber, queue=queue, paused=True).exists():
@@ -121,9 +137,10 @@ class Command(BaseCommand):
                         ledger.ack_deliveries(subscriber, [delivery["id"]])
                     printed += 1
 
-    def _subscribe(self, subscriber, queue, event_name, point=None):
-        """Make sure the subscriber holds a subscription covering what it listens to, replayed
-        from `point` if given; returns the event ids to lease (None: every event of the queue)."""
+    def _subscribe(self, subscriber, queue, event_name, point=None, checked=subscribing.KEEP):
+        """Make sure the subscriber holds a subscription covering what it listens to, with the
+        filter `checked` (KEEP: as it is), replayed from `point` if given; returns the event ids
+        to lease (None: every event of the queue)."""
         subs = Subscription.objects.filter(subscriber=subscriber, queue=queue)
         if event_name is None:
             event = None
@@ -139,15 +156,19 @@ class Command(BaseCommand):
         replayed = None
         if covering is None:
             if point is None:
-                subscription, _ = subscribing.subscribe(subscriber, queue, event_name)
+                subscription, _ = subscribing.subscribe(subscriber, queue, event_name, filter=checked)
             else:
-                subscription, _, replayed = subscribing.subscribe_from(subscriber, queue, event_name, point)
+                subscription, _, replayed = subscribing.subscribe_from(
+                    subscriber, queue, event_name, point, filter=checked
+                )
             event = subscription.event
         if event_name is not None and event is None:
             # Covered by the every-event subscription, and never published: the event is made
             # now (as a publish would make it) so that the lease can be narrowed to it.
             event, _ = Event.objects.get_or_create(queue=queue, name=event_name)
         event_ids = None if event_name is None else [event.pk]
+        if covering is not None and checked is not subscribing.KEEP:
+            subscribing.set_filter(covering, checked)
         if covering is not None and point is not None and point.kind != replay.NEW:
             # Only the event listened to, though the subscription is to every event.
             replayed = subscribing.seek(covering, point, event_ids=event_ids)

@@ -1648,6 +1648,9 @@ def begin_replay(subscription, point, *, reopen=False, event_ids=None, now=None)
     in a short transaction (the caller's, if it has one); finish_replay() makes them owed.
     Returns the seq the replay starts from.
 
+    A message that has expired (queues.timing) is not owed again: a replay makes no delivery
+    of it and reopens none (it would only be dead at the next sweep, a dead letter for nothing).
+
     Each chunk is one INSERT ... SELECT of the deliveries it lacks (ON CONFLICT on the unique
     (subscription, message): those it has are left as they are, so a chunk done twice makes
     nothing twice) and, to `reopen` (a seek), one UPDATE that hands its acked and dead ones of
@@ -1767,10 +1770,11 @@ def replay_chunk(subscription_id, now=None):
                 {insert}
                 FROM {Message._meta.db_table} m
                 WHERE m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}
+                  AND {unexpired_sql("m")}
                 ORDER BY m.seq
                 ON CONFLICT (subscription_id, message_id) DO NOTHING
                 """,
-                [*insert_params, queue_id, first, last, *event_params, *narrow_params],
+                [*insert_params, queue_id, first, last, *event_params, *narrow_params, at],
             )
             owed = cursor.rowcount
             if reopen:
@@ -1782,6 +1786,7 @@ def replay_chunk(subscription_id, now=None):
                         attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
                         last_error = CASE WHEN status = %s THEN %s ELSE last_error END
                     WHERE subscription_id = %s AND seq BETWEEN %s AND %s AND status IN (%s, %s){narrow}
+                      AND {unexpired_sql(table)}
                     """,
                     [
                         Status.PENDING,
@@ -1795,6 +1800,7 @@ def replay_chunk(subscription_id, now=None):
                         Status.ACKED,
                         Status.DEAD,
                         *narrow_params,
+                        at,
                     ],
                 )
                 owed += cursor.rowcount

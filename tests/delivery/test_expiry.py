@@ -226,3 +226,27 @@ def test_an_expired_dead_letter_is_listed_and_redelivered_without_its_expiry(own
     ledger.expire_overdue_leases(now=timezone.now() + timedelta(days=1))
     row = Delivery.objects.get()  # its lease ended unacked: retried as usual, not expired
     assert (row.status, row.last_error) == (Status.PENDING, ledger.ACK_DEADLINE_PASSED)
+
+
+def test_a_replay_owes_no_message_that_has_expired(owner, db_queue, peer):
+    from subscribers.replay import Point
+
+    # Given two messages, one of which expired unacked (dead), the other acked
+    [expiring, _] = publish(
+        db_queue, publishing.prepare("create", 1, ttl_secs=60), publishing.prepare("create", 2)
+    )
+    Message.objects.filter(pk=expiring["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    expire_now(message_id=expiring["id"])
+    ledger.expire_overdue_leases()
+    ledger.ack_deliveries(owner, [d["id"] for d in ledger.lease_deliveries(owner, limit=10)])
+
+    # When a new subscription replays everything, and the old one seeks back to the start
+    sub, _ = subscribing.subscribe(peer, db_queue)
+    assert ledger.replay(sub, Point("all")).deliveries == 1
+    mine = owner.subscriptions.get()
+    assert ledger.replay(mine, Point("all"), reopen=True).deliveries == 1
+
+    # Then only the unexpired message is owed again; the expired one stays dead, owed to nobody new
+    assert [d["payload"] for d in ledger.lease_deliveries(peer, limit=10)] == [2]
+    assert [d["payload"] for d in ledger.lease_deliveries(owner, limit=10)] == [2]
+    assert Delivery.objects.get(message_id=expiring["id"]).status == Status.DEAD

@@ -68,7 +68,7 @@ class NameCleaningForm(forms.ModelForm):
 class QueueForm(NameCleaningForm):
     class Meta:
         model = Queue
-        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days"]
+        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days", "ttl_secs"]
 
 
 class EventForm(NameCleaningForm):

@@ -91,7 +91,7 @@ class PublishSerializer(serializers.Serializer):
         "message falls due (its deliver_at, or now). Not with ttl_secs.",
     )
     ttl_secs = _timing_field(
-        {"type": "number", "exclusiveMinimum": 0, "maximum": timing.MAX_TTL_SECS},
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": timing.MAX_TTL_SECS},
         "Expires this many seconds after it falls due (its deliver_at, or now); without it and "
         "expires_at, the queue's default TTL, if any. Not with expires_at.",
     )

@@ -17,7 +17,7 @@ import math
 from datetime import timedelta
 
 from django.db.models import Count, Min, OuterRef
-from django.db.models.functions import Substr
+from django.db.models.functions import Coalesce, Substr
 from django.utils import timezone
 
 from delivery import tallies
@@ -156,12 +156,13 @@ def _series(now, activity):
             per_step[(step, status)] = per_step.get((step, status), 0) + n
     published = [per_step.get((lo, tallies.PUBLISHED), 0) for lo, _ in buckets]
     acked = [per_step.get((lo, Status.ACKED), 0) for lo, _ in buckets]
-    # Latency is publish to ack. A delivery's created_at is its message's publish time (they
-    # are written together), so no join is needed.
+    # Latency is publish to ack, or a delayed message's deliver_at to ack: the wait it asked
+    # for is no latency. A delivery's created_at is its message's publish time (they are
+    # written together); the deliver_at is its message's, joined for the sample's rows alone.
     sample = list(
         Delivery.objects.filter(acked_at__gte=buckets[0][0])
         .order_by("-acked_at")
-        .values_list("acked_at", "created_at")[:LATENCY_SAMPLE]
+        .values_list("acked_at", Coalesce("message__deliver_at", "created_at"))[:LATENCY_SAMPLE]
     )
     per_bucket = [[] for _ in buckets]
     recent = []

@@ -37,7 +37,16 @@ from . import receipts
 from .bounds import MAX_EXTEND_SECS
 from .frame_sql import message_frame_sql
 from .models import Delivery, DeliveryAttempt, Status
-from .querysets import OPEN, is_ready, line_position, overdue_sql, ready_sql, status_is
+from .querysets import (
+    OPEN,
+    expired_sql,
+    is_ready,
+    line_position,
+    overdue_sql,
+    ready_sql,
+    status_is,
+    unexpired_sql,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +128,10 @@ NOT_SENT = "leased ahead for a socket and given back unsent"
 REDELIVERED = "redelivered by an operator"
 KILLED = "killed by an operator"
 REPLAYED = "replayed by a seek"
+# Its message's expiry passed (queues.timing) before an ack: pending, the sweep kills it
+# (expire_overdue_leases); in flight, the end of its lease does (dead_or_retry). Exactly this
+# text, which operators and the operational events read as the reason.
+EXPIRED = "expired"
 
 
 def retried_now_by(operator="an operator"):
@@ -151,23 +164,43 @@ UNLEASED_SQL = "ack_deadline = NULL, lease_holder = ''"
 UNLEASED = {"ack_deadline": None, "lease_holder": ""}
 
 
-def dead_or_retry(retried, died, next_at, next_params, dead_at="next_attempt_at", dead_at_params=()):
+def dead_or_retry(
+    retried, died, next_at, next_params, dead_at="next_attempt_at", dead_at_params=(), now=None
+):
     """The one rule for an attempt that ended without an ack, as the SET clauses (and their
     parameters) of an UPDATE of the delivery table: dead if it was its queue's last attempt,
     with the last error `died` (died_of) around its count; else pending again from `next_at`
     (SQL and `next_params`) with the last error `retried`. The lease goes either way. Used by
     nacks, failed pushes, expired leases and closed connections. `dead_at`: what a dead one's
     next_attempt_at becomes (dead letters are listed by it, newest first); unchanged by default.
+    `now` (adapted for the database): also dead, with the reason EXPIRED, if its expiry has
+    passed by then (a lease that ends unacked after its message expired goes no further).
 
     Every expression reads the row as it was before the UPDATE (SQL's rule), so the CASEs agree."""
-    dead = _AT_LAST_ATTEMPT()
+    last = _AT_LAST_ATTEMPT()
+    dead, dead_params, expired_case, expired_params = last, [], "", []
+    if now is not None:
+        expired = expired_sql(Delivery._meta.db_table)
+        dead, dead_params = f"({last} OR {expired})", [now]
+        expired_case, expired_params = f"WHEN {expired} THEN %s ", [now, EXPIRED]
     before, after = died
     return (
         f"""status = CASE WHEN {dead} THEN %s ELSE %s END,
             next_attempt_at = CASE WHEN {dead} THEN {dead_at} ELSE {next_at} END,
-            last_error = CASE WHEN {dead} THEN %s || CAST(attempt AS TEXT) || %s ELSE %s END,
+            last_error = CASE {expired_case}WHEN {last} THEN %s || CAST(attempt AS TEXT) || %s ELSE %s END,
             {UNLEASED_SQL}""",
-        [Status.DEAD, Status.PENDING, *dead_at_params, *next_params, before, after, retried],
+        [
+            *dead_params,
+            Status.DEAD,
+            Status.PENDING,
+            *dead_params,
+            *dead_at_params,
+            *next_params,
+            *expired_params,
+            before,
+            after,
+            retried,
+        ],
     )
 
 
@@ -228,18 +261,21 @@ def fan_out(queue_id, first_seq, last_seq, now, receipt=False):
         now,
         receipt,
         where_params=[queue_id, first_seq, last_seq],
+        timed=True,
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return fanned_out(cursor.fetchall())
 
 
-def fan_out_statement(messages, where, now, receipt=False, seats=None, where_params=()):
+def fan_out_statement(messages, where, now, receipt=False, seats=None, where_params=(), timed=False):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
-    queue_id, event_id, seq, payload_json, headers_json, and receipt_wanted when `receipt`)
-    where `where` (with `where_params`) holds, and all its parameters. With `receipt` (some
-    message wants a receipt), each delivery copies its message's receipt_wanted; without, the
-    column keeps its default and the statement is the one every other publish sends.
+    queue_id, event_id, seq, payload_json, headers_json, receipt_wanted when `receipt`,
+    deliver_at and expires_at when `timed`) where `where` (with `where_params`) holds, and all
+    its parameters. With `receipt` (some message wants a receipt), each delivery copies its
+    message's receipt_wanted; without, the column keeps its default and the statement is the
+    one every other publish sends. Likewise `timed` (some message is delayed or expires:
+    owed_insert).
 
     A subscription matches a message when it is for the message's queue and for its event or
     all events and is not being unsubscribed (unsubscribe()), its filter (if any) holds for
@@ -255,8 +291,8 @@ def fan_out_statement(messages, where, now, receipt=False, seats=None, where_par
     those two, each delivery's id, lease holder ('' when pending), ack deadline, attempt and
     subscription (_fan_out_seated)."""
     if seats is not None:
-        return _fan_out_seated(messages, where, now, receipt, seats, where_params)
-    insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt)
+        return _fan_out_seated(messages, where, now, receipt, seats, where_params, timed)
+    insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt, timed=timed)
     # The messages through filter_source(): what the filters read, parsed once per message.
     sql = f"""
         {insert}
@@ -292,23 +328,28 @@ def _OWED_JOIN():  # noqa: N802 (a constant, made once the models are loaded)
         JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}"""
 
 
-def _fan_out_seated(messages, where, now, receipt, seats, where_params):
+def _fan_out_seated(messages, where, now, receipt, seats, where_params, timed=False):
     """fan_out_statement() with `seats`: a delivery whose subscriber has a seat is made already
     in flight to the seat's holder, as a lease leaves it (attempt 1, the queue's ack deadline),
     when a lease would take it now and the seat has room: its queue is unordered (an ordered
-    queue's line is the lease's alone: _lease_head_statement) and _may_lease() holds, and it is
-    within the seat's room, counted in seq order. The others are made pending, as always."""
+    queue's line is the lease's alone: _lease_head_statement), _may_lease() holds, its message
+    is not delayed (a lease would not take it before its deliver_at), and it is within the
+    seat's room, counted in seq order. The others are made pending, as always."""
     queue, queue_params, subscriber_ids, holders, rooms = seats
     may_lease, lease_params = _may_lease()
     at = connection.ops.adapt_datetimefield_value(now)
     seated = ("m.seated", "m.holder", _deadline("m"))
-    insert, params = owed_insert("m.subscription_id, m.subscriber_id", [], now, receipt, seated=seated)
+    insert, params = owed_insert(
+        "m.subscription_id, m.subscriber_id", [], now, receipt, seated=seated, timed=timed
+    )
     sql = f"""
         {insert}
         FROM (
-            SELECT m.id, m.queue_id, m.event_id, m.seq{", m.receipt_wanted" if receipt else ""},
+            SELECT m.id, m.queue_id, m.event_id, m.seq{", m.receipt_wanted" if receipt else ""}
+                   {", m.deliver_at, m.expires_at" if timed else ""},
                    s.id AS subscription_id, s.subscriber_id, t.holder, q.ack_timeout,
                    t.holder IS NOT NULL AND q.ordered = %s AND {may_lease}
+                   {"AND m.deliver_at IS NULL" if timed else ""}
                    AND row_number() OVER (PARTITION BY s.subscriber_id ORDER BY m.seq, s.id) <= t.room
                    AS seated
             FROM {filter_source(messages, where)}
@@ -336,17 +377,27 @@ def _fan_out_seated(messages, where, now, receipt, seats, where_params):
     ]
 
 
-def owed_insert(owner, owner_params, now, receipt=False, seated=None):
+def owed_insert(owner, owner_params, now, receipt=False, seated=None, timed=False):
     """The deliveries' INSERT ... SELECT up to its FROM (and its parameters), for fan-out and
     replay alike: one pending delivery, ready at `now`, per row of the SELECT's message `m`.
     `owner`: the SQL of its subscription's and its subscriber's ids (with `owner_params`).
     `receipt`: copy the message's receipt_wanted (the column keeps its default otherwise).
+    `timed`: `m` has deliver_at and expires_at: a delayed message's deliveries are ready at its
+    deliver_at instead (the wait is no attempt: their attempt stays 0), and each copies its
+    message's expiry. Without, the statement is the one every other publish sends.
     `seated`: (SQL of whether the row is taken at once, of its holder, of its ack deadline with
     one parameter, `now`): such a row is made in flight, as _leased_set() leaves a lease (the
     caller appends `now` twice to the parameters, for the deadline and delivered_at)."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
+    ready_at = "%s"
+    if timed:
+        column, value, ready_at = (
+            f"{column}, expires_at",
+            f"{value}, m.expires_at",
+            "COALESCE(m.deliver_at, %s)",
+        )
     if seated is None:
         state, lease, lease_columns = "%s, 0", "''", ""
         params = [Status.PENDING]
@@ -360,7 +411,7 @@ def owed_insert(owner, owner_params, now, receipt=False, seated=None):
             (subscription_id, subscriber_id, message_id, queue_id, event_id, seq, status,
              attempt, next_attempt_at, created_at, lease_holder, last_error{column}
              {", ack_deadline, delivered_at" if seated else ""})
-        SELECT {owner}, m.id, m.queue_id, m.event_id, m.seq, {state}, %s, %s, {lease}, ''{value}
+        SELECT {owner}, m.id, m.queue_id, m.event_id, m.seq, {state}, {ready_at}, %s, {lease}, ''{value}
              {lease_columns}"""
     return sql, [*owner_params, *params, at, at]
 
@@ -569,6 +620,7 @@ def _subscriptions(subscriber, queue, event_ids, now):
         [
             *event_params,
             at,
+            at,
             *event_params,
             at,
             True,
@@ -635,7 +687,8 @@ def _lease_ready_statement(
     order = "seq" if len(sub_ids) == 1 else "seq, id"
     pick = f"SELECT id FROM {table} p WHERE {where} AND {ready_sql('p')} ORDER BY {order} LIMIT %s"
     set_, set_params = _leased_set(ack_timeout, holder, now)
-    params = [*set_params, *where_params, connection.ops.adapt_datetimefield_value(now), limit]
+    at = connection.ops.adapt_datetimefield_value(now)
+    params = [*set_params, *where_params, at, at, limit]
     if connection.vendor != "postgresql":  # the ids, that _lease_ready() describes
         leased = yield f"UPDATE {table} SET {set_} WHERE id IN ({pick}) RETURNING id", params
         return [row[0] for row in leased]
@@ -701,7 +754,7 @@ def _lease_head(subscriber_id, sub, event_ids, holder, now, framed=False):
         .order_by()
         .values_list("id")
     )
-    head = _head(subscriber_id, sub["id"])
+    head = _head(subscriber_id, sub["id"], now)
     if (
         head is None
         or not is_ready(head["status"], head["next_attempt_at"], now)
@@ -715,7 +768,9 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
     """PostgreSQL: lease an ordered subscription's head in one statement, and describe it.
     `subscription` is its id, or the SQL of a subquery giving it, as (sql, params).
 
-    The head is its lowest-seq pending delivery, leased only if it is ready (of `event_ids`,
+    The head is its lowest-seq pending delivery that has not expired (an expired one holds up
+    nothing behind it, though the sweep has not yet made it dead), leased only if it is ready
+    (a delayed head, or one waiting for its retry, holds the line until then) (of `event_ids`,
     if given), nothing of the subscription is in flight (whatever its seq: a seek or a
     redelivery can reopen lower seqs behind it), and the subscription may lease at all
     (_may_lease(): no replay under way, neither it nor its queue paused), its subscriber active
@@ -746,6 +801,7 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
              {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r{_no_flush_wait()}
         WHERE d.id = (SELECT h.id FROM {table} h
                       WHERE h.subscription_id = ({sub_sql}) AND {status_is(Status.PENDING, "h")}
+                        AND {unexpired_sql("h")}
                       ORDER BY h.seq LIMIT 1)
           AND NOT EXISTS (SELECT 1 FROM {table} i
                           WHERE i.subscriber_id = %s AND {status_is(Status.INFLIGHT, "i")}
@@ -763,7 +819,9 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
             holder,
             at(now),
             *sub_params,
+            at(now),
             subscriber_id,
+            at(now),
             at(now),
             *event_params,
             subscriber_id,
@@ -816,10 +874,11 @@ def _of_acked(delivery_id):
     return f"SELECT subscription_id FROM {Delivery._meta.db_table} WHERE id = %s", [delivery_id]
 
 
-def _head(subscriber_id, subscription_id):
+def _head(subscriber_id, subscription_id, now):
     """The delivery that holds a subscription's line (id, status, next_attempt_at, event_id,
     seq), or None: one in flight, whatever its seq (a seek or a redelivery can reopen lower
-    seqs behind it, and still only one may be in flight), else the lowest-seq pending one.
+    seqs behind it, and still only one may be in flight), else the lowest-seq pending one not
+    expired at `now` (an expired one holds nothing up: _lease_head_statement).
     The first pending one by delivery_ready and the first in flight by the subscriber's (few,
     in an ordered queue) in-flight ones, in one statement. One query over both statuses could
     use neither partial index, and would read the subscription's acked history too."""
@@ -830,6 +889,7 @@ def _head(subscriber_id, subscription_id):
             f"""
             SELECT * FROM (SELECT {columns} FROM {table} h
                            WHERE h.subscription_id = %s AND {status_is(Status.PENDING, "h")}
+                             AND {unexpired_sql("h")}
                            ORDER BY h.seq LIMIT 1) p
             UNION ALL
             SELECT * FROM (SELECT {columns} FROM {table} h
@@ -837,7 +897,7 @@ def _head(subscriber_id, subscription_id):
                              AND h.subscription_id = %s
                            ORDER BY h.seq LIMIT 1) i
             """,
-            [subscription_id, subscriber_id, subscription_id],
+            [subscription_id, connection.ops.adapt_datetimefield_value(now), subscriber_id, subscription_id],
         )
         rows = cursor.fetchall()
     if not rows:
@@ -849,7 +909,7 @@ def _head(subscriber_id, subscription_id):
 # What a lease returns of each delivery: what _delivery() makes of it, or (a socket's lease,
 # `framed`) what _framed() does, the frame written by PostgreSQL.
 _DESCRIBED = """d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                m.created_at, d.ack_deadline, m.headers_json"""
+                m.created_at, d.ack_deadline, m.headers_json, m.deliver_at, d.expires_at"""
 _FRAMED = f"d.id, q.name, e.name, d.seq, d.ack_deadline, {message_frame_sql()}"
 
 
@@ -883,16 +943,30 @@ def _describe(ids):
             "message__created_at",
             "ack_deadline",
             "message__headers_json",
+            "message__deliver_at",
+            "expires_at",
         )
     )
     return [_delivery(*row) for row in rows]
 
 
 def _delivery(
-    id, message_id, queue, event, seq, payload_json, attempt, published_at, ack_deadline, headers_json=None
+    id,
+    message_id,
+    queue,
+    event,
+    seq,
+    payload_json,
+    attempt,
+    published_at,
+    ack_deadline,
+    headers_json=None,
+    deliver_at=None,
+    expires_at=None,
 ):
     """A leased delivery as the API gives it: with `headers` only when its message has some
-    (queues.headers), so that clients that send none see exactly what they saw before."""
+    (queues.headers), so that clients that send none see exactly what they saw before; with
+    `deliver_at` and `expires_at` always (null when none: queues.timing)."""
     delivery = {
         "id": id,
         "message_id": message_id,
@@ -903,6 +977,8 @@ def _delivery(
         "attempt": attempt,
         "published_at": published_at,
         "ack_deadline": ack_deadline,
+        "deliver_at": deliver_at,
+        "expires_at": expires_at,
     }
     if headers_json:
         delivery["headers"] = json.loads(headers_json)
@@ -1219,7 +1295,7 @@ def _end_attempts(where, params, retry_in, now, error):
         next_at, next_params = _backoff_case(now)
     else:
         next_at, next_params = "%s", [at(now + timedelta(seconds=retry_in))]
-    set_, set_params = dead_or_retry(error, died_of(error), next_at, next_params)
+    set_, set_params = dead_or_retry(error, died_of(error), next_at, next_params, now=at(now))
     rows = yield (
         f"""
         UPDATE {Delivery._meta.db_table} SET {set_}
@@ -1308,13 +1384,43 @@ def fail_delivery(delivery_id, holder, error, now=None):
 
 def expire_overdue_leases(now=None):
     """Return every overdue lease to pending after its backoff, or to dead after the last
-    attempt. For the sweeper; leases do the same for their own subscriptions."""
+    attempt (or, its message expired meanwhile, dead: EXPIRED); and make every pending delivery
+    whose message expired dead (expire_pending). For the sweeper; leases do the same for
+    their own subscriptions' overdue leases. Returns how many moved."""
     now = now or timezone.now()
     with transaction.atomic():
         expired = _expire_overdue(now, None)
         # Those that are pending again may be ready at once (the backoff runs from the deadline).
         bus.send_after_commit(bus.WAKE, set(expired))
-    return len(expired)
+    return len(expired) + expire_pending(now)
+
+
+def expire_pending(now=None):
+    """Pending deliveries whose message's expiry has passed go no further: dead, EXPIRED,
+    listed among the dead letters as dying now. The sweep's: until it runs, a lease already
+    skips them (querysets.ready_sql), and an ordered line's head steps past them
+    (_lease_head_statement). A dead path like the others (kill_deliveries): its receipts are
+    logged as moved, and its subscribers woken, for what may now lead their lines (and for
+    whatever else closing a delivery sets going). One UPDATE by delivery_expiring; returns how many."""
+    table = Delivery._meta.db_table
+    at = connection.ops.adapt_datetimefield_value(now or timezone.now())
+    # SKIP LOCKED: a lease holding one (it read it just before it expired) is left to finish.
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {table} SET status = %s, last_error = %s, next_attempt_at = %s, {UNLEASED_SQL}
+            WHERE id IN (SELECT d.id FROM {table} d
+                         WHERE {status_is(Status.PENDING, "d")} AND {expired_sql("d")}{lock})
+              AND {status_is(Status.PENDING, table)}
+            RETURNING subscriber_id, CASE WHEN receipt THEN message_id END
+            """,
+            [Status.DEAD, EXPIRED, at, at],
+        )
+        died = cursor.fetchall()
+        receipts.moved(message_id for _, message_id in died)
+        bus.send_after_commit(bus.WAKE, {subscriber_id for subscriber_id, _ in died})
+    return len(died)
 
 
 def _expire_overdue(now, subscription_ids):
@@ -1328,7 +1434,7 @@ def _expire_overdue(now, subscription_ids):
         of_subscriptions = f" AND {of_subscriptions}"
         params += subscription_params
     set_, set_params = dead_or_retry(
-        ACK_DEADLINE_PASSED, died_of(ACK_DEADLINE_PASSED), _backoff_after("ack_deadline"), []
+        ACK_DEADLINE_PASSED, died_of(ACK_DEADLINE_PASSED), _backoff_after("ack_deadline"), [], now=params[0]
     )
     # Plain SQL for the status literal (delivery_overdue is partial). Locks the rows, not
     # their queue's (publishers hold that); SKIP LOCKED: the sweeper and leases at once.
@@ -1349,7 +1455,10 @@ def _expire_overdue(now, subscription_ids):
 
 def redeliver(deliveries, now=None):
     """Operator redelivery: put the given deliveries (a queryset) back to pending, ready now,
-    with a fresh count of attempts. Acked deliveries are left alone. Returns how many moved."""
+    with a fresh count of attempts. Acked deliveries are left alone. Returns how many moved.
+
+    Their expiry goes (expires_at cleared): an operator who redelivers an expired dead letter
+    wants it delivered, not dead again at the next sweep."""
     now = now or timezone.now()
     with transaction.atomic():
         moving = deliveries.exclude(status=Status.ACKED)
@@ -1358,6 +1467,7 @@ def redeliver(deliveries, now=None):
             status=Status.PENDING,
             attempt=0,
             next_attempt_at=now,
+            expires_at=None,
             **UNLEASED,
             last_error=REDELIVERED,
         )
@@ -1402,6 +1512,28 @@ def retry_now(deliveries, reason=None, now=None):
             **UNLEASED,
             last_error=reason or retried_now_by(),
         )
+        bus.send_after_commit(bus.WAKE, subscriber_ids)
+    return count
+
+
+def deliver_now(deliveries, now=None):
+    """Operator action on delayed messages: those of the given deliveries (a queryset) that
+    still wait for their message's deliver_at (pending, no attempt yet, due later) are ready
+    now, and their subscribers woken. Others are left alone: a retry's wait is retry_now's.
+    Returns how many moved."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # One UPDATE, its conditions re-checked in it (compare-and-set): one leased meanwhile
+        # (a deliver_at that came) is not moved.
+        moving = Delivery.objects.filter(
+            id__in=deliveries.order_by().values("id"),
+            status=Status.PENDING,
+            attempt=0,
+            next_attempt_at__gt=now,
+            message__deliver_at__gt=now,
+        )
+        subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
+        count = moving.update(next_attempt_at=now)
         bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
@@ -1481,7 +1613,7 @@ def _release(where, params, reason, wake, spend, whose=False):
     at = connection.ops.adapt_datetimefield_value(timezone.now())
     if spend:
         # Ready at once, and a dead one listed among the dead letters as dying now.
-        set_, set_params = dead_or_retry(reason, died_of(CLOSED_IN_FLIGHT), "%s", [at], "%s", [at])
+        set_, set_params = dead_or_retry(reason, died_of(CLOSED_IN_FLIGHT), "%s", [at], "%s", [at], now=at)
     else:
         # Whether the client saw the message cannot be known (or it was never sent): given
         # back, so that a subscriber whose server restarts does not see its deliveries die of
@@ -1540,6 +1672,9 @@ def begin_replay(subscription, point, *, reopen=False, event_ids=None, now=None)
     """Mark the subscription as owing its queue's seqs from `point` to the queue's last seq,
     in a short transaction (the caller's, if it has one); finish_replay() makes them owed.
     Returns the seq the replay starts from.
+
+    A message that has expired (queues.timing) is not owed again: a replay makes no delivery
+    of it and reopens none (it would only be dead at the next sweep, a dead letter for nothing).
 
     Each chunk is one INSERT ... SELECT of the deliveries it lacks (ON CONFLICT on the unique
     (subscription, message): those it has are left as they are, so a chunk done twice makes
@@ -1654,9 +1789,10 @@ def replay_chunk(subscription_id, now=None):
         of_events, event_params = ("", []) if event_id is None else (" AND m.event_id = %s", [event_id])
         narrow, narrow_params = _of_events("m.event_id", event_ids)
         # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
-        insert, insert_params = owed_insert("%s, %s", [subscription_id, subscriber_id], now)
+        insert, insert_params = owed_insert("%s, %s", [subscription_id, subscriber_id], now, timed=True)
         # A replay owes what a publish would owe the subscription now: its filter as it is now
-        # applies (filter_holds, the fan-out's own clause), to history published before it too.
+        # applies (filter_holds, the fan-out's own clause), to history published before it too;
+        # an expired message is owed to no one any more.
         of_range = f"m.queue_id = %s AND m.seq BETWEEN %s AND %s{of_events}{narrow}"
         owed_now = f"""{filter_source(f"{Message._meta.db_table} m", of_range)}
                 JOIN {Subscription._meta.db_table} s ON s.id = %s"""
@@ -1666,11 +1802,11 @@ def replay_chunk(subscription_id, now=None):
                 f"""
                 {insert}
                 FROM {owed_now}
-                WHERE {filter_holds("s", "m")}
+                WHERE {filter_holds("s", "m")} AND {unexpired_sql("m")}
                 ORDER BY m.seq
                 ON CONFLICT (subscription_id, message_id) DO NOTHING
                 """,
-                [*insert_params, *owed_params],
+                [*insert_params, *owed_params, at],
             )
             owed = cursor.rowcount
             if reopen:
@@ -1687,6 +1823,7 @@ def replay_chunk(subscription_id, now=None):
                         attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
                         last_error = CASE WHEN status = %s THEN %s ELSE last_error END
                     WHERE subscription_id = %s AND seq BETWEEN %s AND %s AND status IN (%s, %s){narrow}
+                      AND {unexpired_sql(table)}
                     """,
                     [
                         Status.PENDING,
@@ -1700,6 +1837,7 @@ def replay_chunk(subscription_id, now=None):
                         Status.ACKED,
                         Status.DEAD,
                         *narrow_params,
+                        at,
                     ],
                 )
                 owed += cursor.rowcount

@@ -66,6 +66,10 @@ class Delivery(models.Model):
     # Its message's publisher waits for a receipt (Message.receipt_wanted, copied at fan-out):
     # the settling statements return the message id of such rows only (delivery.receipts).
     receipt = models.BooleanField(default=False, db_default=False, editable=False)
+    # Its message's expiry (Message.expires_at, copied at fan-out so that a lease's statement
+    # reads one table): not acked by then, it is dead with the reason "expired". Null: never.
+    # An operator's redelivery clears it (ledger.redeliver): a new chance, without the expiry.
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = DeliveryQuerySet.as_manager()  # the read predicates: ready(now), overdue(now), ...
 
@@ -119,6 +123,13 @@ class Delivery(models.Model):
                 name="delivery_receipt_open",
                 condition=models.Q(receipt=True, status__in=["pending", "inflight"]),
             ),
+            # expiry: pending deliveries by when they expire (the sweep's); only those of
+            # messages that expire have an entry
+            models.Index(
+                fields=["expires_at"],
+                name="delivery_expiring",
+                condition=models.Q(status="pending", expires_at__isnull=False),
+            ),
             # acks in the last minutes: the dashboard's and /metrics' ack rate and latency
             models.Index(
                 fields=["acked_at"], name="delivery_acked_at", condition=models.Q(acked_at__isnull=False)
@@ -131,7 +142,10 @@ class Delivery(models.Model):
     # The read predicates of delivery.querysets, on a row already read.
 
     def is_ready(self, now):
-        return querysets.is_ready(self.status, self.next_attempt_at, now)
+        return querysets.is_ready(self.status, self.next_attempt_at, now, self.expires_at)
+
+    def is_expired(self, now):
+        return querysets.is_expired(self.expires_at, now)
 
     def is_retrying(self, now):
         return querysets.is_retrying(self.status, self.next_attempt_at, now)

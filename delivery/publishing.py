@@ -16,6 +16,7 @@ from mqsite import adb, bus, limits
 from mqsite.names import BadName, clean_name
 from mqsite.values import storable_text
 from queues import schemas
+from queues import timing as timings
 from queues.headers import BadHeaders, encode_headers
 from queues.models import Event, Message, Queue
 
@@ -35,6 +36,15 @@ class PayloadTooLarge(BadMessage):
 
 class BadMessageHeaders(BadMessage):
     """Headers that break a rule of queues.headers (the caller answers 400 naming `headers`)."""
+
+
+class BadMessageTiming(BadMessage):
+    """A deliver_at / delay_secs / expires_at / ttl_secs that breaks a rule of queues.timing
+    (the caller answers 400 with `code`, naming `field`)."""
+
+    def __init__(self, exc):
+        super().__init__(exc.detail)
+        self.code, self.field = exc.code, exc.field
 
 
 class SchemaMismatch(BadMessage):
@@ -64,6 +74,9 @@ class Outgoing:
     publisher: object = None  # a Subscriber; publish()'s `publisher` fills it in when None
     headers_json: str | None = None  # None: no headers (queues.headers)
     receipt: bool = False  # the publisher waits for a receipt (delivery.receipts)
+    # When it falls due and expires, as sent (queues.timing; its queue's default TTL is added
+    # at publish: timing_in).
+    timing: timings.Timing = timings.NO_TIMING
     # The payload as sent, for its event's schema (prepare() has it: no second parse).
     payload: object = field(default=_UNPARSED, compare=False, repr=False)
 
@@ -71,9 +84,16 @@ class Outgoing:
         return json.loads(self.payload_json) if self.payload is _UNPARSED else self.payload
 
 
-def prepare(event, payload, key=None, headers=None):
+def timing_fields(item):
+    """The deliver_at, delay_secs, expires_at and ttl_secs of a publish item (a dict), for
+    prepare(): absent ones None."""
+    return {f: item.get(f) for f in timings.FIELDS}
+
+
+def prepare(event, payload, key=None, headers=None, **times):
     """Check one message and encode its payload and headers; BadMessage says what is wrong
-    (BadMessageHeaders when it is the headers)."""
+    (BadMessageHeaders when it is the headers, BadMessageTiming when it is `times`: any of
+    deliver_at, delay_secs, expires_at and ttl_secs, queues.timing)."""
     try:
         event = clean_name(event, "event")
     except BadName as exc:
@@ -100,7 +120,17 @@ def prepare(event, payload, key=None, headers=None):
         headers_json = encode_headers(headers)
     except BadHeaders as exc:
         raise BadMessageHeaders(str(exc)) from None
-    return Outgoing(event, text, key, headers_json=headers_json, payload=payload)
+    try:
+        when = timings.timing_of(**times) if times else timings.NO_TIMING
+    except timings.BadTiming as exc:
+        raise BadMessageTiming(exc) from None
+    return Outgoing(event, text, key, headers_json=headers_json, payload=payload, timing=when)
+
+
+def timing_in(queue, outgoing, now):
+    """Each message's (deliver_at, expires_at) as it is stored when published at `now`: its
+    own, with its queue's default TTL where it names no expiry (queues.timing.stored_times)."""
+    return [timings.stored_times(o.timing, now, queue.ttl_secs) for o in outgoing]
 
 
 def check_schemas(queue, outgoing):
@@ -208,6 +238,7 @@ def _publish(queue, outgoing, publisher):
         messages = []
         if new:
             first_seq = _take_seqs(queue, len(new))
+            times = timing_in(queue, new, now)
             messages = Message.objects.bulk_create(
                 Message(
                     queue=queue,
@@ -219,6 +250,8 @@ def _publish(queue, outgoing, publisher):
                     publisher=o.publisher or publisher,
                     created_at=now,
                     receipt_wanted=o.receipt,
+                    deliver_at=times[i][0],
+                    expires_at=times[i][1],
                 )
                 for i, o in enumerate(new)
             )
@@ -300,22 +333,34 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
     (delivery.inline) took, as a lease describes it)."""
     count = len(outgoing)
     at = connection.ops.adapt_datetimefield_value(now)
-    # A publish that wants no receipt sends the statement it always did (the column's default).
+    # A publish that wants no receipt sends the statement it always did (the column's default);
+    # so does one of messages neither delayed nor expiring.
     receipt = any(o.receipt for o in outgoing)
+    times = timing_in(queue, outgoing, now)
+    timed = any(t != (None, None) for t in times)
     if seats:
         # The queue's settings as its row is now: the UPDATE below waits for a pause under way.
         settings_of_q, seated = ", ordered, paused, ack_timeout", ("q", [], *inline.statement_seats(seats))
-        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt, seats=seated)
+        fan_out, fan_out_params = ledger.fan_out_statement(
+            "m", "TRUE", now, receipt, seats=seated, timed=timed
+        )
         result = """SELECT id, seq, NULL::bigint, NULL::bigint, NULL::text, NULL::timestamptz,
                 NULL::integer, NULL::bigint FROM m
             UNION ALL SELECT message_id, NULL::bigint, subscriber_id, id, lease_holder, ack_deadline,
                 attempt, subscription_id FROM d"""
     else:
         settings_of_q = ""
-        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt)
+        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt, timed=timed)
         result = """SELECT id, seq, NULL::bigint FROM m
             UNION ALL SELECT message_id, NULL::bigint, subscriber_id FROM d"""
     wanted = (", receipt_wanted", ", v.receipt", ", %s::boolean[]", ", receipt") if receipt else ("",) * 4
+    if timed:
+        wanted = (
+            f"{wanted[0]}, deliver_at, expires_at",
+            f"{wanted[1]}, v.deliver_at, v.expires_at",
+            f"{wanted[2]}, %s::timestamptz[], %s::timestamptz[]",
+            f"{wanted[3]}, deliver_at, expires_at",
+        )
     sql = f"""
         WITH q AS (
             UPDATE {Queue._meta.db_table} SET last_seq = last_seq + %s WHERE id = %s
@@ -343,6 +388,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
         [o.headers_json for o in outgoing],
         [p.pk if (p := o.publisher or publisher) is not None else None for o in outgoing],
         *([[o.receipt for o in outgoing]] if receipt else []),
+        *([[t[0] for t in times], [t[1] for t in times]] if timed else []),
         *fan_out_params,
     ]
     rows = yield sql, params
@@ -355,11 +401,11 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
     ]
     taken = {}
     if seats:
-        messages = {id_: (seq, o) for (seq, id_), o in zip(made, outgoing, strict=True)}
+        messages = {id_: (seq, o, t) for (seq, id_), o, t in zip(made, outgoing, times, strict=True)}
         owed = {row[2] for row in deliveries if not row[4]}  # a seated subscriber needs no wake-up
         for message_id, _, _, id_, holder, ack_deadline, attempt, subscription_id in deliveries:
             if holder:
-                seq, o = messages[message_id]
+                seq, o, t = messages[message_id]
                 # Its frame, from what the publisher sent: the row would only say it again.
                 delivery = ledger.describe_row(
                     id_,
@@ -372,6 +418,8 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
                     now,
                     ack_deadline,
                     o.headers_json,
+                    None,  # a delayed message is never seated (ledger._fan_out_seated)
+                    t[1],  # its expires_at
                 )
                 taken.setdefault(holder, []).append((subscription_id, delivery))
     return answers, owed, taken

@@ -31,21 +31,46 @@ def status_is(status, alias="d"):
     return f"{alias}.status = '{Status(status).value}'"
 
 
-# --- ready: pending, and due now (next_attempt_at is not in the future) --------------------------
+# --- ready: pending, due now (next_attempt_at is not in the future), and not expired -----------
+# A delivery whose expires_at has passed is never handed out: the sweep makes it dead
+# ("expired", ledger.expire_overdue_leases); until then it is simply not ready, and an ordered
+# line's head skips it (unexpired_sql), so that it holds up nothing behind it.
 
 
 def ready_q(now):
-    return Q(status=Status.PENDING, next_attempt_at__lte=now)
+    return Q(status=Status.PENDING, next_attempt_at__lte=now) & unexpired_q(now)
 
 
 def ready_sql(alias="d"):
-    """ready_q in SQL on the delivery `alias`; its one parameter is `now`. Reads delivery_ready
-    (a subscription's) or delivery_due (a subscriber's), both partial on pending."""
-    return f"{status_is(Status.PENDING, alias)} AND {alias}.next_attempt_at <= %s"
+    """ready_q in SQL on the delivery `alias`; its two parameters are `now`, twice. Reads
+    delivery_ready (a subscription's) or delivery_due (a subscriber's), both partial on pending."""
+    return f"{status_is(Status.PENDING, alias)} AND {alias}.next_attempt_at <= %s AND {unexpired_sql(alias)}"
 
 
-def is_ready(status, next_attempt_at, now):
-    return status == Status.PENDING and next_attempt_at <= now
+def is_ready(status, next_attempt_at, now, expires_at=None):
+    return status == Status.PENDING and next_attempt_at <= now and not is_expired(expires_at, now)
+
+
+# --- expired: its message's expiry passed (queues.timing); dead at the end of what it is doing --
+
+
+def unexpired_q(now):
+    return Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+
+
+def unexpired_sql(alias="d"):
+    """SQL: the delivery `alias` has not expired; its one parameter is `now`."""
+    return f"({alias}.expires_at IS NULL OR {alias}.expires_at > %s)"
+
+
+def expired_sql(alias="d"):
+    """SQL: the delivery `alias` has expired (its one parameter, `now`). Pending ones by
+    delivery_expiring (partial on pending with an expiry: the IS NOT NULL matches its condition)."""
+    return f"{alias}.expires_at IS NOT NULL AND {alias}.expires_at <= %s"
+
+
+def is_expired(expires_at, now):
+    return expires_at is not None and expires_at <= now
 
 
 # --- retrying: pending, but not before next_attempt_at (a nack, a failed push, a lost lease) -----

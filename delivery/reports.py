@@ -347,6 +347,8 @@ def why_blocking(delivery, now):
     pending, ready, and on its first try: the next lease takes it)."""
     if delivery.status == Status.INFLIGHT:
         reason = f"in flight (attempt {delivery.attempt}) until its ack deadline"
+    elif delivery.is_retrying(now) and delivery.attempt == 0:
+        reason = "delayed: not handed out before its deliver_at"  # never tried yet (queues.timing)
     elif delivery.is_retrying(now):
         reason = f"waiting for retry {delivery.attempt + 1}"
     elif delivery.attempt >= PILING_UP_AFTER and delivery.last_error:

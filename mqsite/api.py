@@ -84,7 +84,9 @@ def schema_says_what_the_server_refuses(result, generator, request, public):
     show. Every authenticated call can be a 406 (an Accept header naming no JSON type). Row
     ids in a path are bigint (past it nothing exists: 404). A publish body is one
     message or a batch, never both: "messages" makes it a batch, and a batch with a message's
-    own fields beside it is refused (delivery.api.queue_serializers.PublishBatchSerializer)."""
+    own fields beside it is refused (delivery.api.queue_serializers.PublishBatchSerializer).
+    A message names at most one of deliver_at and delay_secs, and of expires_at and ttl_secs
+    (queues.timing; null is not naming it)."""
     for ops in result.get("paths", {}).values():
         for op in ops.values():
             if isinstance(op, dict) and "401" in op.get("responses", {}):
@@ -100,6 +102,9 @@ def schema_says_what_the_server_refuses(result, generator, request, public):
     for component in schemas.values():
         for field in component.get("properties", {}).values():
             blank_too(field)
+    message = schemas.get("PublishRequest")
+    if message is not None:
+        message["not"] = {"anyOf": [_both(*TIMING_PAIRS[0]), _both(*TIMING_PAIRS[1])]}
     body = schemas.get("PublishRequestRequest")
     if body is not None:
         one, batch = body["oneOf"]
@@ -108,11 +113,27 @@ def schema_says_what_the_server_refuses(result, generator, request, public):
             {
                 "allOf": [
                     batch,
-                    {"not": {"anyOf": [{"required": [f]} for f in ("event", "payload", "key", "headers")]}},
+                    {"not": {"anyOf": [{"required": [f]} for f in MESSAGE_FIELDS]}},
                 ]
             },
         ]
     return result
+
+
+# A message's own fields, which a batch may not have beside "messages" (queue_serializers'
+# MESSAGE_FIELDS, which this layer may not import), and the pairs of queues.timing's fields of
+# which a message names one at most, each with its type.
+TIMING_PAIRS = (
+    (("deliver_at", "string"), ("delay_secs", "number")),
+    (("expires_at", "string"), ("ttl_secs", "number")),
+)
+MESSAGE_FIELDS = ("event", "payload", "key", "headers", *(name for pair in TIMING_PAIRS for name, _ in pair))
+
+
+def _both(*fields):
+    """A JSON Schema that holds when each of these (name, type) fields is there and not null (a
+    null is of no type but "null", which OpenAPI 3.0 writes as `nullable`)."""
+    return {"required": [name for name, _ in fields], "properties": {name: {"type": t} for name, t in fields}}
 
 
 def blank_too(field):

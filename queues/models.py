@@ -34,6 +34,15 @@ class Queue(models.Model):
     paused = models.BooleanField(
         default=False, help_text="A paused queue takes publishes but hands out no deliveries."
     )
+    # The expiry of a message that names none (queues.timing): null, no expiry.
+    ttl_secs = models.PositiveIntegerField(
+        "default TTL (seconds)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="A message that names no expiry expires this long after it falls due "
+        "(its deliver_at, or its publish); empty: messages never expire.",
+    )
     last_seq = models.BigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -99,6 +108,12 @@ class Message(models.Model):
     # The publisher asked for a receipt (a socket publish frame's "receipt": true): its
     # deliveries carry `receipt` too, so that the ack path learns of them without a join.
     receipt_wanted = models.BooleanField(default=False, db_default=False, editable=False)
+    # A delayed message (queues.timing): no delivery of it is handed out before this. Null: due
+    # at its publish. Its deliveries are made pending from this time (their next_attempt_at).
+    deliver_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Not acked by then, a delivery of it goes no further: dead, "expired". Copied onto each
+    # delivery (Delivery.expires_at), which is what the ledger reads.
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["queue__name", "-seq"]

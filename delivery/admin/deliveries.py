@@ -90,7 +90,7 @@ class DeliveryAdmin(QueueEventColumns, LedgerOperatorMixin, BigListAdmin):
     # Sorted only by id (the primary key): no other column of every delivery has an index, and
     # indexing one would cost each lease and ack another entry (Delivery.Meta).
     sortable_by = ["id"]
-    actions = ["redeliver", "kill", "purge"]
+    actions = ["redeliver", "deliver_now", "kill", "purge"]
     inlines = [DeliveryAttemptInline]
     fields = [
         "id",
@@ -103,6 +103,8 @@ class DeliveryAdmin(QueueEventColumns, LedgerOperatorMixin, BigListAdmin):
         "seq",
         "attempt",
         "next_attempt_at",
+        "deliver_at",
+        "expires_at",
         "ack_deadline",
         "lease_holder",
         "created_at",
@@ -171,6 +173,26 @@ class DeliveryAdmin(QueueEventColumns, LedgerOperatorMixin, BigListAdmin):
     def redeliver(self, request, queryset):
         moved = ledger.redeliver(queryset.order_by())
         self.message_user(request, f"{moved} deliveries put back to pending.")
+
+    @admin.display(description="deliver at")
+    def deliver_at(self, obj):
+        return obj.message.deliver_at or "-"
+
+    @admin.action(
+        description="Deliver now: those waiting for their message's deliver_at are ready now",
+        permissions=["operate"],
+    )
+    def deliver_now(self, request, queryset):
+        ids = list(queryset.order_by().values_list("pk", flat=True))
+        waiting = list(
+            Delivery.objects.filter(
+                pk__in=ids, status=Status.PENDING, attempt=0, message__deliver_at__isnull=False
+            ).select_related("queue", "event", "subscriber")
+        )
+        moved = ledger.deliver_now(Delivery.objects.filter(pk__in=ids))
+        for delivery in waiting:  # in each one's history: who cut its delay short
+            self.log_change(request, delivery, "delivered now, before its deliver_at")
+        self.message_user(request, f"{moved} delayed deliveries ready now.")
 
     @admin.action(description="Kill: mark dead (acked ones are left alone)", permissions=["operate"])
     def kill(self, request, queryset):

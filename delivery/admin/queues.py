@@ -71,7 +71,7 @@ class NameCleaningForm(forms.ModelForm):
 class QueueForm(NameCleaningForm):
     class Meta:
         model = Queue
-        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days"]
+        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days", "ttl_secs"]
 
 
 class EventForm(NameCleaningForm):
@@ -180,6 +180,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         "max_attempts",
         "ack_timeout",
         "retention_days",
+        "ttl_secs",
         "last_seq",
         "created_at",
         "owed",
@@ -364,7 +365,7 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, QueueEventColumns, LedgerOperator
     # The columns an index serves (the primary key, created_at). A queue's seq is indexed
     # with its queue, but across queues a sort by seq, a name or a count sorts every message.
     sortable_by = ["id", "created_at"]
-    actions = ["redeliver_unacked"]
+    actions = ["redeliver_unacked", "deliver_now"]
     fields = [
         "id",
         "queue",
@@ -373,6 +374,8 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, QueueEventColumns, LedgerOperator
         "key",
         "publisher",
         "created_at",
+        "deliver_at",
+        "expires_at",
         "headers",
         "payload",
         "delivery_summary",
@@ -487,3 +490,17 @@ class MessageAdmin(DeliveriesGoWithTheirOwner, QueueEventColumns, LedgerOperator
         ids = list(queryset.values_list("pk", flat=True))
         moved = ledger.redeliver(Delivery.objects.filter(message_id__in=ids))
         self.message_user(request, f"{moved} deliveries put back to pending.")
+
+    @admin.action(
+        description="Deliver now: a delayed message's deliveries stop waiting for its deliver_at",
+        permissions=["operate"],
+    )
+    def deliver_now(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
+        moved = ledger.deliver_now(Delivery.objects.filter(message_id__in=ids))
+        # Written in each message's history: who cut its delay short.
+        for message in Message.objects.filter(pk__in=ids, deliver_at__isnull=False).select_related(
+            "queue", "event"
+        ):
+            self.log_change(request, message, "delivered now, before its deliver_at")
+        self.message_user(request, f"{moved} deliveries of delayed messages ready now.")

@@ -1,9 +1,9 @@
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 
 from delivery import publishing
 from mqsite.api import STORABLE_PATTERN, BoundedListField, NameField, StorableCharField, TooLarge
-from queues import headers
+from queues import headers, timing
 
 
 @extend_schema_field(
@@ -33,6 +33,35 @@ class HeadersField(serializers.JSONField):
     every way in refuses the same."""
 
 
+def _timing_field(schema, description):
+    """A field of queues.timing, taken as sent (publishing.prepare() checks it, as for every
+    way in), with its schema for the OpenAPI description."""
+
+    @extend_schema_field({**schema, "nullable": True, "description": description})
+    class TimingField(serializers.JSONField):
+        pass
+
+    return TimingField(required=False, allow_null=True)
+
+
+_TIME = {"type": "string", "format": "date-time", "maxLength": timing.MAX_TIME_CHARS}
+
+
+class BadTiming(exceptions.APIException):
+    """A 400 for a bad deliver_at / delay_secs / expires_at / ttl_secs, with its code
+    (bad_delay, bad_expiry) and the field named as DRF names field errors (inside `messages`
+    and the item's index for a batch)."""
+
+    status_code = 400
+
+    def __init__(self, exc, index=None):
+        errors = {exc.field: [str(exc)]}
+        where = "" if index is None else f"messages[{index}]: "
+        body = {"detail": f"{where}{exc}", "code": exc.code}
+        body.update(errors if index is None else {"messages": {str(index): errors}})
+        super().__init__(body)
+
+
 class PublishSerializer(serializers.Serializer):
     event = NameField()
     payload = serializers.JSONField(
@@ -47,14 +76,39 @@ class PublishSerializer(serializers.Serializer):
         help_text="Idempotency key: the same key again in this queue answers with the first message.",
     )
     headers = HeadersField(required=False, allow_null=True)
+    deliver_at = _timing_field(
+        _TIME,
+        "A delayed message: no delivery of it is handed out before this time (ISO 8601; without an "
+        "offset, UTC; at most 7 days ahead; a time past is now). Not with delay_secs.",
+    )
+    delay_secs = _timing_field(
+        {"type": "number", "minimum": 0, "maximum": timing.MAX_DELAY_SECS},
+        "A delayed message: handed out no sooner than this many seconds from now. Not with deliver_at.",
+    )
+    expires_at = _timing_field(
+        _TIME,
+        "Not acked by this time, its deliveries go no further (dead, reason expired). After the "
+        "message falls due (its deliver_at, or now). Not with ttl_secs.",
+    )
+    ttl_secs = _timing_field(
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": timing.MAX_TTL_SECS},
+        "Expires this many seconds after it falls due (its deliver_at, or now); without it and "
+        "expires_at, the queue's default TTL, if any. Not with expires_at.",
+    )
 
     def validate(self, attrs):
         try:
             return publishing.prepare(
-                attrs["event"], attrs["payload"], attrs.get("key"), attrs.get("headers")
+                attrs["event"],
+                attrs["payload"],
+                attrs.get("key"),
+                attrs.get("headers"),
+                **publishing.timing_fields(attrs),
             )
         except publishing.PayloadTooLarge as exc:
             raise TooLarge(str(exc)) from None
+        except publishing.BadMessageTiming as exc:
+            raise BadTiming(exc) from None
         except publishing.BadMessageHeaders as exc:
             raise serializers.ValidationError({"headers": [str(exc)]}) from None
         except publishing.BadMessage as exc:
@@ -76,7 +130,7 @@ class PublishBatchSerializer(serializers.Serializer):
         return attrs
 
 
-MESSAGE_FIELDS = ("event", "payload", "key", "headers")
+MESSAGE_FIELDS = ("event", "payload", "key", "headers", *timing.FIELDS)
 
 
 def publish_body(data):
@@ -95,13 +149,19 @@ def publish_body(data):
         and not (batch and data.keys() & set(MESSAGE_FIELDS))
     )
     outgoing = []
-    for m in messages if plain else ():
+    for index, m in enumerate(messages if plain else ()):
         if not (isinstance(m, dict) and "event" in m and "payload" in m):
             break
         try:
-            outgoing.append(publishing.prepare(m["event"], m["payload"], m.get("key"), m.get("headers")))
+            outgoing.append(
+                publishing.prepare(
+                    m["event"], m["payload"], m.get("key"), m.get("headers"), **publishing.timing_fields(m)
+                )
+            )
         except publishing.PayloadTooLarge as exc:
             raise TooLarge(str(exc)) from None
+        except publishing.BadMessageTiming as exc:
+            raise BadTiming(exc, index if batch else None) from None
         except publishing.BadMessage:
             break
     else:
@@ -135,6 +195,9 @@ class QueueSerializer(serializers.Serializer):
     ack_timeout = serializers.IntegerField()
     retention_days = serializers.IntegerField()
     paused = serializers.BooleanField()
+    ttl_secs = serializers.IntegerField(
+        allow_null=True, help_text="The expiry of a message that names none, after it falls due; null: none."
+    )
     may_publish = serializers.BooleanField()
     may_subscribe = serializers.BooleanField()
 

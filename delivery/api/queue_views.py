@@ -123,6 +123,7 @@ class QueueListView(CallerView):
                     "ack_timeout": q.ack_timeout,
                     "retention_days": q.retention_days,
                     "paused": q.paused,
+                    "ttl_secs": q.ttl_secs,
                     "may_publish": subscriber is None or subscriber.publish_all or q.pk in may_publish,
                     "may_subscribe": subscriber is None or subscriber.subscribe_all or q.pk in may_subscribe,
                 }

@@ -41,6 +41,13 @@ class DeliverySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     published_at = serializers.DateTimeField()
     ack_deadline = serializers.DateTimeField()
+    deliver_at = serializers.DateTimeField(
+        allow_null=True, help_text="A delayed message's time: not handed out before it. Null when none."
+    )
+    expires_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="Not acked by then, it goes no further (dead, reason expired). Null when none.",
+    )
     headers = serializers.DictField(
         child=serializers.CharField(),
         required=False,

@@ -14,7 +14,7 @@ import textwrap
 import threading
 import time
 import warnings
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import mqclient
 import pytest
@@ -226,6 +226,22 @@ def test_a_long_poll_waits_for_a_publish(server, logger_beside_secret):
         (delivery,) = mq.pull(wait=10)
         assert delivery.payload == "late" and 0.4 < time.monotonic() - started < 5
         timer.join()
+
+
+def test_the_client_publishes_a_delay_and_an_expiry_and_reads_them_back(server, logger_beside_secret):
+    soon = datetime.now(UTC) + timedelta(hours=2)
+    with Client(server.http, logger_beside_secret.token) as mq:
+        mq.subscribe("db")
+        delayed = mq.publish("db", "create", 1, delay_secs=3600)
+        mq.publish("db", "create", 2, ttl_secs=600)
+        mq.publish("db", "create", 3, deliver_at=datetime.now(UTC) - timedelta(minutes=1), expires_at=soon)
+        two, three = mq.pull(limit=10)  # the delayed one waits
+        assert (two.payload, two.deliver_at) == (2, None) and isinstance(two.expires_at, datetime)
+        assert three.deliver_at is None and three.expires_at == soon
+        with pytest.raises(MQBadRequest) as refused:
+            mq.publish("db", "create", 4, delay_secs=1, deliver_at=soon)
+        assert refused.value.code == "bad_delay"
+    assert Delivery.objects.get(message_id=delayed["id"]).status == Status.PENDING
 
 
 # --- errors -----------------------------------------------------------------------------------------

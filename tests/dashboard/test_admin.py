@@ -535,6 +535,28 @@ def test_it_creates_a_queue_with_its_name_lower_cased(staff, db):
     assert Queue.objects.count() == 1
 
 
+def test_it_sets_a_queues_default_ttl_and_the_api_shows_it(staff, operator_client):
+    form = {
+        "max_attempts": "10",
+        "ack_timeout": "30",
+        "retention_days": "7",
+        "ttl_secs": "120",
+        **inline_management("events"),
+        **inline_management("subscriptions"),
+    }
+    r = staff.post(reverse("admin:queues_queue_add"), {**form, "name": "expiring"})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    assert Queue.objects.get(name="expiring").ttl_secs == 120
+    r = staff.post(reverse("admin:queues_queue_add"), {**form, "name": "never", "ttl_secs": "0"})
+    assert (
+        r.status_code == 200 and not Queue.objects.filter(name="never").exists()
+    )  # 0 is no TTL: leave it empty
+    staff.post(reverse("admin:queues_queue_add"), {**form, "name": "never", "ttl_secs": ""})
+    assert Queue.objects.get(name="never").ttl_secs is None
+    queues = {q["name"]: q for q in operator_client.get("/api/queues").json()["queues"]}
+    assert queues["expiring"]["ttl_secs"] == 120 and queues["never"]["ttl_secs"] is None
+
+
 def test_it_subscribes_to_one_event_of_a_queue_in_its_inline(staff, acked_and_owed, outsider, make_queue):
     queue, event = acked_and_owed["queue"], acked_and_owed["event"]
     foreign = Event.objects.create(queue=make_queue("network"), name="down")

@@ -231,6 +231,26 @@ def test_it_computes_latency_percentiles_and_rates_from_the_acks():
     assert all(100.0 <= v <= 2000.0 for v in p95)
 
 
+@pytest.mark.django_db
+def test_the_latency_of_a_delayed_message_counts_from_its_deliver_at():
+    """The wait it asked for is no latency: a message delayed by 10 s and acked 300 ms after
+    its deliver_at counts 300 ms, beside an undelayed one acked 100 ms after its publish."""
+    queue = Queue.objects.create(name="db")
+    logger, _ = create_subscriber("logger", subscribe=["db"])
+    subscribing.subscribe(logger, queue)
+    publish(queue, [prepare("create", 1, delay_secs=10), prepare("create", 2)])
+    delayed, undelayed = Message.objects.order_by("seq")
+    leased = ledger.lease_deliveries(logger, limit=2, now=delayed.deliver_at)
+    by_seq = {d["seq"]: d["id"] for d in leased}
+    ledger.ack_deliveries(logger, [by_seq[1]], now=delayed.deliver_at + timedelta(milliseconds=300))
+    ledger.ack_deliveries(logger, [by_seq[2]], now=undelayed.created_at + timedelta(milliseconds=100))
+
+    data = snapshot.overview(now=delayed.deliver_at + timedelta(seconds=1))
+    assert data["totals"]["latency_samples"] == 2
+    assert data["totals"]["latency_p95_ms"] == 300.0  # not 10.3 s
+    assert data["totals"]["latency_p50_ms"] == 100.0
+
+
 def test_the_charts_steps_are_whole_steps_of_the_clock():
     """The steps the fold files publishes and acks under (whole 10 s of the clock) are the
     chart's, to the microsecond, whatever the microseconds of now."""

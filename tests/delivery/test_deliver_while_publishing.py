@@ -94,6 +94,32 @@ async def test_what_a_publish_hands_over_stays_within_the_sockets_window():
     await subscriber.disconnect()
 
 
+@on_postgres
+async def test_a_delayed_message_is_not_handed_over_by_its_publish_but_one_beside_it_is():
+    """A lease would not take a delayed message before its deliver_at: nor does the publish
+    statement, which hands the undelayed message of the same batch over as usual."""
+    _, publisher, subscriber = await sockets()
+    items = [
+        {"event": "create", "payload": "later", "delay_secs": 3600},
+        {"event": "create", "payload": "now"},
+    ]
+    await send(publisher, {"type": "publish", "queue": "db", "messages": items})
+    answer = await recv(publisher)
+    later_id, now_id = (m["id"] for m in answer["messages"])
+    (frame,) = await recv_messages(subscriber, 1)
+    assert frame["message_id"] == now_id and frame["deliver_at"] is None
+    assert await subscriber.receive_nothing(timeout=0.3)
+    [row] = await db(rows, message_id=later_id)
+    assert (row["status"], row["attempt"], row["lease_holder"], row["delivered_at"]) == (
+        Status.PENDING,
+        0,
+        "",
+        None,
+    )
+    await publisher.disconnect()
+    await subscriber.disconnect()
+
+
 async def test_a_paused_queue_hands_nothing_over():
     queue, publisher, subscriber = await sockets()
     await db(lambda: Queue.objects.filter(pk=queue.pk).update(paused=True))

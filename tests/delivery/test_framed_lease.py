@@ -86,6 +86,33 @@ async def test_an_ordered_head_is_framed_too(make_queue, make_subscriber, way): 
     same_frames(after, {d["id"]: d for d in await database_sync_to_async(ledger._describe)([after[0]["id"]])})
 
 
+async def test_the_times_of_delayed_and_expiring_messages_are_framed_as_the_encoder_writes_them(
+    db_queue,
+    logger,
+    way,  # noqa: F811
+):
+    """deliver_at and expires_at: null when none, else a UTC time with microseconds only when
+    there are some, as published_at."""
+    await database_sync_to_async(subscribing.subscribe)(logger, db_queue)
+    timed = [
+        publishing.prepare("create", 1, ttl_secs=300 * 24 * 3600),
+        publishing.prepare("create", 2, delay_secs=0.5, expires_at="2027-06-02T03:04:05Z"),
+        publishing.prepare("create", 3),
+    ]
+    await database_sync_to_async(publishing.publish)(db_queue, timed)
+    later = datetime(2027, 1, 1, tzinfo=UTC)  # every delay behind it, no expiry yet
+    leased = await way(ledger, "lease_deliveries")(logger, limit=10, holder="ws.t", framed=True, now=later)
+    described = {
+        d["id"]: d for d in await database_sync_to_async(ledger._describe)([d["id"] for d in leased])
+    }
+    assert len(leased) == 3
+    same_frames(leased, described)
+    by_seq = {d["seq"]: json.loads(frames.message_text(d)) for d in leased}
+    assert by_seq[1]["deliver_at"] is None and by_seq[1]["expires_at"].endswith("Z")
+    assert by_seq[2]["expires_at"] == "2027-06-02T03:04:05Z" and by_seq[2]["deliver_at"].endswith("Z")
+    assert by_seq[3]["deliver_at"] is None and by_seq[3]["expires_at"] is None
+
+
 async def test_a_messages_frame_holds_the_texts():
     texts = [frames.encode(frames.message_frame({k: i for k in frames.MESSAGE_FIELDS})) for i in range(3)]
     assert json.loads(frames.messages_text(texts)) == {

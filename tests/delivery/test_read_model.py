@@ -62,13 +62,13 @@ def ids(queryset):
 
 
 def ids_where(sql_condition, now):
-    """The deliveries a raw SQL condition on `d` (with one parameter, `now`) selects, as the
-    ledger sends it."""
+    """The deliveries a raw SQL condition on `d` (whose every parameter is `now`) selects, as
+    the ledger sends it."""
     table = Delivery._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT d.id FROM {table} d WHERE {sql_condition}",
-            [connection.ops.adapt_datetimefield_value(now)] if "%s" in sql_condition else [],
+            [connection.ops.adapt_datetimefield_value(now)] * sql_condition.count("%s"),
         )
         return {row[0] for row in cursor.fetchall()}
 

@@ -10,6 +10,7 @@ import ipaddress
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
@@ -122,12 +123,19 @@ def _name(value: str) -> str:
     return quote(str(value), safe="")
 
 
-def _message(event: str, payload: Any, key: str | None, headers: dict[str, str] | None) -> dict[str, Any]:
+def _message(
+    event: str, payload: Any, key: str | None, headers: dict[str, str] | None, **timing: Any
+) -> dict[str, Any]:
     item: dict[str, Any] = {"event": event, "payload": payload}
     if key is not None:
         item["key"] = key
     if headers is not None:
         item["headers"] = headers
+    # deliver_at / delay_secs (a delayed message), expires_at / ttl_secs (expiry): the server
+    # checks them (both of a pair at once is a 400). A datetime goes as ISO 8601 (naive: UTC).
+    for name, value in timing.items():
+        if value is not None:
+            item[name] = value.isoformat() if isinstance(value, datetime) else value
     return item
 
 
@@ -136,13 +144,18 @@ def _same(body: Any) -> Any:
 
 
 def publish(
-    queue: str, event: str, payload: Any, key: str | None = None, headers: dict[str, str] | None = None
+    queue: str,
+    event: str,
+    payload: Any,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    **timing: Any,
 ) -> Call:
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
         _same,
-        _message(event, payload, key, headers),
+        _message(event, payload, key, headers, **timing),
         has_body=True,
     )
 

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -98,9 +99,21 @@ class Client(_Base):
         key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
+        delay_secs: float | None = None,
+        deliver_at: datetime | str | None = None,
+        ttl_secs: float | None = None,
+        expires_at: datetime | str | None = None,
     ) -> dict[str, Any]:
-        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...)."""
-        return self._do(_protocol.publish(queue, event, payload, key, headers))
+        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). A delayed
+        message: `delay_secs` or `deliver_at` (at most 7 days ahead); one that expires:
+        `ttl_secs` (from when it falls due) or `expires_at`."""
+        timing = {
+            "delay_secs": delay_secs,
+            "deliver_at": deliver_at,
+            "ttl_secs": ttl_secs,
+            "expires_at": expires_at,
+        }
+        return self._do(_protocol.publish(queue, event, payload, key, headers, **timing))
 
     def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
@@ -238,8 +251,18 @@ class AsyncClient(_Base):
         key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
+        delay_secs: float | None = None,
+        deliver_at: datetime | str | None = None,
+        ttl_secs: float | None = None,
+        expires_at: datetime | str | None = None,
     ) -> dict[str, Any]:
-        return await self._do(_protocol.publish(queue, event, payload, key, headers))
+        timing = {
+            "delay_secs": delay_secs,
+            "deliver_at": deliver_at,
+            "ttl_secs": ttl_secs,
+            "expires_at": expires_at,
+        }
+        return await self._do(_protocol.publish(queue, event, payload, key, headers, **timing))
 
     async def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]

@@ -25,8 +25,9 @@ def _time(value: Any) -> datetime | None:
 
 
 class Delivery:
-    """The contract's delivery fields as attributes (`published_at` and `ack_deadline` as
-    aware datetimes; `ack_deadline` is None on the socket), `headers` ({} when the message has
+    """The contract's delivery fields as attributes (`published_at`, `ack_deadline`,
+    `deliver_at` and `expires_at` as aware datetimes or None; `ack_deadline` is None on the
+    socket), `headers` ({} when the message has
     none) and `raw`, the fields as the server sent them."""
 
     __slots__ = (
@@ -39,6 +40,8 @@ class Delivery:
         "attempt",
         "published_at",
         "ack_deadline",
+        "deliver_at",
+        "expires_at",
         "headers",
         "raw",
         "_settler",
@@ -55,6 +58,8 @@ class Delivery:
         self.attempt: int = fields.get("attempt")  # type: ignore[assignment]
         self.published_at: datetime | None = _time(fields.get("published_at"))
         self.ack_deadline: datetime | None = _time(fields.get("ack_deadline"))
+        self.deliver_at: datetime | None = _time(fields.get("deliver_at"))  # a delayed message's
+        self.expires_at: datetime | None = _time(fields.get("expires_at"))
         self.headers: dict[str, str] = dict(fields.get("headers") or {})
         self.raw = {k: v for k, v in fields.items() if k != "type"}
         self._settler = settler

@@ -1,5 +1,6 @@
-"""publish QUEUE EVENT [PAYLOAD_JSON] [--key K] [--header NAME=VALUE ...]: publish as an
-operator; prints the REST publish answer."""
+"""publish QUEUE EVENT [PAYLOAD_JSON] [--key K] [--header NAME=VALUE ...] [--delay-secs N |
+--deliver-at TIME] [--ttl-secs N | --expires-at TIME]: publish as an operator; prints the REST
+publish answer."""
 
 import json
 import sys
@@ -28,6 +29,15 @@ class Command(BaseCommand):
             metavar="NAME=VALUE",
             help="a header the message carries (repeatable), e.g. --header traceparent=00-...",
         )
+        # queues.timing checks them, as for every way in.
+        parser.add_argument(
+            "--delay-secs", type=float, metavar="N", help="delayed: handed out N seconds from now"
+        )
+        parser.add_argument("--deliver-at", metavar="TIME", help="delayed: handed out at this ISO 8601 time")
+        parser.add_argument(
+            "--ttl-secs", type=float, metavar="N", help="expires N seconds after it falls due"
+        )
+        parser.add_argument("--expires-at", metavar="TIME", help="expires at this ISO 8601 time")
 
     def handle(self, *args, **options):
         queue = lookup.find_queue(options["queue"])
@@ -44,9 +54,13 @@ class Command(BaseCommand):
             raise CommandError("the payload is nested too deeply") from None
         try:
             headers = headers_of_pairs(options["header"])
-            outgoing = publishing.prepare(options["event"], payload, options["key"], headers)
+            outgoing = publishing.prepare(
+                options["event"], payload, options["key"], headers, **publishing.timing_fields(options)
+            )
         except (BadHeaders, publishing.BadMessageHeaders) as exc:
             raise CommandError(f"--header: {exc}") from None
+        except publishing.BadMessageTiming as exc:
+            raise CommandError(f"--{exc.field.replace('_', '-')}: {exc}") from None
         except publishing.BadMessage as exc:
             raise CommandError(str(exc)) from None
         try:

@@ -189,12 +189,18 @@ class Client {
 
   /** Publish `payload` (any JSON value) as `event` of `queue`; resolves to the server's
    * answer {id, queue, event, seq, deliveries}. With `key`, the same key again in the same
-   * queue gives back the first message, and the client may send it again after a reconnect. */
-  publish(queue, event, payload, { key, headers } = {}) {
+   * queue gives back the first message, and the client may send it again after a reconnect.
+   * `delay_secs` or `deliver_at` (a Date or ISO 8601 text) delay it; `ttl_secs` or `expires_at`
+   * make it expire (the server checks them: an `error` frame bad_delay or bad_expiry). */
+  publish(queue, event, payload, { key, headers, delay_secs, deliver_at, ttl_secs, expires_at } = {}) {
     if (this._closing) return Promise.reject(new MQError("closed", "This client is closed."));
     const frame = { type: "publish", queue, event, payload: payload === undefined ? null : payload };
     if (key != null) frame.key = String(key);
     if (headers != null) frame.headers = headers;
+    const timing = { delay_secs, deliver_at, ttl_secs, expires_at };
+    for (const [name, value] of Object.entries(timing)) {
+      if (value != null) frame[name] = value instanceof Date ? value.toISOString() : value;
+    }
     return new Promise((resolve, reject) => {
       this._requests.set(this._nextRef(), { kind: "publish", frame, resolve, reject, sent: false });
       this._flush();

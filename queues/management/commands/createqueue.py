@@ -1,4 +1,5 @@
-"""createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]"""
+"""createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]
+[--ttl-secs N]"""
 
 import argparse
 
@@ -16,6 +17,7 @@ FIELDS = {
     "max_attempts": "max_attempts",
     "ack_timeout": "ack_timeout",
     "retention_days": "retention_days",
+    "ttl_secs": "ttl_secs",
 }
 
 
@@ -35,6 +37,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--retention-days", type=int, metavar="D", help="acked history older than this is archived"
         )
+        parser.add_argument(
+            "--ttl-secs",
+            type=int,
+            metavar="N",
+            help="a message that names no expiry expires N seconds after it falls due (0: never)",
+        )
 
     def handle(self, *args, **options):
         try:
@@ -42,6 +50,8 @@ class Command(BaseCommand):
         except BadName as exc:
             raise CommandError(str(exc)) from None
         given = {field: options[opt] for opt, field in FIELDS.items() if options[opt] is not None}
+        if given.get("ttl_secs") == 0:
+            given["ttl_secs"] = None  # no default expiry
         with transaction.atomic():
             # Lock the row: a publish between our read and our write must not be overwritten.
             queue = Queue.objects.select_for_update().filter(name=name).first()
@@ -63,7 +73,8 @@ class Command(BaseCommand):
         verb = "created" if created else ("updated" if changed else "unchanged:")
         self.stdout.write(
             f"{verb} queue {queue.name} (ordered={queue.ordered}, max_attempts={queue.max_attempts}, "
-            f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days})"
+            f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days}"
+            f"{f', ttl_secs={queue.ttl_secs}' if queue.ttl_secs else ''})"
         )
 
 

@@ -1,12 +1,15 @@
-"""A Hypothesis state machine over the ledger: random publish, subscribe, unsubscribe, pause,
-resume, lease, ack (and an ordered line's next heads after it), nack, lease extension and the
-passing of time, checked after every step against a plain model.
+"""A Hypothesis state machine over the ledger: random publish (delayed, expiring or not),
+subscribe, unsubscribe, pause, resume, lease, ack (and an ordered line's next heads after it),
+nack, lease extension, the sweep and the passing of time, checked after every step against a
+plain model.
 
 What must hold: no delivery is lost (every message reaches every subscription that existed
 when it was published, until it is acked, dies or the subscription goes, paused or not); none
 is leased to two holders at once; none is acked by a subscriber that does not own it; an
 ordered subscription is handed its messages in seq order, one at a time; nothing of a paused
-subscription is handed out, and once resumed everything it is owed is.
+subscription is handed out, and once resumed everything it is owed is; nothing is handed out
+before its deliver_at or after its message expired, and an expired message holds no ordered
+line.
 """
 
 from datetime import timedelta
@@ -103,10 +106,19 @@ class LedgerMachine(RuleBasedStateMachine):
         self.paused.discard(sub_id)
 
     @rule(
-        queue=st.sampled_from(list(QUEUES)), events=st.lists(st.sampled_from(EVENTS), min_size=1, max_size=4)
+        queue=st.sampled_from(list(QUEUES)),
+        events=st.lists(st.sampled_from(EVENTS), min_size=1, max_size=4),
+        delay=st.sampled_from([None, None, 5, 40]),
+        ttl=st.sampled_from([None, None, 5, 60]),
     )
-    def publish(self, queue, events):
-        answers = publishing.publish(self.queues[queue], [publishing.prepare(e, {"e": e}) for e in events])
+    def publish(self, queue, events, delay, ttl):
+        times = {}
+        if delay is not None:  # from the machine's clock, which runs ahead of the real one
+            times["deliver_at"] = (self.now + timedelta(seconds=delay)).isoformat()
+        if ttl is not None:
+            times["ttl_secs"] = ttl
+        batch = [publishing.prepare(e, {"e": e}, **times) for e in events]
+        answers = publishing.publish(self.queues[queue], batch)
         for (answer, created), event in zip(answers, events, strict=True):
             assert created
             expected = 0
@@ -126,15 +138,24 @@ class LedgerMachine(RuleBasedStateMachine):
         for d in leased:
             held = self.held.get(d["id"])
             assert held is None or held[1] <= self.now, f"delivery {d['id']} leased twice at once"
-            row = Delivery.objects.get(pk=d["id"])
+            row = Delivery.objects.select_related("message").get(pk=d["id"])
             assert self.subscription_of[row.subscription_id][0] == who
+            due = row.message.deliver_at
+            assert due is None or due <= self.now, "handed out before its deliver_at"
+            expires = row.message.expires_at
+            assert expires is None or expires > self.now, "handed out after its message expired"
             assert row.subscription_id not in self.paused, "handed out while its subscription is paused"
             assert d["message_id"] in self.owed[row.subscription_id]
             self.held[d["id"]] = (who, self.now + timedelta(seconds=ACK_TIMEOUT))
             if self.queues[d["queue"]].ordered:
-                open_seqs = Delivery.objects.filter(
-                    subscription_id=row.subscription_id, status__in=[Status.PENDING, Status.INFLIGHT]
-                ).values_list("seq", flat=True)
+                # An expired message holds no line: the lease steps past it.
+                open_seqs = (
+                    Delivery.objects.filter(
+                        subscription_id=row.subscription_id, status__in=[Status.PENDING, Status.INFLIGHT]
+                    )
+                    .exclude(expires_at__lte=self.now)
+                    .values_list("seq", flat=True)
+                )
                 assert d["seq"] == min(open_seqs), "an ordered subscription skipped its head"
                 assert d["seq"] >= self.last_leased_seq.get(row.subscription_id, 0)
                 self.last_leased_seq[row.subscription_id] = d["seq"]
@@ -203,11 +224,22 @@ class LedgerMachine(RuleBasedStateMachine):
     def time_passes(self, seconds):
         self.now += timedelta(seconds=seconds)
 
+    @rule()
+    def sweep(self):
+        """The sweeper: overdue leases back (or dead), expired messages' deliveries dead."""
+        ledger.expire_overdue_leases(now=self.now)
+        dead = Delivery.objects.filter(id__in=list(self.held), status=Status.DEAD).values_list(
+            "id", flat=True
+        )
+        for delivery_id in dead:
+            self._settle(delivery_id, dead=True)
+
     @rule(who=st.sampled_from(SUBSCRIBERS))
     def drain(self, who):
         """Long enough later, everything owed can be received: nothing is stuck."""
-        self.now += timedelta(seconds=ACK_TIMEOUT + 400)  # past any lease and the largest backoff
+        self.now += timedelta(seconds=ACK_TIMEOUT + 400)  # past any lease, backoff, delay and TTL
         self.held = {d: h for d, h in self.held.items() if h[0] != who}
+        ledger.expire_overdue_leases(now=self.now)  # the sweep: the expired are dead, not owed
         # Paused, nothing comes (_check_leased); resumed, all that was owed does.
         first = ledger.lease_deliveries(self.subscribers[who], limit=100, now=self.now)
         self._check_leased(who, first, 100)

@@ -19,6 +19,7 @@ def message_frame_sql(d="d", m="m", q="q", e="e"):
         f""" || ',"queue":' || to_json({q}.name)::text || ',"event":' || to_json({e}.name)::text"""
         f""" || ',"seq":' || {d}.seq || ',"payload":' || {m}.payload_json"""
         f""" || ',"attempt":' || {d}.attempt || ',"published_at":"' || {published_at} || 'Z"'"""
+        f""" || ',"group":' || COALESCE(to_json({m}.grp)::text, 'null')"""
         f""" || CASE WHEN {m}.headers_json <> '' THEN ',"headers":' || {m}.headers_json ELSE '' END"""
         """ || '}'"""
     )

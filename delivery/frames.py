@@ -36,7 +36,7 @@ CLOSE_SERVER_ERROR = 4500
 REVOKED = "its subscriber's token or right was revoked"
 UNKNOWN_IDS = "These delivery ids are not yours or do not exist."
 NOT_EXTENDED = "Not extended: these delivery ids are not in flight on this connection (or not yours)."
-MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at")
+MESSAGE_FIELDS = ("id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at", "group")
 PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
 
 
@@ -261,7 +261,9 @@ def _prepare(item):
     if "payload" not in item:
         raise FrameError("bad_frame", "publish needs a 'payload' (null is a payload).")
     try:
-        return publishing.prepare(item.get("event"), item["payload"], item.get("key"), item.get("headers"))
+        return publishing.prepare(
+            item.get("event"), item["payload"], item.get("key"), item.get("headers"), item.get("group")
+        )
     except publishing.PayloadTooLarge as exc:
         raise FrameError("too_large", str(exc)) from None
     except publishing.BadMessageHeaders as exc:

@@ -23,6 +23,7 @@ from . import inline, ledger
 
 MAX_BATCH = 1000
 MAX_KEY_LENGTH = 255
+MAX_GROUP_LENGTH = 128
 
 
 class BadMessage(ValueError):
@@ -64,6 +65,7 @@ class Outgoing:
     publisher: object = None  # a Subscriber; publish()'s `publisher` fills it in when None
     headers_json: str | None = None  # None: no headers (queues.headers)
     receipt: bool = False  # the publisher waits for a receipt (delivery.receipts)
+    group: str | None = None  # its message group (delivery.lines); None: the default group
     # The payload as sent, for its event's schema (prepare() has it: no second parse).
     payload: object = field(default=_UNPARSED, compare=False, repr=False)
 
@@ -71,9 +73,10 @@ class Outgoing:
         return json.loads(self.payload_json) if self.payload is _UNPARSED else self.payload
 
 
-def prepare(event, payload, key=None, headers=None):
+def prepare(event, payload, key=None, headers=None, group=None):
     """Check one message and encode its payload and headers; BadMessage says what is wrong
-    (BadMessageHeaders when it is the headers)."""
+    (BadMessageHeaders when it is the headers). `group`: its message group, a string of 1 to
+    MAX_GROUP_LENGTH characters, or None."""
     try:
         event = clean_name(event, "event")
     except BadName as exc:
@@ -84,6 +87,11 @@ def prepare(event, payload, key=None, headers=None):
         # Databases cannot store NUL in text, nor a lone surrogate as UTF-8: refuse, don't fail.
         if not storable_text(key):
             raise BadMessage("key may not contain NUL or invalid Unicode")
+    if group is not None:
+        if not isinstance(group, str) or not group or len(group) > MAX_GROUP_LENGTH:
+            raise BadMessage(f"group must be a non-empty string of at most {MAX_GROUP_LENGTH} characters")
+        if not storable_text(group):
+            raise BadMessage("group may not contain NUL or invalid Unicode")
     try:
         # allow_nan=False: NaN and Infinity are not JSON, and other clients could not read them.
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -100,7 +108,7 @@ def prepare(event, payload, key=None, headers=None):
         headers_json = encode_headers(headers)
     except BadHeaders as exc:
         raise BadMessageHeaders(str(exc)) from None
-    return Outgoing(event, text, key, headers_json=headers_json, payload=payload)
+    return Outgoing(event, text, key, headers_json=headers_json, payload=payload, group=group)
 
 
 def check_schemas(queue, outgoing):
@@ -219,11 +227,14 @@ def _publish(queue, outgoing, publisher):
                     publisher=o.publisher or publisher,
                     created_at=now,
                     receipt_wanted=o.receipt,
+                    group=o.group,
                 )
                 for i, o in enumerate(new)
             )
             receipt = any(o.receipt for o in new)
-            counts, owed = ledger.fan_out(queue.pk, first_seq, first_seq + len(new) - 1, now, receipt)
+            counts, owed = ledger.fan_out(
+                queue.pk, first_seq, first_seq + len(new) - 1, now, receipt, ordered=queue.ordered
+            )
             for m in messages:
                 m.delivery_count = counts.get(m.pk, 0)
             bus.send_after_commit(bus.WAKE, owed)
@@ -305,17 +316,24 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
     if seats:
         # The queue's settings as its row is now: the UPDATE below waits for a pause under way.
         settings_of_q, seated = ", ordered, paused, ack_timeout", ("q", [], *inline.statement_seats(seats))
-        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt, seats=seated)
+        fan_out, fan_out_params = ledger.fan_out_statement(
+            "m", "TRUE", now, receipt, seats=seated, ordered=queue.ordered
+        )
         result = """SELECT id, seq, NULL::bigint, NULL::bigint, NULL::text, NULL::timestamptz,
                 NULL::integer, NULL::bigint FROM m
             UNION ALL SELECT message_id, NULL::bigint, subscriber_id, id, lease_holder, ack_deadline,
                 attempt, subscription_id FROM d"""
     else:
         settings_of_q = ""
-        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt)
+        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt, ordered=queue.ordered)
         result = """SELECT id, seq, NULL::bigint FROM m
             UNION ALL SELECT message_id, NULL::bigint, subscriber_id FROM d"""
     wanted = (", receipt_wanted", ", v.receipt", ", %s::boolean[]", ", receipt") if receipt else ("",) * 4
+    # Groups only when some message names one, and returned for the fan-out of an ordered
+    # queue (its lines): other publishes send the statement they always did.
+    grouped = any(o.group is not None for o in outgoing)
+    named = (", grp", ", v.grp", ", %s::text[]", ", grp") if grouped else ("",) * 4
+    returned = ", grp" if queue.ordered else ""
     sql = f"""
         WITH q AS (
             UPDATE {Queue._meta.db_table} SET last_seq = last_seq + %s WHERE id = %s
@@ -323,12 +341,13 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
         ), m AS (
             INSERT INTO {Message._meta.db_table}
                 (queue_id, event_id, seq, payload_json, headers_json, key, publisher_id,
-                 created_at{wanted[0]})
+                 created_at{wanted[0]}{named[0]})
             SELECT %s, v.event_id, q.base + v.n, v.payload_json, v.headers_json, NULL, v.publisher_id,
-                %s{wanted[1]}
-            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[]{wanted[2]})
-                WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}, n)
-            RETURNING id, queue_id, event_id, seq{wanted[0]}
+                %s{wanted[1]}{named[1]}
+            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[]{wanted[2]}{named[2]})
+                WITH ORDINALITY
+                AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}{named[3]}, n)
+            RETURNING id, queue_id, event_id, seq{wanted[0]}{returned}
         ), d AS ({fan_out})
         {result}
     """
@@ -343,6 +362,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
         [o.headers_json for o in outgoing],
         [p.pk if (p := o.publisher or publisher) is not None else None for o in outgoing],
         *([[o.receipt for o in outgoing]] if receipt else []),
+        *([[o.group for o in outgoing]] if grouped else []),
         *fan_out_params,
     ]
     rows = yield sql, params
@@ -372,6 +392,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
                     now,
                     ack_deadline,
                     o.headers_json,
+                    o.group,
                 )
                 taken.setdefault(holder, []).append((subscription_id, delivery))
     return answers, owed, taken

@@ -395,12 +395,11 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
 
 
 def head_of(subscription_id):
-    """The current head of an ordered subscription (its delivery in flight, else its lowest-seq
-    pending one), or None. The first of each status by its own index, as delivery.ledger's
-    lease finds it, rather than heads(): its NOT EXISTS would be probed for every pending
-    delivery of a big backlog."""
-    of_subscription = Delivery.objects.filter(subscription_id=subscription_id)
-    firsts = [of_subscription.filter(status=status).order_by("seq").first() for status in OPEN]
+    """The first head of an ordered subscription's lines (delivery.lines): of its heads, the
+    one in flight with the lowest seq, else the lowest-seq pending one; or None. Its default
+    line's head when its messages name no group."""
+    heads = Delivery.objects.filter(subscription_id=subscription_id).heads()
+    firsts = [heads.filter(status=status).order_by("seq").first() for status in OPEN]
     return min(
         (d for d in firsts if d is not None), key=lambda d: line_position(d.status, d.seq), default=None
     )

@@ -99,6 +99,9 @@ class Message(models.Model):
     # The publisher asked for a receipt (a socket publish frame's "receipt": true): its
     # deliveries carry `receipt` too, so that the ack path learns of them without a join.
     receipt_wanted = models.BooleanField(default=False, db_default=False, editable=False)
+    # Its message group (API.md, Extensions 2026-11-27): in an ordered queue, order holds within
+    # each group; NULL is the queue's one default group. Column "grp": GROUP is an SQL word.
+    group = models.CharField(max_length=128, null=True, blank=True, db_column="grp", editable=False)  # noqa: DJ001
 
     class Meta:
         ordering = ["queue__name", "-seq"]

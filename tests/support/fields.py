@@ -2,14 +2,26 @@
 protocol"): a test that finds one more or one less field than these fails, so that no field
 leaks out (a subscriber, a lease holder) and none goes missing."""
 
-# A delivery as GET /api/deliveries and `manage.py listen` hand it out.
+# A delivery as GET /api/deliveries and `manage.py listen` hand it out ("group": null when its
+# message names none).
 DELIVERY_FIELDS = frozenset(
-    {"id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at", "ack_deadline"}
+    {
+        "id",
+        "message_id",
+        "queue",
+        "event",
+        "seq",
+        "payload",
+        "attempt",
+        "published_at",
+        "ack_deadline",
+        "group",
+    }
 )
 
 # A `message` frame of the socket (it has no ack deadline: the socket's lease is its own).
 MESSAGE_FRAME_FIELDS = frozenset(
-    {"type", "id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at"}
+    {"type", "id", "message_id", "queue", "event", "seq", "payload", "attempt", "published_at", "group"}
 )
 
 # A message as its publish answers it (REST and `manage.py publish --json`).

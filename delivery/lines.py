@@ -57,7 +57,7 @@ LINES_LOCK = 2029
 def lines_lock_sql(queue_id_sql, shared=True):
     """SQL taking the lines lock of the queue `queue_id_sql` (PostgreSQL), until commit."""
     kind = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    return f"{kind}({LINES_LOCK}, ({queue_id_sql} % 2147483648)::integer)"
+    return f"{kind}({LINES_LOCK}, ({queue_id_sql} %% 2147483648)::integer)"
 
 
 def reseat(subscription_ids, lines=None):

@@ -38,6 +38,10 @@ class BadMessageHeaders(BadMessage):
     """Headers that break a rule of queues.headers (the caller answers 400 naming `headers`)."""
 
 
+class BadMessageGroup(BadMessage):
+    """A group that is not a string of 1 to MAX_GROUP_LENGTH characters (400 naming `group`)."""
+
+
 class SchemaMismatch(BadMessage):
     """Payloads that fail their event's schema (queues.schemas): nothing of the publish is
     written. `errors` lists the failures as [{"index", "path", "message"}], `index` being the
@@ -89,9 +93,11 @@ def prepare(event, payload, key=None, headers=None, group=None):
             raise BadMessage("key may not contain NUL or invalid Unicode")
     if group is not None:
         if not isinstance(group, str) or not group or len(group) > MAX_GROUP_LENGTH:
-            raise BadMessage(f"group must be a non-empty string of at most {MAX_GROUP_LENGTH} characters")
+            raise BadMessageGroup(
+                f"group must be a non-empty string of at most {MAX_GROUP_LENGTH} characters"
+            )
         if not storable_text(group):
-            raise BadMessage("group may not contain NUL or invalid Unicode")
+            raise BadMessageGroup("group may not contain NUL or invalid Unicode")
     try:
         # allow_nan=False: NaN and Infinity are not JSON, and other clients could not read them.
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

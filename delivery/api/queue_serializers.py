@@ -47,16 +47,26 @@ class PublishSerializer(serializers.Serializer):
         help_text="Idempotency key: the same key again in this queue answers with the first message.",
     )
     headers = HeadersField(required=False, allow_null=True)
+    group = StorableCharField(
+        required=False,
+        allow_null=True,
+        max_length=publishing.MAX_GROUP_LENGTH,
+        trim_whitespace=False,  # compared as sent, as a key is
+        help_text="Its message group: in an ordered queue, order holds within each group, and messages "
+        "of different groups may be in flight at once. Absent or null: the queue's default group.",
+    )
 
     def validate(self, attrs):
         try:
             return publishing.prepare(
-                attrs["event"], attrs["payload"], attrs.get("key"), attrs.get("headers")
+                attrs["event"], attrs["payload"], attrs.get("key"), attrs.get("headers"), attrs.get("group")
             )
         except publishing.PayloadTooLarge as exc:
             raise TooLarge(str(exc)) from None
         except publishing.BadMessageHeaders as exc:
             raise serializers.ValidationError({"headers": [str(exc)]}) from None
+        except publishing.BadMessageGroup as exc:
+            raise serializers.ValidationError({"group": [str(exc)]}) from None
         except publishing.BadMessage as exc:
             raise serializers.ValidationError(str(exc)) from None
 
@@ -76,7 +86,7 @@ class PublishBatchSerializer(serializers.Serializer):
         return attrs
 
 
-MESSAGE_FIELDS = ("event", "payload", "key", "headers")
+MESSAGE_FIELDS = ("event", "payload", "key", "headers", "group")
 
 
 def publish_body(data):
@@ -99,7 +109,9 @@ def publish_body(data):
         if not (isinstance(m, dict) and "event" in m and "payload" in m):
             break
         try:
-            outgoing.append(publishing.prepare(m["event"], m["payload"], m.get("key"), m.get("headers")))
+            outgoing.append(
+                publishing.prepare(m["event"], m["payload"], m.get("key"), m.get("headers"), m.get("group"))
+            )
         except publishing.PayloadTooLarge as exc:
             raise TooLarge(str(exc)) from None
         except publishing.BadMessage:

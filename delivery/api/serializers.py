@@ -41,6 +41,9 @@ class DeliverySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     published_at = serializers.DateTimeField()
     ack_deadline = serializers.DateTimeField()
+    group = serializers.CharField(
+        allow_null=True, help_text="Its message's group (message groups); null when it names none."
+    )
     headers = serializers.DictField(
         child=serializers.CharField(),
         required=False,

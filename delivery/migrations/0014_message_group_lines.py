@@ -23,7 +23,7 @@ POSTGRESQL = [
     f"""
     CREATE FUNCTION delivery_line_join() RETURNS trigger LANGUAGE plpgsql VOLATILE AS $$
     BEGIN
-        PERFORM pg_advisory_xact_lock({LINES_LOCK}, (NEW.queue_id % 2147483648)::integer);
+        PERFORM pg_advisory_xact_lock({LINES_LOCK}, (NEW.queue_id %% 2147483648)::integer);
         NEW.head := NOT EXISTS (
             SELECT 1 FROM delivery_delivery d
             WHERE d.subscription_id = NEW.subscription_id AND d.grp = NEW.grp
@@ -46,7 +46,7 @@ POSTGRESQL = [
             ORDER BY p.seq LIMIT 1;
             IF next_id IS NULL THEN
                 EXIT WHEN locked;
-                PERFORM pg_advisory_xact_lock_shared({LINES_LOCK}, (OLD.queue_id % 2147483648)::integer);
+                PERFORM pg_advisory_xact_lock_shared({LINES_LOCK}, (OLD.queue_id %% 2147483648)::integer);
                 locked := true;
             ELSE
                 UPDATE delivery_delivery SET head = true WHERE id = next_id AND status = 'pending';

@@ -122,12 +122,16 @@ def _name(value: str) -> str:
     return quote(str(value), safe="")
 
 
-def _message(event: str, payload: Any, key: str | None, headers: dict[str, str] | None) -> dict[str, Any]:
+def _message(
+    event: str, payload: Any, key: str | None, headers: dict[str, str] | None, group: str | None = None
+) -> dict[str, Any]:
     item: dict[str, Any] = {"event": event, "payload": payload}
     if key is not None:
         item["key"] = key
     if headers is not None:
         item["headers"] = headers
+    if group is not None:
+        item["group"] = group
     return item
 
 
@@ -136,13 +140,18 @@ def _same(body: Any) -> Any:
 
 
 def publish(
-    queue: str, event: str, payload: Any, key: str | None = None, headers: dict[str, str] | None = None
+    queue: str,
+    event: str,
+    payload: Any,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    group: str | None = None,
 ) -> Call:
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
         _same,
-        _message(event, payload, key, headers),
+        _message(event, payload, key, headers, group),
         has_body=True,
     )
 

@@ -98,9 +98,11 @@ class Client(_Base):
         key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
+        group: str | None = None,
     ) -> dict[str, Any]:
-        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...)."""
-        return self._do(_protocol.publish(queue, event, payload, key, headers))
+        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). `group`:
+        its message group (in an ordered queue, order holds within each group)."""
+        return self._do(_protocol.publish(queue, event, payload, key, headers, group))
 
     def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
@@ -214,8 +216,9 @@ class AsyncClient(_Base):
         key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
+        group: str | None = None,
     ) -> dict[str, Any]:
-        return await self._do(_protocol.publish(queue, event, payload, key, headers))
+        return await self._do(_protocol.publish(queue, event, payload, key, headers, group))
 
     async def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]

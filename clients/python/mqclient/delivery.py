@@ -27,7 +27,8 @@ def _time(value: Any) -> datetime | None:
 class Delivery:
     """The contract's delivery fields as attributes (`published_at` and `ack_deadline` as
     aware datetimes; `ack_deadline` is None on the socket), `headers` ({} when the message has
-    none) and `raw`, the fields as the server sent them."""
+    none), `group` (its message group, None when none) and `raw`, the fields as the server
+    sent them."""
 
     __slots__ = (
         "id",
@@ -40,6 +41,7 @@ class Delivery:
         "published_at",
         "ack_deadline",
         "headers",
+        "group",
         "raw",
         "_settler",
         "settled",
@@ -56,6 +58,7 @@ class Delivery:
         self.published_at: datetime | None = _time(fields.get("published_at"))
         self.ack_deadline: datetime | None = _time(fields.get("ack_deadline"))
         self.headers: dict[str, str] = dict(fields.get("headers") or {})
+        self.group: str | None = fields.get("group")
         self.raw = {k: v for k, v in fields.items() if k != "type"}
         self._settler = settler
         # None until ack() or nack() is called: the listener then leaves the delivery as the

@@ -43,7 +43,10 @@ call reseat() afterwards: under the lines lock (shared), with the open heads of 
 locked, each line's head becomes the one in flight, else its lowest pending one.
 """
 
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models.signals import post_save, pre_save
+
+from queues.models import Queue
 
 from .models import Delivery
 from .querysets import status_is
@@ -114,12 +117,32 @@ def reseat(subscription_ids, lines=None):
             )
 
 
+def connect_signals():
+    """A queue saved with `ordered` changed (the admin, createqueue, any save) relines its
+    backlog: reline_queue()."""
+    pre_save.connect(_before_queue_saved, sender=Queue, dispatch_uid="mq-lines-queue-before")
+    post_save.connect(_queue_saved, sender=Queue, dispatch_uid="mq-lines-queue-saved")
+
+
+def _before_queue_saved(sender, instance, raw=False, update_fields=None, **kwargs):
+    if instance.pk is None or raw or (update_fields is not None and "ordered" not in update_fields):
+        return
+    instance._mq_was_ordered = Queue.objects.filter(pk=instance.pk).values_list("ordered", flat=True).first()
+
+
+def _queue_saved(sender, instance, created=False, raw=False, **kwargs):
+    was = instance.__dict__.pop("_mq_was_ordered", None)
+    if not created and was is not None and was != instance.ordered:
+        reline_queue(instance.pk, instance.ordered)
+
+
 def reline_queue(queue_id, ordered):
     """A queue became ordered, or stopped being: its open deliveries join their lines (grp from
     their message's group) and get their heads, or leave them. The admin and createqueue
-    change `ordered` rarely; this reads the queue's open deliveries once."""
+    change `ordered` rarely; this reads the queue's open deliveries once. (Deliveries in flight
+    when a queue becomes ordered finish as they are; the lowest of each line is its head.)"""
     table = Delivery._meta.db_table
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         if ordered:
             cursor.execute(
                 f"""UPDATE {table} SET grp = COALESCE(

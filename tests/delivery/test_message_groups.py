@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from delivery import ledger, lines, publishing, subscribing
+from delivery import ledger, publishing, subscribing
 from delivery.models import Delivery, Status
 from tests.conftest import client_for
 from tests.support.rest import post_messages, pull
@@ -160,14 +160,13 @@ def test_one_batch_with_several_messages_of_a_group_makes_one_head(owner, ordere
 def test_a_queue_made_ordered_puts_its_backlog_in_lines(owner, db_queue):
     publish(owner, [(1, "a"), (2, "a"), (3, None)])
     db_queue.ordered = True
-    db_queue.save()
-    lines.reline_queue(db_queue.pk, True)
+    db_queue.save()  # the admin's and createqueue's way: the save relines the backlog
     assert heads_of(db_queue) == [1, 3]
     assert [d["seq"] for d in pull(owner, "?limit=10")] == [1, 3]
     db_queue.ordered = False
     db_queue.save()
-    lines.reline_queue(db_queue.pk, False)
     assert [d["seq"] for d in pull(owner, "?limit=10")] == [2]
+    assert not Delivery.objects.exclude(grp=None).exists()
 
 
 def test_the_socket_publish_frame_and_the_python_publish_take_a_group(owner, ordered):

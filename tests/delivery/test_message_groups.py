@@ -188,3 +188,28 @@ def test_a_lease_ahead_of_a_retry_never_passes_the_groups_waiting_head(owner, or
     assert ledger.lease_deliveries(owner, limit=10, now=later) == []
     subscribing.subscribe(owner, ordered)  # the same subscription again: nothing changes
     assert heads_of(ordered) == [1]
+
+
+def test_queuestats_and_the_owed_report_count_the_groups_with_work(owner, ordered):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from delivery import reports
+
+    publish(owner, [(1, "a"), (2, "a"), (3, "b"), (4, None), (5, "b")])
+    pull(owner, "?limit=1")  # a's head in flight
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    (stats,) = json.loads(out.getvalue())["groups"]
+    assert (stats["queue"], stats["groups"], stats["lines"]) == ("db", 3, 3)
+    assert [(h["seq"], h["group"], h["status"]) for h in stats["oldest_heads"]] == [
+        (1, "a", "inflight"),
+        (3, "b", "pending"),
+        (4, None, "pending"),
+    ]
+    (owed,) = reports.owed_to_subscriber(owner)
+    assert owed.groups == 3
+    blocked = [r for r in owed.reasons if r.code == "blocked"]
+    assert len(blocked) == 1 and blocked[0].words.startswith("2 blocked")  # 2 and 5; 3 and 4 go

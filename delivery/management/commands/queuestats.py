@@ -23,7 +23,8 @@ class Command(BaseCommand):
         rows = queue_stats()
         groups = group_stats()
         if options["json"]:
-            self.stdout.write(json.dumps({"queues": rows, "groups": groups}))
+            # "groups" only when an ordered queue has work: the answer is otherwise as it was.
+            self.stdout.write(json.dumps({"queues": rows, **({"groups": groups} if groups else {})}))
             return
         if not rows:
             self.stdout.write("no queues")

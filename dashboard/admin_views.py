@@ -76,11 +76,11 @@ def _act_on_head(request):
     if delivery is None or action not in ("retry", "skip"):
         messages.error(request, "Choose a delivery and retry or skip.")
         return HttpResponseRedirect(back)
-    head = reports.head_of(delivery.subscription_id) if delivery.subscription_id else None
-    if head is None or head.pk != delivery.pk:
+    # A head of one of its subscription's lines (one per message group), still open.
+    if not Delivery.objects.filter(pk=delivery.pk).heads().exists():
         messages.warning(
             request,
-            f"Delivery {delivery.pk} is no longer at the head of its subscription "
+            f"Delivery {delivery.pk} is no longer at the head of its line "
             f"(it is {delivery.status}): nothing done.",
         )
         return HttpResponseRedirect(back)

@@ -10,9 +10,10 @@ class DeliveryConfig(AppConfig):
         # receipts register their words on the bus as they are imported.
         from mqsite import bus
 
-        from . import liveness, receipts, revocation, wakeups  # noqa: F401
+        from . import lines, liveness, receipts, revocation, wakeups  # noqa: F401
 
         revocation.connect_signals()
+        lines.connect_signals()
         # A commit's wake-ups also enqueue the webhook jobs of subscribers without a socket.
         bus.on(bus.WAKE, _enqueue_webhooks, blocking=True)
         # A dead process's webhook jobs hold their subscribers' claims no longer.

@@ -16,6 +16,7 @@ def message_frame_sql(d="d", m="m", q="q", e="e"):
         f""" || ',"attempt":' || {d}.attempt || ',"published_at":' || {_time_json(f"{m}.created_at")}"""
         f""" || ',"deliver_at":' || {_time_json(f"{m}.deliver_at")}"""
         f""" || ',"expires_at":' || {_time_json(f"{d}.expires_at")}"""
+        f""" || ',"group":' || COALESCE(to_json({m}.grp)::text, 'null')"""
         f""" || CASE WHEN {m}.headers_json <> '' THEN ',"headers":' || {m}.headers_json ELSE '' END"""
         """ || '}'"""
     )

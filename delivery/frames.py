@@ -47,6 +47,7 @@ MESSAGE_FIELDS = (
     "published_at",
     "deliver_at",  # null when none (queues.timing)
     "expires_at",
+    "group",  # null when its message names none (message groups)
 )
 PUBLISHED_FIELDS = ("id", "queue", "event", "seq", "deliveries")
 
@@ -288,6 +289,7 @@ def _prepare(item):
             item["payload"],
             item.get("key"),
             item.get("headers"),
+            item.get("group"),
             **publishing.timing_fields(item),
         )
     except publishing.PayloadTooLarge as exc:

@@ -33,7 +33,7 @@ from queues.models import Event, Message, Queue
 from subscribers.filters import filter_holds, filter_source
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import receipts
+from . import lines, receipts
 from .bounds import MAX_EXTEND_SECS
 from .frame_sql import message_frame_sql
 from .models import Delivery, DeliveryAttempt, Status
@@ -41,7 +41,6 @@ from .querysets import (
     OPEN,
     expired_sql,
     is_ready,
-    line_position,
     overdue_sql,
     ready_sql,
     status_is,
@@ -248,12 +247,13 @@ def _backoff_after(column):
 # --- fan-out ----------------------------------------------------------------------------------
 
 
-def fan_out(queue_id, first_seq, last_seq, now, receipt=False):
+def fan_out(queue_id, first_seq, last_seq, now, receipt=False, ordered=False):
     """Insert one pending delivery per (message, matching subscription) for a range of seqs.
 
     One INSERT ... SELECT for the whole range, called inside the publisher's transaction.
     Returns ({message_id: deliveries made}, {subscriber ids owed something}), from the
     INSERT's own RETURNING: no second query. `receipt`: some of the messages want a receipt.
+    `ordered`: the queue is (its deliveries join their lines, delivery.lines).
     """
     sql, params = fan_out_statement(
         "queues_message m",
@@ -262,13 +262,16 @@ def fan_out(queue_id, first_seq, last_seq, now, receipt=False):
         receipt,
         where_params=[queue_id, first_seq, last_seq],
         timed=True,
+        ordered=ordered,
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return fanned_out(cursor.fetchall())
 
 
-def fan_out_statement(messages, where, now, receipt=False, seats=None, where_params=(), timed=False):
+def fan_out_statement(
+    messages, where, now, receipt=False, seats=None, where_params=(), timed=False, ordered=False
+):
     """The fan-out INSERT for the messages `messages` names as `m` (a table or a CTE with id,
     queue_id, event_id, seq, payload_json, headers_json, receipt_wanted when `receipt`,
     deliver_at and expires_at when `timed`) where `where` (with `where_params`) holds, and all
@@ -289,10 +292,14 @@ def fan_out_statement(messages, where, now, receipt=False, seats=None, where_par
     as they are made, as (the SQL of a FROM item `q` with the queue's ordered, paused and
     ack_timeout, its parameters, [subscriber id], [holder], [room]). Then it returns, after
     those two, each delivery's id, lease holder ('' when pending), ack deadline, attempt and
-    subscription (_fan_out_seated)."""
+    subscription (_fan_out_seated).
+
+    `ordered`: the queue is ordered, and `m` has its message's `grp`: each delivery joins the
+    line of its subscription and group (delivery.lines; a trigger marks the head). Unordered,
+    the statement is the one it always was."""
     if seats is not None:
-        return _fan_out_seated(messages, where, now, receipt, seats, where_params, timed)
-    insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt, timed=timed)
+        return _fan_out_seated(messages, where, now, receipt, seats, where_params, timed, ordered)
+    insert, params = owed_insert("s.id, s.subscriber_id", [], now, receipt, timed=timed, ordered=ordered)
     # The messages through filter_source(): what the filters read, parsed once per message.
     sql = f"""
         {insert}
@@ -328,7 +335,7 @@ def _OWED_JOIN():  # noqa: N802 (a constant, made once the models are loaded)
         JOIN {Subscriber._meta.db_table} r ON r.id = s.subscriber_id AND {_may_subscribe()}"""
 
 
-def _fan_out_seated(messages, where, now, receipt, seats, where_params, timed=False):
+def _fan_out_seated(messages, where, now, receipt, seats, where_params, timed=False, ordered=False):
     """fan_out_statement() with `seats`: a delivery whose subscriber has a seat is made already
     in flight to the seat's holder, as a lease leaves it (attempt 1, the queue's ack deadline),
     when a lease would take it now and the seat has room: its queue is unordered (an ordered
@@ -340,12 +347,13 @@ def _fan_out_seated(messages, where, now, receipt, seats, where_params, timed=Fa
     at = connection.ops.adapt_datetimefield_value(now)
     seated = ("m.seated", "m.holder", _deadline("m"))
     insert, params = owed_insert(
-        "m.subscription_id, m.subscriber_id", [], now, receipt, seated=seated, timed=timed
+        "m.subscription_id, m.subscriber_id", [], now, receipt, seated=seated, timed=timed, ordered=ordered
     )
+    grp = ", m.grp" if ordered else ""
     sql = f"""
         {insert}
         FROM (
-            SELECT m.id, m.queue_id, m.event_id, m.seq{", m.receipt_wanted" if receipt else ""}
+            SELECT m.id, m.queue_id, m.event_id, m.seq{", m.receipt_wanted" if receipt else ""}{grp}
                    {", m.deliver_at, m.expires_at" if timed else ""},
                    s.id AS subscription_id, s.subscriber_id, t.holder, q.ack_timeout,
                    t.holder IS NOT NULL AND q.ordered = %s AND {may_lease}
@@ -377,7 +385,7 @@ def _fan_out_seated(messages, where, now, receipt, seats, where_params, timed=Fa
     ]
 
 
-def owed_insert(owner, owner_params, now, receipt=False, seated=None, timed=False):
+def owed_insert(owner, owner_params, now, receipt=False, seated=None, timed=False, ordered=False):
     """The deliveries' INSERT ... SELECT up to its FROM (and its parameters), for fan-out and
     replay alike: one pending delivery, ready at `now`, per row of the SELECT's message `m`.
     `owner`: the SQL of its subscription's and its subscriber's ids (with `owner_params`).
@@ -387,7 +395,8 @@ def owed_insert(owner, owner_params, now, receipt=False, seated=None, timed=Fals
     message's expiry. Without, the statement is the one every other publish sends.
     `seated`: (SQL of whether the row is taken at once, of its holder, of its ack deadline with
     one parameter, `now`): such a row is made in flight, as _leased_set() leaves a lease (the
-    caller appends `now` twice to the parameters, for the deadline and delivered_at)."""
+    caller appends `now` twice to the parameters, for the deadline and delivered_at).
+    `ordered`: each row joins its line, its message's group ("" for none; delivery.lines)."""
     # Raw SQL: adapt the time as the ORM does, or SQLite would compare two spellings of it.
     at = connection.ops.adapt_datetimefield_value(now)
     column, value = (", receipt", ", m.receipt_wanted") if receipt else ("", "")
@@ -398,6 +407,8 @@ def owed_insert(owner, owner_params, now, receipt=False, seated=None, timed=Fals
             f"{value}, m.expires_at",
             "COALESCE(m.deliver_at, %s)",
         )
+    if ordered:
+        column, value = f"{column}, grp", f"{value}, COALESCE(m.grp, '')"
     if seated is None:
         state, lease, lease_columns = "%s, 0", "''", ""
         params = [Status.PENDING]
@@ -444,7 +455,8 @@ def lease_deliveries(
     Each is marked in flight until now + its queue's ack timeout, its attempt counted. Overdue
     leases of the same subscriptions are expired first, so they are ready again (after their
     backoff). An ordered queue's subscription hands out only its head, and nothing while a
-    delivery of it is in flight or waiting for its retry. Returns dicts ready for the API, or
+    delivery of it is in flight or waiting for its retry: per line (message group,
+    delivery.lines) where its messages name groups. Returns dicts ready for the API, or
     with `framed` (a socket's lease) on PostgreSQL, each as _framed() describes it. (`found`:
     see alease_deliveries; here it stays empty.)
     """
@@ -465,7 +477,7 @@ def lease_deliveries(
             _expire_overdue(now, overdue)
         for sub in ordered:
             if len(leased) < limit:
-                leased += _lease_head(subscriber.pk, sub, event_ids, holder, now, framed)
+                leased += _lease_head(subscriber.pk, sub, event_ids, limit - len(leased), holder, now, framed)
         for ack_timeout, ids in unordered.items():
             if len(leased) >= limit:
                 break
@@ -498,8 +510,10 @@ async def alease_deliveries(
             leased = []
             for sub in ordered:
                 if len(leased) < limit:
+                    room = limit - len(leased)
                     leased += await adb.run(
-                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now, framed), conn
+                        _lease_head_statement(subscriber.pk, sub["id"], event_ids, holder, now, framed, room),
+                        conn,
                     )
             for ack_timeout, ids in unordered.items():
                 if len(leased) >= limit:
@@ -742,54 +756,61 @@ def _heads_in_one():
     return connection.vendor == "postgresql"
 
 
-def _lease_head(subscriber_id, sub, event_ids, holder, now, framed=False):
-    """Lease an ordered subscription's head, if it is ready (described, as the API gives it)."""
+def _lease_head(subscriber_id, sub, event_ids, limit, holder, now, framed=False):
+    """Lease up to `limit` heads of an ordered subscription's lines that are ready (described,
+    as the API gives them)."""
     if _heads_in_one():
-        return adb.run_sync(_lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now, framed))
-    # SQLite (one writer at a time): lock the subscription row first: with SKIP LOCKED alone a
-    # second leaser would skip the locked head and hand out the message behind it.
-    list(
-        Subscription.objects.select_for_update(of=("self",), no_key=True)
-        .filter(id=sub["id"])
-        .order_by()
-        .values_list("id")
+        return adb.run_sync(
+            _lease_head_statement(subscriber_id, sub["id"], event_ids, holder, now, framed, limit)
+        )
+    # SQLite (one writer at a time): the heads, then their lease, in the caller's transaction.
+    table = Delivery._meta.db_table
+    pick, params = _heads_pick(sub["id"], [], event_ids, now, limit)
+    set_, set_params = _leased_set(sub["queue__ack_timeout"], holder, now)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {set_} WHERE id IN ({pick}) RETURNING id", [*set_params, *params])
+        return _describe([row[0] for row in cursor.fetchall()])
+
+
+def _heads_pick(sub_sql, sub_params, event_ids, now, limit):
+    """SQL (and its parameters) of the ids of up to `limit` ready heads of the subscription
+    `sub_sql` (an id placeholder or a subquery), oldest first: one range scan of delivery_heads
+    (a subscription's pending heads by seq, one per line, delivery.lines). A head waiting for
+    its retry, a delayed one and an expired one are passed over, and hold their lines: nothing
+    behind them is a head (ready_sql)."""
+    table = Delivery._meta.db_table
+    if isinstance(sub_sql, int):
+        sub_sql, sub_params = "%s", [sub_sql]
+    of_events, event_params = _of_events("h.event_id", event_ids)
+    return (
+        f"""SELECT h.id FROM {table} h
+            WHERE h.subscription_id = ({sub_sql}) AND h.head AND {ready_sql("h")}{of_events}
+            ORDER BY h.seq LIMIT %s""",
+        [*sub_params, *[connection.ops.adapt_datetimefield_value(now)] * 2, *event_params, limit],
     )
-    head = _head(subscriber_id, sub["id"], now)
-    if (
-        head is None
-        or not is_ready(head["status"], head["next_attempt_at"], now)
-        or (event_ids is not None and head["event_id"] not in event_ids)
-    ):
-        return []
-    return _describe(_mark_leased([head["id"]], sub["queue__ack_timeout"], holder, now))
 
 
-def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, framed=False):
-    """PostgreSQL: lease an ordered subscription's head in one statement, and describe it.
-    `subscription` is its id, or the SQL of a subquery giving it, as (sql, params).
+def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, framed=False, limit=1):
+    """PostgreSQL: lease up to `limit` ready heads of an ordered subscription's lines in one
+    statement, and describe them. `subscription` is its id, or the SQL of a subquery giving it,
+    as (sql, params).
 
-    The head is its lowest-seq pending delivery that has not expired (an expired one holds up
-    nothing behind it, though the sweep has not yet made it dead), leased only if it is ready
-    (a delayed head, or one waiting for its retry, holds the line until then) (of `event_ids`,
-    if given), nothing of the subscription is in flight (whatever its seq: a seek or a
-    redelivery can reopen lower seqs behind it), and the subscription may lease at all
-    (_may_lease(): no replay under way, neither it nor its queue paused), its subscriber active
-    and allowed (the checks of _subscriptions(), so that after an ack the head needs no read
-    first). This is what an
-    ordered queue's speed turns on: one round trip per message, where a lock of the
-    subscription row, a read of the head, its update and a read back took five and a
-    transaction (bench/README.md, W7).
+    A line's head (delivery.lines) is its one open delivery that may be in flight: leasing
+    heads only, a lease hands out at most one delivery per line, in seq order within it, and
+    the heads of different lines at once, the oldest first. A head that is not ready holds its
+    line: a delayed one, one waiting for its retry, and an expired one until the sweep makes it
+    dead (within a second; the trigger then makes the next of its line the head). Also checked:
+    the subscription may lease at all (_may_lease(): no replay under way, neither it nor its
+    queue paused), its subscriber active and allowed (the checks of _subscriptions(), so that
+    after an ack the heads need no read first). This is what an ordered queue's speed turns on:
+    one round trip, one range scan of delivery_heads, whatever the number of lines and the
+    backlog behind them (bench/group_lease.py).
 
-    Why no lock is needed: the head's id and the in-flight check are read once, from the
-    statement's snapshot (PostgreSQL evaluates uncorrelated subqueries once). A second leaser
-    whose snapshot still saw the head pending targets that same row, waits for the first's
-    lock, and then re-checks it as it now is (READ COMMITTED): in flight, it is not leased.
-    It never targets the message behind the head while the head is open, so two leasers hand
-    out at most the head, once. A snapshot taken after the first committed sees the head in
-    flight, and leases nothing."""
+    SKIP LOCKED: two leasers at once take different heads, never one twice; a head locked by
+    another (a leaser, an operator's reseat) waits for the next lease."""
     table = Delivery._meta.db_table
     sub_sql, sub_params = ("%s", [subscription]) if isinstance(subscription, int) else subscription
-    of_events, event_params = _of_events("d.event_id", event_ids)
+    pick, pick_params = _heads_pick(sub_sql, sub_params, event_ids, now, limit)
     at = connection.ops.adapt_datetimefield_value
     may_lease, lease_params = _may_lease()
     leased = yield (
@@ -799,14 +820,7 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
             ack_deadline = {_deadline()}
         FROM {Message._meta.db_table} m, {Queue._meta.db_table} q, {Event._meta.db_table} e,
              {Subscription._meta.db_table} s, {Subscriber._meta.db_table} r{_no_flush_wait()}
-        WHERE d.id = (SELECT h.id FROM {table} h
-                      WHERE h.subscription_id = ({sub_sql}) AND {status_is(Status.PENDING, "h")}
-                        AND {unexpired_sql("h")}
-                      ORDER BY h.seq LIMIT 1)
-          AND NOT EXISTS (SELECT 1 FROM {table} i
-                          WHERE i.subscriber_id = %s AND {status_is(Status.INFLIGHT, "i")}
-                            AND i.subscription_id = d.subscription_id)
-          AND {ready_sql("d")}{of_events}
+        WHERE d.id IN ({pick} FOR UPDATE SKIP LOCKED)
           AND s.id = d.subscription_id AND s.subscriber_id = %s
           AND r.id = s.subscriber_id AND {_may_subscribe()}
           AND q.id = d.queue_id AND {may_lease} AND q.ordered = %s
@@ -818,12 +832,7 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
             at(now),
             holder,
             at(now),
-            *sub_params,
-            at(now),
-            subscriber_id,
-            at(now),
-            at(now),
-            *event_params,
+            *pick_params,
             subscriber_id,
             True,
             True,
@@ -835,11 +844,12 @@ def _lease_head_statement(subscriber_id, subscription, event_ids, holder, now, f
 
 
 def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, framed=False):
-    """After acks of ordered deliveries (committed): the next head of each of their
-    subscriptions, as alease_heads_after() does, one statement each on PostgreSQL (a webhook
-    job's ordered line: a round trip per message, where the whole lease's read and head
-    statement took two). SQLite, which leases a head in several
-    statements, leases what is ready of the subscriber: the whole lease_deliveries()."""
+    """After acks of ordered deliveries (committed): the next heads of their subscriptions'
+    lines (an ack of a head made the next of its line the head), as alease_heads_after()
+    does, one statement each on PostgreSQL (a webhook job's ordered line: a round trip per
+    message, where the whole lease's read and head statement took two). SQLite, which
+    leases heads in several statements, leases what is ready of the subscriber: the whole
+    lease_deliveries()."""
     if not _heads_in_one():
         return lease_deliveries(subscriber, limit=limit, holder=holder, now=now, framed=framed)
     now = now or timezone.now()
@@ -847,14 +857,16 @@ def lease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, fram
     for acked in acked_ids:
         if len(leased) >= limit:
             break
-        head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now, framed)
+        head = _lease_head_statement(
+            subscriber.pk, _of_acked(acked), None, holder, now, framed, limit - len(leased)
+        )
         leased += adb.run_sync(head)
     return leased
 
 
 @adb.twin(lease_heads_after)
 async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=None, framed=False):
-    """The next head of the ordered subscriptions of `acked_ids` (deliveries just acked,
+    """The next heads of the ordered subscriptions of `acked_ids` (deliveries just acked,
     committed), one statement each and no read first: a prompt consumer of an ordered queue
     waits for its next message one round trip after its ack, not three. Whatever else may be
     ready was leased when the window last had room; a wake-up leases anything new."""
@@ -864,7 +876,9 @@ async def alease_heads_after(subscriber, acked_ids, *, limit, holder="", now=Non
         for acked in acked_ids:
             if len(leased) >= limit:
                 break
-            head = _lease_head_statement(subscriber.pk, _of_acked(acked), None, holder, now, framed)
+            head = _lease_head_statement(
+                subscriber.pk, _of_acked(acked), None, holder, now, framed, limit - len(leased)
+            )
             leased += await adb.run(head, conn)
     return leased
 
@@ -874,42 +888,10 @@ def _of_acked(delivery_id):
     return f"SELECT subscription_id FROM {Delivery._meta.db_table} WHERE id = %s", [delivery_id]
 
 
-def _head(subscriber_id, subscription_id, now):
-    """The delivery that holds a subscription's line (id, status, next_attempt_at, event_id,
-    seq), or None: one in flight, whatever its seq (a seek or a redelivery can reopen lower
-    seqs behind it, and still only one may be in flight), else the lowest-seq pending one not
-    expired at `now` (an expired one holds nothing up: _lease_head_statement).
-    The first pending one by delivery_ready and the first in flight by the subscriber's (few,
-    in an ordered queue) in-flight ones, in one statement. One query over both statuses could
-    use neither partial index, and would read the subscription's acked history too."""
-    table = Delivery._meta.db_table
-    columns = "h.id, h.status, h.next_attempt_at, h.event_id, h.seq"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT * FROM (SELECT {columns} FROM {table} h
-                           WHERE h.subscription_id = %s AND {status_is(Status.PENDING, "h")}
-                             AND {unexpired_sql("h")}
-                           ORDER BY h.seq LIMIT 1) p
-            UNION ALL
-            SELECT * FROM (SELECT {columns} FROM {table} h
-                           WHERE h.subscriber_id = %s AND {status_is(Status.INFLIGHT, "h")}
-                             AND h.subscription_id = %s
-                           ORDER BY h.seq LIMIT 1) i
-            """,
-            [subscription_id, connection.ops.adapt_datetimefield_value(now), subscriber_id, subscription_id],
-        )
-        rows = cursor.fetchall()
-    if not rows:
-        return None
-    id_, status, next_attempt_at, event_id, _ = min(rows, key=lambda row: line_position(row[1], row[4]))
-    return {"id": id_, "status": status, "next_attempt_at": _datetime(next_attempt_at), "event_id": event_id}
-
-
 # What a lease returns of each delivery: what _delivery() makes of it, or (a socket's lease,
 # `framed`) what _framed() does, the frame written by PostgreSQL.
 _DESCRIBED = """d.id, d.message_id, q.name, e.name, d.seq, m.payload_json, d.attempt,
-                m.created_at, d.ack_deadline, m.headers_json, m.deliver_at, d.expires_at"""
+                m.created_at, d.ack_deadline, m.headers_json, m.deliver_at, d.expires_at, m.grp"""
 _FRAMED = f"d.id, q.name, e.name, d.seq, d.ack_deadline, {message_frame_sql()}"
 
 
@@ -945,6 +927,7 @@ def _describe(ids):
             "message__headers_json",
             "message__deliver_at",
             "expires_at",
+            "message__group",
         )
     )
     return [_delivery(*row) for row in rows]
@@ -963,10 +946,12 @@ def _delivery(
     headers_json=None,
     deliver_at=None,
     expires_at=None,
+    group=None,
 ):
     """A leased delivery as the API gives it: with `headers` only when its message has some
     (queues.headers), so that clients that send none see exactly what they saw before; with
-    `deliver_at` and `expires_at` always (null when none: queues.timing)."""
+    `deliver_at` and `expires_at` always (null when none: queues.timing), and its message's
+    `group` (None when none)."""
     delivery = {
         "id": id,
         "message_id": message_id,
@@ -979,6 +964,7 @@ def _delivery(
         "ack_deadline": ack_deadline,
         "deliver_at": deliver_at,
         "expires_at": expires_at,
+        "group": group,
     }
     if headers_json:
         delivery["headers"] = json.loads(headers_json)
@@ -1463,6 +1449,7 @@ def redeliver(deliveries, now=None):
     with transaction.atomic():
         moving = deliveries.exclude(status=Status.ACKED)
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
+        line_keys = set(moving.exclude(grp=None).order_by().values_list("subscription_id", "grp").distinct())
         count = Delivery.objects.filter(id__in=moving.values("id")).update(
             status=Status.PENDING,
             attempt=0,
@@ -1470,7 +1457,10 @@ def redeliver(deliveries, now=None):
             expires_at=None,
             **UNLEASED,
             last_error=REDELIVERED,
+            head=False,  # a dead one's mark is stale; reseat() gives each line its head
         )
+        # One reopened below its line's head goes first, unless one of its line is in flight.
+        lines.reseat({s for s, _ in line_keys}, line_keys)
     bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
 
@@ -1771,12 +1761,13 @@ def replay_chunk(subscription_id, now=None):
                 "replay_extend",
                 "leaving",
                 "filter",
+                "queue__ordered",
             )
             .first()
         )
         if row is None or row[3] is None or row[8]:
             return 0, True  # gone, done, or being unsubscribed
-        subscriber_id, queue_id, event_id, first, until, reopen, event_ids, extend, _, filtered = row
+        subscriber_id, queue_id, event_id, first, until, reopen, event_ids, extend, _, filtered, ordered = row
         if first > until and extend:
             # The end of a new subscription's range: read the queue's last seq again, under its
             # lock, which waits for the publishes that were waiting on begin_replay()'s; they
@@ -1789,7 +1780,9 @@ def replay_chunk(subscription_id, now=None):
         of_events, event_params = ("", []) if event_id is None else (" AND m.event_id = %s", [event_id])
         narrow, narrow_params = _of_events("m.event_id", event_ids)
         # SQLite reads "FROM t ON CONFLICT" as a join without its WHERE: the WHERE is needed.
-        insert, insert_params = owed_insert("%s, %s", [subscription_id, subscriber_id], now, timed=True)
+        insert, insert_params = owed_insert(
+            "%s, %s", [subscription_id, subscriber_id], now, timed=True, ordered=ordered
+        )
         # A replay owes what a publish would owe the subscription now: its filter as it is now
         # applies (filter_holds, the fan-out's own clause), to history published before it too;
         # an expired message is owed to no one any more.
@@ -1819,7 +1812,7 @@ def replay_chunk(subscription_id, now=None):
                 cursor.execute(
                     f"""
                     UPDATE {table} SET status = %s, next_attempt_at = %s, {UNLEASED_SQL},
-                        acked_at = NULL,
+                        acked_at = NULL, head = %s,
                         attempt = CASE WHEN status = %s THEN 0 ELSE attempt END,
                         last_error = CASE WHEN status = %s THEN %s ELSE last_error END
                     WHERE subscription_id = %s AND seq BETWEEN %s AND %s AND status IN (%s, %s){narrow}
@@ -1828,6 +1821,7 @@ def replay_chunk(subscription_id, now=None):
                     [
                         Status.PENDING,
                         at,
+                        False,  # a closed one's mark is stale: the end of the replay reseats
                         Status.DEAD,
                         Status.DEAD,
                         REPLAYED,
@@ -1843,6 +1837,9 @@ def replay_chunk(subscription_id, now=None):
                 owed += cursor.rowcount
         done = last >= until and not extend
         if done:
+            # Its history came in below its lines' heads: each line's head is its lowest open
+            # delivery again (or the one in flight) before it may lease (delivery.lines).
+            lines.reseat([subscription_id])
             Subscription.objects.filter(pk=subscription_id).update(**_NOT_BUSY)
             bus.send_after_commit(bus.WAKE, [subscriber_id])  # leased again, the history first
         else:

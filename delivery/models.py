@@ -70,6 +70,14 @@ class Delivery(models.Model):
     # reads one table): not acked by then, it is dead with the reason "expired". Null: never.
     # An operator's redelivery clears it (ledger.redeliver): a new chance, without the expiry.
     expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The line it waits in (message groups, delivery.lines): in an ordered queue its message's
+    # group, "" for the default group; NULL in an unordered queue, which has no lines.
+    grp = models.CharField(max_length=128, null=True, blank=True, editable=False)  # noqa: DJ001
+    # It holds its line: the one open delivery of its (subscription, grp) that may be in flight
+    # (the one in flight, else the lowest-seq pending one). Kept by triggers (delivery.lines);
+    # meaningless once the delivery is acked or dead (left as it was: clearing it would write
+    # the row again).
+    head = models.BooleanField(default=False, db_default=False, editable=False)
 
     objects = DeliveryQuerySet.as_manager()  # the read predicates: ready(now), overdue(now), ...
 
@@ -79,6 +87,14 @@ class Delivery(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["subscription", "message"], name="delivery_once_per_subscription"
+            ),
+            # At most one open head per line, checked by the database: a race that made a second
+            # would fail loudly rather than hand out two messages of one group at once. Also
+            # the index of "has this line an open head?" (the insert trigger, delivery.lines).
+            models.UniqueConstraint(
+                fields=["subscription", "grp"],
+                name="delivery_one_head_per_line",
+                condition=models.Q(head=True, status__in=["pending", "inflight"]),
             ),
         ]
         # Every change of status writes a new version of the row, and (status being in an
@@ -94,6 +110,20 @@ class Delivery(models.Model):
             # lease: a subscription's pending deliveries in seq order (and "anything ready?")
             models.Index(
                 fields=["subscription", "seq"], name="delivery_ready", condition=models.Q(status="pending")
+            ),
+            # the ordered lease: a subscription's pending heads (one per line) in seq order. Only
+            # heads have an entry, so a lease reads its window of heads whatever the backlog.
+            models.Index(
+                fields=["subscription", "seq"],
+                name="delivery_heads",
+                condition=models.Q(status="pending", head=True),
+            ),
+            # a line's next: the lowest pending delivery of a (subscription, grp), found when its
+            # head closes (delivery.lines). Ordered queues' rows only (grp is NULL elsewhere).
+            models.Index(
+                fields=["subscription", "grp", "seq"],
+                name="delivery_line_pending",
+                condition=models.Q(status="pending", grp__isnull=False),
             ),
             # expiry: overdue leases by deadline (the sweep's, and a lease's for its subscriptions)
             models.Index(

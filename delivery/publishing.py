@@ -24,6 +24,7 @@ from . import inline, ledger
 
 MAX_BATCH = 1000
 MAX_KEY_LENGTH = 255
+MAX_GROUP_LENGTH = 128
 
 
 class BadMessage(ValueError):
@@ -45,6 +46,10 @@ class BadMessageTiming(BadMessage):
     def __init__(self, exc):
         super().__init__(exc.detail)
         self.code, self.field = exc.code, exc.field
+
+
+class BadMessageGroup(BadMessage):
+    """A group that is not a string of 1 to MAX_GROUP_LENGTH characters (400 naming `group`)."""
 
 
 class SchemaMismatch(BadMessage):
@@ -77,6 +82,7 @@ class Outgoing:
     # When it falls due and expires, as sent (queues.timing; its queue's default TTL is added
     # at publish: timing_in).
     timing: timings.Timing = timings.NO_TIMING
+    group: str | None = None  # its message group (delivery.lines); None: the default group
     # The payload as sent, for its event's schema (prepare() has it: no second parse).
     payload: object = field(default=_UNPARSED, compare=False, repr=False)
 
@@ -90,10 +96,12 @@ def timing_fields(item):
     return {f: item.get(f) for f in timings.FIELDS}
 
 
-def prepare(event, payload, key=None, headers=None, **times):
+def prepare(event, payload, key=None, headers=None, group=None, **times):
     """Check one message and encode its payload and headers; BadMessage says what is wrong
-    (BadMessageHeaders when it is the headers, BadMessageTiming when it is `times`: any of
-    deliver_at, delay_secs, expires_at and ttl_secs, queues.timing)."""
+    (BadMessageHeaders when it is the headers, BadMessageGroup when it is the group,
+    BadMessageTiming when it is `times`: any of deliver_at, delay_secs, expires_at and ttl_secs,
+    queues.timing). `group`: its message group, a string of 1 to MAX_GROUP_LENGTH characters,
+    or None."""
     try:
         event = clean_name(event, "event")
     except BadName as exc:
@@ -104,6 +112,13 @@ def prepare(event, payload, key=None, headers=None, **times):
         # Databases cannot store NUL in text, nor a lone surrogate as UTF-8: refuse, don't fail.
         if not storable_text(key):
             raise BadMessage("key may not contain NUL or invalid Unicode")
+    if group is not None:
+        if not isinstance(group, str) or not group or len(group) > MAX_GROUP_LENGTH:
+            raise BadMessageGroup(
+                f"group must be a non-empty string of at most {MAX_GROUP_LENGTH} characters"
+            )
+        if not storable_text(group):
+            raise BadMessageGroup("group may not contain NUL or invalid Unicode")
     try:
         # allow_nan=False: NaN and Infinity are not JSON, and other clients could not read them.
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -124,7 +139,7 @@ def prepare(event, payload, key=None, headers=None, **times):
         when = timings.timing_of(**times) if times else timings.NO_TIMING
     except timings.BadTiming as exc:
         raise BadMessageTiming(exc) from None
-    return Outgoing(event, text, key, headers_json=headers_json, payload=payload, timing=when)
+    return Outgoing(event, text, key, headers_json=headers_json, payload=payload, group=group, timing=when)
 
 
 def timing_in(queue, outgoing, now):
@@ -252,11 +267,14 @@ def _publish(queue, outgoing, publisher):
                     receipt_wanted=o.receipt,
                     deliver_at=times[i][0],
                     expires_at=times[i][1],
+                    group=o.group,
                 )
                 for i, o in enumerate(new)
             )
             receipt = any(o.receipt for o in new)
-            counts, owed = ledger.fan_out(queue.pk, first_seq, first_seq + len(new) - 1, now, receipt)
+            counts, owed = ledger.fan_out(
+                queue.pk, first_seq, first_seq + len(new) - 1, now, receipt, ordered=queue.ordered
+            )
             for m in messages:
                 m.delivery_count = counts.get(m.pk, 0)
             bus.send_after_commit(bus.WAKE, owed)
@@ -342,7 +360,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
         # The queue's settings as its row is now: the UPDATE below waits for a pause under way.
         settings_of_q, seated = ", ordered, paused, ack_timeout", ("q", [], *inline.statement_seats(seats))
         fan_out, fan_out_params = ledger.fan_out_statement(
-            "m", "TRUE", now, receipt, seats=seated, timed=timed
+            "m", "TRUE", now, receipt, seats=seated, timed=timed, ordered=queue.ordered
         )
         result = """SELECT id, seq, NULL::bigint, NULL::bigint, NULL::text, NULL::timestamptz,
                 NULL::integer, NULL::bigint FROM m
@@ -350,7 +368,9 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
                 attempt, subscription_id FROM d"""
     else:
         settings_of_q = ""
-        fan_out, fan_out_params = ledger.fan_out_statement("m", "TRUE", now, receipt, timed=timed)
+        fan_out, fan_out_params = ledger.fan_out_statement(
+            "m", "TRUE", now, receipt, timed=timed, ordered=queue.ordered
+        )
         result = """SELECT id, seq, NULL::bigint FROM m
             UNION ALL SELECT message_id, NULL::bigint, subscriber_id FROM d"""
     wanted = (", receipt_wanted", ", v.receipt", ", %s::boolean[]", ", receipt") if receipt else ("",) * 4
@@ -361,6 +381,11 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
             f"{wanted[2]}, %s::timestamptz[], %s::timestamptz[]",
             f"{wanted[3]}, deliver_at, expires_at",
         )
+    # Groups only when some message names one, and returned for the fan-out of an ordered
+    # queue (its lines): other publishes send the statement they always did.
+    grouped = any(o.group is not None for o in outgoing)
+    named = (", grp", ", v.grp", ", %s::text[]", ", grp") if grouped else ("",) * 4
+    returned = ", grp" if queue.ordered else ""
     sql = f"""
         WITH q AS (
             UPDATE {Queue._meta.db_table} SET last_seq = last_seq + %s WHERE id = %s
@@ -368,12 +393,13 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
         ), m AS (
             INSERT INTO {Message._meta.db_table}
                 (queue_id, event_id, seq, payload_json, headers_json, key, publisher_id,
-                 created_at{wanted[0]})
+                 created_at{wanted[0]}{named[0]})
             SELECT %s, v.event_id, q.base + v.n, v.payload_json, v.headers_json, NULL, v.publisher_id,
-                %s{wanted[1]}
-            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[]{wanted[2]})
-                WITH ORDINALITY AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}, n)
-            RETURNING id, queue_id, event_id, seq, payload_json, headers_json{wanted[0]}
+                %s{wanted[1]}{named[1]}
+            FROM q, unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[]{wanted[2]}{named[2]})
+                WITH ORDINALITY
+                AS v (event_id, payload_json, headers_json, publisher_id{wanted[3]}{named[3]}, n)
+            RETURNING id, queue_id, event_id, seq, payload_json, headers_json{wanted[0]}{returned}
         ), d AS ({fan_out})
         {result}
     """
@@ -389,6 +415,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
         [p.pk if (p := o.publisher or publisher) is not None else None for o in outgoing],
         *([[o.receipt for o in outgoing]] if receipt else []),
         *([[t[0] for t in times], [t[1] for t in times]] if timed else []),
+        *([[o.group for o in outgoing]] if grouped else []),
         *fan_out_params,
     ]
     rows = yield sql, params
@@ -420,6 +447,7 @@ def _publish_statement(queue, outgoing, publisher, now, events, seats=()):
                     o.headers_json,
                     None,  # a delayed message is never seated (ledger._fan_out_seated)
                     t[1],  # its expires_at
+                    o.group,
                 )
                 taken.setdefault(holder, []).append((subscription_id, delivery))
     return answers, owed, taken

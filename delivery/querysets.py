@@ -12,8 +12,7 @@ A status that a partial index's condition names is written as one term per statu
 term can use the partial index of its status (delivery.models).
 """
 
-from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Max, Min, Q, QuerySet
 
 from .statuses import Status
 
@@ -158,32 +157,12 @@ class DeliveryQuerySet(QuerySet):
         return self.filter(status__in=UNSETTLED)
 
     def heads(self):
-        """The heads of ordered subscriptions among these deliveries: per subscription of an
-        ordered queue, the delivery that stands first in its line (line_position): the one in
-        flight (the lowest-seq one, should a race ever have left two), else the lowest-seq
-        pending one.
-
-        Found per subscription, not per delivery: two probes each, one per status and each on
-        its status's partial index (delivery_ready for the pending ones, by seq), so the work
-        grows with ordered subscriptions, not with their backlogs.
-        """
-        subscriptions = self.model._meta.get_field("subscription").related_model
-
-        def first(status):
-            return Subquery(
-                self.model.objects.filter(subscription_id=OuterRef("pk"), status=status)
-                .order_by("seq")
-                .values("id")[:1]
-            )
-
-        heads = (
-            subscriptions.objects.filter(queue__ordered=True)
-            .order_by()
-            .annotate(head=Coalesce(first(Status.INFLIGHT), first(Status.PENDING)))
-            .filter(head__isnull=False)
-            .values("head")
-        )
-        return self.filter(id__in=heads)
+        """The heads of ordered subscriptions' lines among these deliveries: per subscription
+        of an ordered queue and message group (its line, delivery.lines), the open delivery
+        that holds it: the one in flight, else the lowest-seq pending one. Marked on the row
+        (`head`, kept by triggers), so this reads the marks, not the backlogs: the pending
+        ones by delivery_heads, the open ones by the unique delivery_one_head_per_line."""
+        return self.filter(head=True, grp__isnull=False).filter(status__in=OPEN)
 
     def backlog(self, *by, now=None):
         """The unsettled deliveries among these, grouped by `by` (any of BACKLOG_BY: subscriber,

@@ -98,6 +98,49 @@ def first_pending_at(subscription):
     return Subquery(first, output_field=DateTimeField())
 
 
+def lines_with_work(subscription):
+    """An expression: how many lines of an ordered `subscription` (an id, or an OuterRef) have
+    work, one per message group with an open delivery: its open heads (delivery.lines), read
+    from delivery_one_head_per_line, never from the backlog behind them."""
+    heads = (
+        Delivery.objects.filter(subscription_id=subscription)
+        .heads()
+        .order_by()
+        .values("subscription_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Subquery(heads, output_field=IntegerField())
+
+
+def group_stats(oldest=3):
+    """Per ordered queue with work: `lines` (subscription and message group pairs with an open
+    delivery), `groups` (distinct groups among them; the default group counts as one) and its
+    `oldest` heads [{seq, group, status, subscriber}], oldest first. Read from the heads only."""
+    heads = Delivery.objects.heads()
+    rows = list(
+        heads.order_by()
+        .values("queue_id", "queue__name")
+        .annotate(lines=Count("pk"), groups=Count("grp", distinct=True))
+        .order_by("queue__name")
+    )
+    for row in rows:
+        firsts = heads.filter(queue_id=row["queue_id"]).order_by("seq")[:oldest]
+        row["oldest_heads"] = [
+            {"seq": seq, "group": grp or None, "status": status, "subscriber": name}
+            for seq, grp, status, name in firsts.values_list("seq", "grp", "status", "subscriber__name")
+        ]
+    return [
+        {
+            "queue": r["queue__name"],
+            "lines": r["lines"],
+            "groups": r["groups"],
+            "oldest_heads": r["oldest_heads"],
+        }
+        for r in rows
+    ]
+
+
 def subscriber_backlog(outer="pk"):
     """Annotations for the backlog of the subscriber named by the outer row's `outer` (its pk on
     a subscriber, `subscriber_id` on a connection): n_pending, n_inflight, oldest_pending_at."""
@@ -178,6 +221,9 @@ class Owed:
     next_retry_at: datetime | None = None
     retry_error: str = ""
     inflight_until: datetime | None = None
+    # Of an ordered queue: its lines with work (message groups with an open delivery; the
+    # default group is one), each with one head (delivery.lines).
+    groups: int = 0
     reasons: tuple[Reason, ...] = ()
 
     def oldest_pending_age(self, now=None) -> timedelta | None:
@@ -230,6 +276,7 @@ def owed_to_subscriber(subscriber, now=None):
             retry_error=Subquery(next_retry_error),
             n_pending=status_count("subscription", Status.PENDING),
             first_pending_at=first_pending_at(OuterRef("pk")),
+            n_groups=lines_with_work(OuterRef("pk")),
         )
         .order_by("queue__name", "event__name", "id")
     )
@@ -237,7 +284,7 @@ def owed_to_subscriber(subscriber, now=None):
     owed = []
     for s in subscriptions:
         found = counts.pop(s.pk, {})
-        found.update(pending=s.n_pending, oldest_pending_at=s.first_pending_at)
+        found.update(pending=s.n_pending, oldest_pending_at=s.first_pending_at, groups=s.n_groups or 0)
         if found.get("retrying"):
             found["retry_error"] = s.retry_error or ""
         owed.append(_with_reasons(Owed(s, **found), subscriber, connected))
@@ -277,8 +324,15 @@ def why_owed(owed, ready, subscriber, connected):
         stopped = True
         yield Reason("paused", "the subscription is paused: it hands out nothing until resumed")
     if queue is not None and queue.ordered and (owed.inflight or owed.retrying) and ready:
-        yield Reason("blocked", f"{ready} blocked behind the head of line (ordered: one at a time)")
-        ready = 0
+        # Each line (message group) hands out its head only; the heads neither in flight nor
+        # waiting for a retry are ready, the rest wait behind theirs. One line: all of them.
+        blocked = ready - max(owed.groups - owed.inflight - owed.retrying, 0)
+        if blocked > 0:
+            lines = f"; {owed.groups} groups with work" if owed.groups > 1 else ""
+            yield Reason(
+                "blocked", f"{blocked} blocked behind the head of line (ordered: one at a time{lines})"
+            )
+            ready -= blocked
     if owed.retrying:
         yield Reason(
             "retrying",
@@ -333,7 +387,9 @@ LIMIT = 200
 @dataclass(frozen=True)
 class Head:
     delivery: Delivery
-    behind: int  # open deliveries of the same subscription waiting behind it
+    # open deliveries of the same subscription waiting behind it (with message groups: in all
+    # its lines, from the kept counts; a line's own count would read its backlog)
+    behind: int
     reason: str
 
     @property
@@ -361,8 +417,9 @@ def why_blocking(delivery, now):
 
 
 def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
-    """The heads of ordered subscriptions that hold others back (or would if others came):
-    in flight, waiting for a retry, or failed before. Oldest seq first per queue.
+    """The heads of ordered subscriptions' lines (one per message group) that hold others back
+    (or would if others came): in flight, waiting for a retry, or failed before. Oldest seq
+    first per queue.
 
     Three queries: the heads (DeliveryQuerySet.heads: two index probes per ordered
     subscription), those of them that block, and how many wait behind each (the kept counts).
@@ -397,12 +454,11 @@ def blocked_heads(subscriber=None, queue=None, now=None, limit=LIMIT):
 
 
 def head_of(subscription_id):
-    """The current head of an ordered subscription (its delivery in flight, else its lowest-seq
-    pending one), or None. The first of each status by its own index, as delivery.ledger's
-    lease finds it, rather than heads(): its NOT EXISTS would be probed for every pending
-    delivery of a big backlog."""
-    of_subscription = Delivery.objects.filter(subscription_id=subscription_id)
-    firsts = [of_subscription.filter(status=status).order_by("seq").first() for status in OPEN]
+    """The first head of an ordered subscription's lines (delivery.lines): of its heads, the
+    one in flight with the lowest seq, else the lowest-seq pending one; or None. Its default
+    line's head when its messages name no group."""
+    heads = Delivery.objects.filter(subscription_id=subscription_id).heads()
+    firsts = [heads.filter(status=status).order_by("seq").first() for status in OPEN]
     return min(
         (d for d in firsts if d is not None), key=lambda d: line_position(d.status, d.seq), default=None
     )

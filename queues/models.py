@@ -114,6 +114,9 @@ class Message(models.Model):
     # Not acked by then, a delivery of it goes no further: dead, "expired". Copied onto each
     # delivery (Delivery.expires_at), which is what the ledger reads.
     expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Its message group (API.md, Extensions 2026-11-27): in an ordered queue, order holds within
+    # each group; NULL is the queue's one default group. Column "grp": GROUP is an SQL word.
+    group = models.CharField(max_length=128, null=True, blank=True, db_column="grp", editable=False)  # noqa: DJ001
 
     class Meta:
         ordering = ["queue__name", "-seq"]

@@ -76,6 +76,14 @@ class PublishSerializer(serializers.Serializer):
         help_text="Idempotency key: the same key again in this queue answers with the first message.",
     )
     headers = HeadersField(required=False, allow_null=True)
+    group = StorableCharField(
+        required=False,
+        allow_null=True,
+        max_length=publishing.MAX_GROUP_LENGTH,
+        trim_whitespace=False,  # compared as sent, as a key is
+        help_text="Its message group: in an ordered queue, order holds within each group, and messages "
+        "of different groups may be in flight at once. Absent or null: the queue's default group.",
+    )
     deliver_at = _timing_field(
         _TIME,
         "A delayed message: no delivery of it is handed out before this time (ISO 8601; without an "
@@ -103,6 +111,7 @@ class PublishSerializer(serializers.Serializer):
                 attrs["payload"],
                 attrs.get("key"),
                 attrs.get("headers"),
+                attrs.get("group"),
                 **publishing.timing_fields(attrs),
             )
         except publishing.PayloadTooLarge as exc:
@@ -111,6 +120,8 @@ class PublishSerializer(serializers.Serializer):
             raise BadTiming(exc) from None
         except publishing.BadMessageHeaders as exc:
             raise serializers.ValidationError({"headers": [str(exc)]}) from None
+        except publishing.BadMessageGroup as exc:
+            raise serializers.ValidationError({"group": [str(exc)]}) from None
         except publishing.BadMessage as exc:
             raise serializers.ValidationError(str(exc)) from None
 
@@ -130,7 +141,7 @@ class PublishBatchSerializer(serializers.Serializer):
         return attrs
 
 
-MESSAGE_FIELDS = ("event", "payload", "key", "headers", *timing.FIELDS)
+MESSAGE_FIELDS = ("event", "payload", "key", "headers", "group", *timing.FIELDS)
 
 
 def publish_body(data):
@@ -155,7 +166,12 @@ def publish_body(data):
         try:
             outgoing.append(
                 publishing.prepare(
-                    m["event"], m["payload"], m.get("key"), m.get("headers"), **publishing.timing_fields(m)
+                    m["event"],
+                    m["payload"],
+                    m.get("key"),
+                    m.get("headers"),
+                    m.get("group"),
+                    **publishing.timing_fields(m),
                 )
             )
         except publishing.PayloadTooLarge as exc:

@@ -41,6 +41,9 @@ class DeliverySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     published_at = serializers.DateTimeField()
     ack_deadline = serializers.DateTimeField()
+    group = serializers.CharField(
+        allow_null=True, help_text="Its message's group (message groups); null when it names none."
+    )
     deliver_at = serializers.DateTimeField(
         allow_null=True, help_text="A delayed message's time: not handed out before it. Null when none."
     )

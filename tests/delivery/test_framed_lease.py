@@ -28,6 +28,7 @@ PAYLOADS = [
 
 def the_messages():
     out = [publishing.prepare("create", p) for p in PAYLOADS]
+    out.append(publishing.prepare("update", {"g": 1}, group='a "quoted" group, été \\ ✓'))
     out.append(publishing.prepare("update", {"h": 1}, headers={"trace": "abc", "n": "1"}))
     return out
 
@@ -60,12 +61,14 @@ async def test_a_framed_lease_sends_the_frame_the_encoder_writes(db_queue, logge
     first.created_at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     await database_sync_to_async(first.save)(update_fields=["created_at"])
     leased, described = await lease_both_ways(way, logger)
-    assert len(leased) == len(PAYLOADS) + 1
+    assert len(leased) == len(PAYLOADS) + 2
     same_frames(leased, described)
     frame = json.loads(frames.message_text(next(d for d in leased if d["seq"] == 1)))
     assert frame["published_at"] == "2026-01-02T03:04:05Z"
     assert json.loads(frames.message_text(leased[-1]))["headers"] == {"trace": "abc", "n": "1"}
     assert "headers" not in json.loads(frames.message_text(leased[0]))
+    assert json.loads(frames.message_text(leased[0]))["group"] is None
+    assert json.loads(frames.message_text(leased[-2]))["group"] == 'a "quoted" group, été \\ ✓'
     if connection.vendor == "postgresql":  # written by PostgreSQL, not encoded here
         assert all("frame" in d and "payload" not in d for d in leased)
 
@@ -74,9 +77,10 @@ async def test_an_ordered_head_is_framed_too(make_queue, make_subscriber, way): 
     queue = await database_sync_to_async(make_queue)("ordered", ordered=True)
     subscriber = await database_sync_to_async(make_subscriber)("solo")
     await database_sync_to_async(subscribing.subscribe)(subscriber, queue)
+    # One line (no group named), and a group of its own: each line's head, framed
     await database_sync_to_async(publishing.publish)(queue, the_messages())
     leased, described = await lease_both_ways(way, subscriber)
-    assert [d["seq"] for d in leased] == [1]
+    assert [d["seq"] for d in leased] == [1, len(PAYLOADS) + 1]
     same_frames(leased, described)
     await database_sync_to_async(ledger.ack_deliveries)(subscriber, [leased[0]["id"]])
     after = await way(ledger, "lease_heads_after")(

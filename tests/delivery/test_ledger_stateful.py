@@ -6,10 +6,11 @@ plain model.
 What must hold: no delivery is lost (every message reaches every subscription that existed
 when it was published, until it is acked, dies or the subscription goes, paused or not); none
 is leased to two holders at once; none is acked by a subscriber that does not own it; an
-ordered subscription is handed its messages in seq order, one at a time; nothing of a paused
-subscription is handed out, and once resumed everything it is owed is; nothing is handed out
-before its deliver_at or after its message expired, and an expired message holds no ordered
-line.
+ordered subscription is handed its messages in seq order, one at a time, per message group
+(messages name group g1, g2 or none, the default group); nothing of a paused subscription is
+handed out, and once resumed everything it is owed is; nothing is handed out before its
+deliver_at or after its message expired, and an expired message holds its line only until the
+sweep makes it dead.
 """
 
 from datetime import timedelta
@@ -37,6 +38,7 @@ from tests.support.recount import recount
 QUEUES = {"plain": False, "fifo": True}
 EVENTS = ["create", "delete"]
 SUBSCRIBERS = ["alice", "bob"]
+GROUPS = [None, "g1", "g2"]
 MAX_ATTEMPTS = 3
 ACK_TIMEOUT = 10
 
@@ -60,7 +62,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.owed = {}  # subscription id -> set of message ids not yet acked (or dead)
         self.subscription_of = {}  # subscription id -> (subscriber name, queue name, event or None)
         self.held = {}  # delivery id -> (holder subscriber name, deadline)
-        self.last_leased_seq = {}  # ordered subscription id -> highest seq handed out so far
+        self.last_leased_seq = {}  # (ordered subscription id, group) -> highest seq handed out so far
         self.dead = set()  # delivery ids
         self.paused = set()  # subscription ids
 
@@ -85,7 +87,7 @@ class LedgerMachine(RuleBasedStateMachine):
         del self.owed[sub_id]
         del self.subscription_of[sub_id]
         self.paused.discard(sub_id)
-        self.last_leased_seq.pop(sub_id, None)
+        self.last_leased_seq = {k: v for k, v in self.last_leased_seq.items() if k[0] != sub_id}
         live = set(Delivery.objects.values_list("id", flat=True))
         self.held = {d: h for d, h in self.held.items() if d in live}
 
@@ -107,17 +109,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(
         queue=st.sampled_from(list(QUEUES)),
-        events=st.lists(st.sampled_from(EVENTS), min_size=1, max_size=4),
+        items=st.lists(st.tuples(st.sampled_from(EVENTS), st.sampled_from(GROUPS)), min_size=1, max_size=4),
         delay=st.sampled_from([None, None, 5, 40]),
         ttl=st.sampled_from([None, None, 5, 60]),
     )
-    def publish(self, queue, events, delay, ttl):
+    def publish(self, queue, items, delay, ttl):
+        events = [e for e, _ in items]
         times = {}
         if delay is not None:  # from the machine's clock, which runs ahead of the real one
             times["deliver_at"] = (self.now + timedelta(seconds=delay)).isoformat()
         if ttl is not None:
             times["ttl_secs"] = ttl
-        batch = [publishing.prepare(e, {"e": e}, **times) for e in events]
+        batch = [publishing.prepare(e, {"e": e}, group=g, **times) for e, g in items]
         answers = publishing.publish(self.queues[queue], batch)
         for (answer, created), event in zip(answers, events, strict=True):
             assert created
@@ -146,23 +149,24 @@ class LedgerMachine(RuleBasedStateMachine):
             assert expires is None or expires > self.now, "handed out after its message expired"
             assert row.subscription_id not in self.paused, "handed out while its subscription is paused"
             assert d["message_id"] in self.owed[row.subscription_id]
+            assert d["group"] == Message.objects.get(pk=d["message_id"]).group
             self.held[d["id"]] = (who, self.now + timedelta(seconds=ACK_TIMEOUT))
             if self.queues[d["queue"]].ordered:
-                # An expired message holds no line: the lease steps past it.
-                open_seqs = (
-                    Delivery.objects.filter(
-                        subscription_id=row.subscription_id, status__in=[Status.PENDING, Status.INFLIGHT]
-                    )
-                    .exclude(expires_at__lte=self.now)
-                    .values_list("seq", flat=True)
-                )
-                assert d["seq"] == min(open_seqs), "an ordered subscription skipped its head"
-                assert d["seq"] >= self.last_leased_seq.get(row.subscription_id, 0)
-                self.last_leased_seq[row.subscription_id] = d["seq"]
-        ordered_subs = [
-            Delivery.objects.get(pk=d["id"]).subscription_id for d in leased if d["queue"] == "fifo"
+                line = (row.subscription_id, d["group"])
+                open_seqs = Delivery.objects.filter(
+                    subscription_id=row.subscription_id,
+                    grp=d["group"] or "",
+                    status__in=[Status.PENDING, Status.INFLIGHT],
+                ).values_list("seq", flat=True)
+                assert d["seq"] == min(open_seqs), "an ordered group skipped its head"
+                assert d["seq"] >= self.last_leased_seq.get(line, 0)
+                self.last_leased_seq[line] = d["seq"]
+        ordered_lines = [
+            (Delivery.objects.get(pk=d["id"]).subscription_id, d["group"])
+            for d in leased
+            if d["queue"] == "fifo"
         ]
-        assert len(ordered_subs) == len(set(ordered_subs)), "two of one ordered subscription at once"
+        assert len(ordered_lines) == len(set(ordered_lines)), "two of one ordered group at once"
 
     @precondition(lambda self: self.held)
     @rule(who=st.sampled_from(SUBSCRIBERS), data=st.data())
@@ -315,12 +319,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 owed.discard(m)
 
     @invariant()
-    def ordered_subscriptions_hold_at_most_one(self):
+    def ordered_groups_hold_at_most_one(self):
         inflight = Delivery.objects.filter(
             queue__ordered=True, status=Status.INFLIGHT, ack_deadline__gt=self.now
         )
-        subs = list(inflight.values_list("subscription_id", flat=True))
-        assert len(subs) == len(set(subs))
+        lines = list(inflight.values_list("subscription_id", "message__group"))
+        assert len(lines) == len(set(lines))
 
 
 @pytest.mark.django_db

@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from delivery import ledger, presence, reports, subscribing
+from delivery import ledger, lines, presence, reports, subscribing
 from delivery.models import Delivery, Status
 from delivery.publishing import prepare, publish
 from delivery.querysets import open_in_sql, overdue_sql, ready_sql
@@ -150,6 +150,8 @@ def test_the_head_is_the_one_in_flight_even_with_a_lower_seq_reopened_behind_it(
     put(seqs[1], Status.ACKED, acked_at=now)
     put(seqs[2], Status.PENDING, next_attempt_at=now - timedelta(seconds=1))
     put(seqs[3], Status.INFLIGHT, ack_deadline=now + timedelta(minutes=5), attempt=1)
+    # put() writes the rows as the seek would leave them; the seek's end marks the heads so
+    lines.reseat([Delivery.objects.get(pk=seqs[3]).subscription_id])
 
     # Then: its head is 3; the unordered db queue's deliveries are nobody's head
     assert ids(Delivery.objects.heads()) == {seqs[3]}

@@ -124,13 +124,20 @@ def _name(value: str) -> str:
 
 
 def _message(
-    event: str, payload: Any, key: str | None, headers: dict[str, str] | None, **timing: Any
+    event: str,
+    payload: Any,
+    key: str | None,
+    headers: dict[str, str] | None,
+    group: str | None = None,
+    **timing: Any,
 ) -> dict[str, Any]:
     item: dict[str, Any] = {"event": event, "payload": payload}
     if key is not None:
         item["key"] = key
     if headers is not None:
         item["headers"] = headers
+    if group is not None:
+        item["group"] = group
     # deliver_at / delay_secs (a delayed message), expires_at / ttl_secs (expiry): the server
     # checks them (both of a pair at once is a 400). A datetime goes as ISO 8601 (naive: UTC).
     for name, value in timing.items():
@@ -149,13 +156,14 @@ def publish(
     payload: Any,
     key: str | None = None,
     headers: dict[str, str] | None = None,
+    group: str | None = None,
     **timing: Any,
 ) -> Call:
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
         _same,
-        _message(event, payload, key, headers, **timing),
+        _message(event, payload, key, headers, group, **timing),
         has_body=True,
     )
 

@@ -99,12 +99,14 @@ class Client(_Base):
         key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
+        group: str | None = None,
         delay_secs: float | None = None,
         deliver_at: datetime | str | None = None,
         ttl_secs: float | None = None,
         expires_at: datetime | str | None = None,
     ) -> dict[str, Any]:
-        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). A delayed
+        """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). `group`:
+        its message group (in an ordered queue, order holds within each group). A delayed
         message: `delay_secs` or `deliver_at` (at most 7 days ahead); one that expires:
         `ttl_secs` (from when it falls due) or `expires_at`."""
         timing = {
@@ -113,7 +115,7 @@ class Client(_Base):
             "ttl_secs": ttl_secs,
             "expires_at": expires_at,
         }
-        return self._do(_protocol.publish(queue, event, payload, key, headers, **timing))
+        return self._do(_protocol.publish(queue, event, payload, key, headers, group, **timing))
 
     def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
@@ -251,6 +253,7 @@ class AsyncClient(_Base):
         key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
+        group: str | None = None,
         delay_secs: float | None = None,
         deliver_at: datetime | str | None = None,
         ttl_secs: float | None = None,
@@ -262,7 +265,7 @@ class AsyncClient(_Base):
             "ttl_secs": ttl_secs,
             "expires_at": expires_at,
         }
-        return await self._do(_protocol.publish(queue, event, payload, key, headers, **timing))
+        return await self._do(_protocol.publish(queue, event, payload, key, headers, group, **timing))
 
     async def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]

@@ -27,7 +27,7 @@ def _time(value: Any) -> datetime | None:
 class Delivery:
     """The contract's delivery fields as attributes (`published_at`, `ack_deadline`,
     `deliver_at` and `expires_at` as aware datetimes or None; `ack_deadline` is None on the
-    socket), `headers` ({} when the message has
+    socket), `headers` ({} when the message has none), `group` (its message group, None when
     none) and `raw`, the fields as the server sent them."""
 
     __slots__ = (
@@ -43,6 +43,7 @@ class Delivery:
         "deliver_at",
         "expires_at",
         "headers",
+        "group",
         "raw",
         "_settler",
         "settled",
@@ -61,6 +62,7 @@ class Delivery:
         self.deliver_at: datetime | None = _time(fields.get("deliver_at"))  # a delayed message's
         self.expires_at: datetime | None = _time(fields.get("expires_at"))
         self.headers: dict[str, str] = dict(fields.get("headers") or {})
+        self.group: str | None = fields.get("group")
         self.raw = {k: v for k, v in fields.items() if k != "type"}
         self._settler = settler
         # None until ack() or nack() is called: the listener then leaves the delivery as the

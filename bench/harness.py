@@ -137,7 +137,8 @@ def server_process(env, log_path, processes=1):
                 subprocess.Popen(
                     [DAPHNE, *where, "mqsite.asgi:application"],
                     cwd=ROOT,
-                    env={**env, "MQ_WEB_PROCESSES": str(processes)},
+                    # Healthy when it serves, whether or not its workers have started yet.
+                    env={"MQ_HEALTH_WORKERS": "false", **env, "MQ_WEB_PROCESSES": str(processes)},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     pass_fds=[listener.fileno()] if listener else (),

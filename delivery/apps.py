@@ -8,9 +8,10 @@ class DeliveryConfig(AppConfig):
         # Here, not in subscribers: the signals announce to delivery's sockets, and imports
         # point down (mqsite <- queues <- subscribers <- delivery). The waiters (wakeups) and
         # receipts register their words on the bus as they are imported.
-        from mqsite import bus
+        from mqsite import bus, health
 
         from . import lines, liveness, receipts, revocation, wakeups  # noqa: F401
+        from .health import process_checks
 
         revocation.connect_signals()
         lines.connect_signals()
@@ -18,6 +19,8 @@ class DeliveryConfig(AppConfig):
         bus.on(bus.WAKE, _enqueue_webhooks, blocking=True)
         # A dead process's webhook jobs hold their subscribers' claims no longer.
         liveness.on_dead(_drop_webhook_claims)
+        # /healthz reports the web and worker processes and the sweep.
+        health.register(process_checks)
 
 
 def _enqueue_webhooks(subscriber_ids, _source):

@@ -39,7 +39,7 @@ from mqsite import adb, log_context
 from queues import lookup
 from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
 
-from . import frames, ledger, liveness, receipts, tallies, webhooks
+from . import frames, health, ledger, liveness, receipts, tallies, webhooks
 from .models import Delivery
 
 log = logging.getLogger(__name__)
@@ -365,6 +365,7 @@ def sweep():
     stalled = ledger.finish_stalled()  # replays and unsubscribes whose server died halfway
     tallies.fold()  # the kept counts' changes of the last second (delivery.tallies)
     receipts.prune_moves()  # what the sockets' recheck has read (delivery.receipts)
+    health.swept()  # /healthz: the sweep runs
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
         Delivery.objects.ready(soon)

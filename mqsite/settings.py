@@ -562,6 +562,11 @@ SPECTACULAR_SETTINGS = {
 # or `json`, one JSON object a line with the ids of the request, subscriber, message and
 # delivery it is about. Either way a token or a webhook secret in a line is blanked.
 MQ_LOG_FORMAT = env.str("MQ_LOG_FORMAT", default="text")
+# /healthz answers 503 when no worker is alive or the sweep is late: where workers run beside
+# the web (`make run`, a deployment). Off for a web process that runs alone on purpose.
+MQ_HEALTH_WORKERS = env.bool("MQ_HEALTH_WORKERS", default=True)
+# How long since the sweep (every second) last ran before /healthz says it is late.
+MQ_HEALTH_SWEEP_SECS = _positive_float("MQ_HEALTH_SWEEP_SECS", 30.0)
 LOGGING_CONFIG = "mqsite.log_context.configure"
 if MQ_LOG_FORMAT not in ("text", "json"):
     raise ImproperlyConfigured(f"MQ_LOG_FORMAT must be text or json, not {MQ_LOG_FORMAT!r}")

@@ -372,3 +372,15 @@ class ServerProcess(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class Heartbeat(models.Model):
+    """When a periodic duty last ran ("sweep": the sweeper, delivery.tasks.sweep), one row each,
+    for /healthz: a sweep that stops running holds back every retry, expiry and webhook job
+    while every process still beats."""
+
+    name = models.CharField(max_length=40, primary_key=True)
+    at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.name} at {self.at}"

@@ -16,10 +16,14 @@ from tests.conftest import client_for
 from tests.support.servers import redis_db, start_daphne
 
 
-def test_healthz_is_public_and_says_ok(db):
+def test_healthz_is_public_and_says_ok(db, settings):
+    settings.MQ_HEALTH_WORKERS = False  # a web process alone (tests/e2e/test_health.py: with workers)
     r = client_for().get("/healthz")
     assert r.status_code == 200
     assert r.json()["status"] == "ok" and r.json()["database"] == "ok"
+    checks = r.json()["checks"]
+    assert checks["database"] == checks["broker"] == "ok"
+    assert checks["worker"] == {"alive": 0} and checks["sweep"] == {"last_run_s": None}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -160,9 +160,7 @@ def test_createqueue_refuses_a_negative_ttl():
 # --- an ordered line moves on -------------------------------------------------------------------
 
 
-def test_an_expired_head_of_an_ordered_line_does_not_hold_it_even_before_the_sweep(
-    make_queue, make_subscriber
-):
+def test_an_expired_head_of_an_ordered_line_holds_it_only_until_the_sweep(make_queue, make_subscriber):
     # Given an ordered queue whose head expires in a minute, unacked, and two behind it
     queue = make_queue("audit", ordered=True)
     worker = make_subscriber("worker", subscribe=("audit",))
@@ -178,19 +176,20 @@ def test_an_expired_head_of_an_ordered_line_does_not_hold_it_even_before_the_swe
     assert ledger.lease_deliveries(worker, limit=10) == []
     later = Message.objects.get(seq=1).expires_at
 
-    # When its expiry passes, before any sweep: the next lease steps past it
-    [second] = ledger.lease_deliveries(worker, limit=10, now=later)
-    assert second["seq"] == 2
-    assert Delivery.objects.get(seq=1).status == Status.PENDING  # not dead yet: the sweep's
-
-    # Then the line goes on in order, and the sweep makes the expired head dead
-    ledger.ack_deliveries(worker, [second["id"]])
-    assert [d["seq"] for d in ledger.lease_deliveries(worker, limit=10, now=later)] == [3]
+    # When its expiry passes, it is never handed out; the sweep (every second) makes it dead,
+    # and the next of its line is the head (delivery.lines' trigger)
+    assert ledger.lease_deliveries(worker, limit=10, now=later) == []
     ledger.expire_overdue_leases(now=later)
     assert (Delivery.objects.get(seq=1).status, Delivery.objects.get(seq=1).last_error) == (
         Status.DEAD,
         ledger.EXPIRED,
     )
+
+    # Then the line goes on in order
+    [second] = ledger.lease_deliveries(worker, limit=10, now=later)
+    assert second["seq"] == 2
+    ledger.ack_deliveries(worker, [second["id"]])
+    assert [d["seq"] for d in ledger.lease_deliveries(worker, limit=10, now=later)] == [3]
 
 
 def test_an_expired_head_in_flight_holds_its_line_until_its_lease_ends(make_queue, make_subscriber):

@@ -10,7 +10,10 @@ class DeliveryConfig(AppConfig):
         # receipts register their words on the bus as they are imported.
         from mqsite import bus
 
-        from . import liveness, receipts, revocation, wakeups  # noqa: F401
+        from . import liveness, operational, publishing, receipts, revocation, wakeups  # noqa: F401
+
+        # The operational events go out by the normal publish (operational may not import it).
+        operational.publish_with(publishing.prepare, publishing.publish)
 
         revocation.connect_signals()
         # A commit's wake-ups also enqueue the webhook jobs of subscribers without a socket.

@@ -121,7 +121,8 @@ class QueueListView(CallerView):
                     "ack_timeout": q.ack_timeout,
                     "retention_days": q.retention_days,
                     "paused": q.paused,
-                    "may_publish": subscriber is None or subscriber.publish_all or q.pk in may_publish,
+                    "may_publish": not q.is_system
+                    and (subscriber is None or subscriber.publish_all or q.pk in may_publish),
                     "may_subscribe": subscriber is None or subscriber.subscribe_all or q.pk in may_subscribe,
                 }
             )

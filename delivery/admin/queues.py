@@ -68,7 +68,15 @@ class NameCleaningForm(forms.ModelForm):
 class QueueForm(NameCleaningForm):
     class Meta:
         model = Queue
-        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days"]
+        fields = [
+            "name",
+            "ordered",
+            "paused",
+            "max_attempts",
+            "ack_timeout",
+            "retention_days",
+            "lag_alert_secs",
+        ]
 
 
 class EventForm(NameCleaningForm):
@@ -129,6 +137,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         "max_attempts",
         "ack_timeout",
         "retention_days",
+        "lag_alert_secs",
         "last_seq",
         "message_count",
         "subscription_count",
@@ -147,6 +156,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         "max_attempts",
         "ack_timeout",
         "retention_days",
+        "lag_alert_secs",
         "last_seq",
         "created_at",
         "owed",

@@ -28,7 +28,7 @@ from queues.models import Event
 from subscribers import provisioning, replay
 from subscribers.models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
 
-from .. import presence, subscribing
+from .. import presence, subscribing, webhook_health
 from ..models import Status
 from ..reports import (
     correlated_count,
@@ -107,6 +107,7 @@ class SubscriberAdmin(
         "connected",
         "token_hint",
         "has_webhook",
+        "webhook_state",
         "publish_all",
         "subscribe_all",
         "subscription_count",
@@ -119,9 +120,9 @@ class SubscriberAdmin(
     list_filter = ["is_active", "publish_all", "subscribe_all"]
     search_fields = ["name"]
     filter_horizontal = ["publish_queues", "subscribe_queues"]
-    readonly_fields = ["token_hint", "webhook_secret_state", "created_at", "owed"]
+    readonly_fields = ["token_hint", "webhook_secret_state", "webhook_health_state", "created_at", "owed"]
     inlines = [SubscriberSubscriptionInline]
-    actions = ["issue_new_token", "rotate_webhook_secret"]
+    actions = ["issue_new_token", "rotate_webhook_secret", "enable_webhook", "disable_webhook"]
 
     def get_fieldsets(self, request, obj=None):
         permissions = (
@@ -137,7 +138,7 @@ class SubscriberAdmin(
             ]
         return [
             (None, {"fields": ["name", "is_active", "token_hint", "created_at"]}),
-            ("Webhook", {"fields": ["webhook_url", "webhook_secret_state"]}),
+            ("Webhook", {"fields": ["webhook_url", "webhook_secret_state", "webhook_health_state"]}),
             permissions,
             ("What it is owed", {"fields": ["owed"]}),
         ]
@@ -158,7 +159,7 @@ class SubscriberAdmin(
                 oldest_pending_at=oldest_pending_at("subscriber"),
             )
         )
-        return with_delivery_counts(queryset, "subscriber")
+        return with_delivery_counts(queryset.select_related("webhook_health"), "subscriber")
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
         if db_field.name == "webhook_url":
@@ -226,6 +227,42 @@ class SubscriberAdmin(
                     f"{subscriber.name}: posts are signed with the old secret too until "
                     f"{display_for_value(until, '-')}, so its receiver can switch meanwhile.",
                 )
+
+    @admin.action(
+        description="Enable the webhook again (delivers everything it is owed)", permissions=["change"]
+    )
+    def enable_webhook(self, request, queryset):
+        by = request.user.get_username()
+        for subscriber in queryset.order_by("pk"):
+            if webhook_health.enable(subscriber, by=by):
+                self.log_change(request, subscriber, "enabled the webhook again")
+                self.message_user(
+                    request, f"{subscriber.name}: webhook enabled; what it is owed goes out now."
+                )
+            else:
+                self.message_user(
+                    request, f"{subscriber.name}: its webhook was not disabled.", messages.WARNING
+                )
+
+    @admin.action(
+        description="Disable the webhook (posts nothing; deliveries stay owed)", permissions=["change"]
+    )
+    def disable_webhook(self, request, queryset):
+        by = request.user.get_username()
+        for subscriber in queryset.order_by("pk"):
+            if not subscriber.webhook_url:
+                self.message_user(request, f"{subscriber.name} has no webhook.", messages.WARNING)
+            elif webhook_health.disable(subscriber, by=by):
+                self.log_change(request, subscriber, "disabled the webhook")
+                self.message_user(request, f"{subscriber.name}: webhook disabled; its deliveries stay owed.")
+
+    @admin.display(description="webhook health")
+    def webhook_health_state(self, obj):
+        return webhook_state_html(obj, long=True)
+
+    @admin.display(description="webhook state")
+    def webhook_state(self, obj):
+        return webhook_state_html(obj)
 
     @admin.display(description="webhook secret")
     def webhook_secret_state(self, obj):
@@ -296,6 +333,43 @@ class SubscriberAdmin(
             "<th>dead</th><th>oldest pending</th><th>why</th></tr></thead><tbody>{}</tbody></table>",
             body,
         )
+
+
+def webhook_state_html(subscriber, long=False):
+    """Its webhook as delivery.webhook_health keeps it: disabled (since when, after how many
+    failures, with the last error), failing, or working."""
+    if not subscriber.webhook_url:
+        return "-"
+    health = getattr(subscriber, "webhook_health", None)
+    if health is None:
+        return "no post yet" if long else "ok"
+    if health.disabled:
+        badge = format_html(
+            '<span class="mq-webhook-disabled" style="background:#b3261e;color:#fff;padding:1px 7px;'
+            'border-radius:9px;font-size:11px">disabled</span> since {} after {} failures',
+            display_for_value(health.disabled_since, "-"),
+            health.disabled_after if health.disabled_after is not None else health.failures,
+        )
+        if not long:
+            return badge
+        return format_html(
+            "{}; last error: <code>{}</code>. Its deliveries stay owed; the action \u201cEnable the "
+            "webhook again\u201d (or <code>manage.py webhook enable {}</code>) delivers them.",
+            badge,
+            health.last_error[:300] or "-",
+            subscriber.name,
+        )
+    if health.failures:
+        words = format_html(
+            "failing: {} failures in a row since {}",
+            health.failures,
+            display_for_value(health.first_failure_at, "-"),
+        )
+        return (
+            format_html("{}; last error: <code>{}</code>", words, health.last_error[:300]) if long else words
+        )
+    last = display_for_value(health.last_success_at, "-")
+    return format_html("ok (last success {})", last) if long else "ok"
 
 
 def why_owed_html(subscriber, owed):

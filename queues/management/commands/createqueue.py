@@ -1,4 +1,5 @@
-"""createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]"""
+"""createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]
+[--lag-alert-secs N]"""
 
 import argparse
 
@@ -16,6 +17,7 @@ FIELDS = {
     "max_attempts": "max_attempts",
     "ack_timeout": "ack_timeout",
     "retention_days": "retention_days",
+    "lag_alert_secs": "lag_alert_secs",
 }
 
 
@@ -35,6 +37,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--retention-days", type=int, metavar="D", help="acked history older than this is archived"
         )
+        parser.add_argument(
+            "--lag-alert-secs",
+            type=int,
+            metavar="N",
+            help="publish subscription.lagging to mq.system when a subscription's oldest pending delivery"
+            " is older than this (0: never)",
+        )
 
     def handle(self, *args, **options):
         try:
@@ -42,6 +51,8 @@ class Command(BaseCommand):
         except BadName as exc:
             raise CommandError(str(exc)) from None
         given = {field: options[opt] for opt, field in FIELDS.items() if options[opt] is not None}
+        if given.get("lag_alert_secs") == 0:
+            given["lag_alert_secs"] = None  # 0 turns the alert off
         with transaction.atomic():
             # Lock the row: a publish between our read and our write must not be overwritten.
             queue = Queue.objects.select_for_update().filter(name=name).first()
@@ -63,7 +74,9 @@ class Command(BaseCommand):
         verb = "created" if created else ("updated" if changed else "unchanged:")
         self.stdout.write(
             f"{verb} queue {queue.name} (ordered={queue.ordered}, max_attempts={queue.max_attempts}, "
-            f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days})"
+            f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days}"
+            + (f", lag_alert_secs={queue.lag_alert_secs}" if queue.lag_alert_secs else "")
+            + ")"
         )
 
 

@@ -301,9 +301,19 @@ def _post_ready(subscriber_id, holder):
             elif _heads_next(batch, head_rounds) and time.monotonic() < deadline and not stopping.is_set():
                 leased = ledger.lease_heads_after(subscriber, ok, limit=WEBHOOK_BATCH, holder=holder)
                 head_rounds += 1
-    if posted and not failing:
-        webhook_health.record_success(subscriber, reset=False)  # its last success, once a job
+    if posted and not failing and _success_is_old(health):
+        webhook_health.record_success(subscriber, reset=False)
     return posted
+
+
+# A healthy webhook's last success is written at the end of a job at most this often: the
+# admin shows it to the minute, and a job a message must not cost a statement more each.
+SUCCESS_NOTED_EVERY_SECS = 60
+
+
+def _success_is_old(health):
+    noted = health.last_success_at if health is not None else None
+    return noted is None or timezone.now() - noted > timedelta(seconds=SUCCESS_NOTED_EVERY_SECS)
 
 
 def _heads_next(batch, head_rounds):

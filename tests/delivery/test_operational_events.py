@@ -320,3 +320,33 @@ def test_createqueue_sets_and_clears_the_lag_alert(db):
     assert Queue.objects.get(name="db").lag_alert_secs == 30
     call_command("createqueue", "db", "--lag-alert-secs", "0", stdout=open("/dev/null", "w"))
     assert Queue.objects.get(name="db").lag_alert_secs is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_nack_that_kills_tells_of_it(heard):
+    """The socket's nack runs on the event loop (the async connection on PostgreSQL): its
+    deaths are told once its transaction committed, from a thread."""
+    from channels.db import database_sync_to_async
+
+    from subscribers.provisioning import create_subscriber
+
+    @database_sync_to_async
+    def given():
+        queue = Queue.objects.create(name="db", max_attempts=1)
+        owner, _ = create_subscriber("owner", publish=["db"], subscribe=["db"])
+        subscribing.subscribe(owner, queue)
+        watcher, _ = create_subscriber("watcher", subscribe=[SYSTEM_QUEUE])
+        subscribing.subscribe(watcher, system_queue())
+        publish(queue)
+        return owner, ledger.lease_deliveries(owner, limit=1)[0]["id"]
+
+    owner, delivery_id = await given()
+    nacked = await ledger.anack_deliveries(owner, [delivery_id])
+    assert nacked.done[delivery_id][0] == Status.DEAD
+    ((name, (payload,)),) = heard
+    assert (
+        name == "delivery.dead" and payload["delivery_id"] == delivery_id and payload["subscriber"] == "owner"
+    )
+    told = await database_sync_to_async(events_on_system_queue)()
+    assert [e for e, _ in told] == ["delivery.dead"]

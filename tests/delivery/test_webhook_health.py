@@ -111,11 +111,20 @@ def test_a_success_resets_the_count(hooked, db_queue, receiver):
     assert health(hooked).failures == 2 and health(hooked).disabled_since is None
 
 
-def test_a_healthy_webhook_writes_its_health_once_a_job(hooked, db_queue, receiver):
+def test_a_healthy_webhook_notes_its_last_success_at_most_once_a_minute(hooked, db_queue, receiver):
     publish(db_queue, 3)
     assert tasks.deliver_webhooks(hooked.pk) == 3
     state = health(hooked)
     assert state.failures == 0 and state.last_success_at is not None and not state.disabled
+    publish(db_queue, 1, start=3)
+    assert tasks.deliver_webhooks(hooked.pk) == 1
+    assert health(hooked).last_success_at == state.last_success_at  # no write a job
+    WebhookHealth.objects.filter(pk=hooked.pk).update(
+        last_success_at=state.last_success_at - timedelta(minutes=2)
+    )
+    publish(db_queue, 1, start=4)
+    assert tasks.deliver_webhooks(hooked.pk) == 1
+    assert health(hooked).last_success_at > state.last_success_at
 
 
 @override_settings(MQ_WEBHOOK_DISABLE_FAILURES=2, MQ_WEBHOOK_DISABLE_AFTER_SECS=0)

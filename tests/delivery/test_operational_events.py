@@ -350,3 +350,20 @@ async def test_a_socket_nack_that_kills_tells_of_it(heard):
     )
     told = await database_sync_to_async(events_on_system_queue)()
     assert [e for e, _ in told] == ["delivery.dead"]
+
+
+def test_the_admin_sets_a_queues_lag_alert(staff, db):
+    from django.urls import reverse
+
+    form = {
+        "name": "db",
+        "max_attempts": "3",
+        "ack_timeout": "30",
+        "retention_days": "7",
+        "lag_alert_secs": "120",
+    }
+    for inline in ("events", "subscriptions"):
+        form.update({f"{inline}-TOTAL_FORMS": "0", f"{inline}-INITIAL_FORMS": "0"})
+    answer = staff.post(reverse("admin:queues_queue_add"), form)
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    assert Queue.objects.get(name="db").lag_alert_secs == 120

@@ -14,16 +14,18 @@ The events go through the normal publish (delivery.publishing), so subscribers o
 them by every transport. They are published after the commit of what they tell, in their own
 transaction: lost if the process dies in between (at most once, as the signals are), never told
 of a change that was rolled back. A publish is skipped when no subscription of mq.system owes
-that event (one indexed read, only when something happened); the signals are sent all the
-same. Deliveries of mq.system itself that die are never told of (an event about an event could
-loop).
+that event (subscribed(): a read kept for a couple of seconds, so that deaths with nobody
+listening cost no query); the signals are sent all the same. Deliveries of mq.system itself
+that die are never told of (an event about an event could loop).
 """
 
 import logging
+import time
 from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import OuterRef, Q
+from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
 from queues.lookup import system_queue
@@ -48,11 +50,31 @@ SKIPPED = "skipped"
 EXPIRED = "expired"  # its message's expiry passed before it was acked
 
 
+# Which events of mq.system some subscription owes (ALL: every event), as this process last
+# read them, and until when that read holds: a death with nobody listening costs no query. A
+# subscription made or removed in this process is seen at once (the model's signals, below);
+# one made in another process within SUBSCRIBED_KEPT_SECS.
+SUBSCRIBED_KEPT_SECS = 2.0
+ALL = object()
+_subscribed = {"events": None, "until": 0.0}
+
+
 def subscribed(event):
     """Whether a subscription of mq.system owes `event` (to that event, or to all of them)."""
-    return Subscription.objects.filter(
-        Q(event__isnull=True) | Q(event__name=event), queue__name=SYSTEM_QUEUE
-    ).exists()
+    events, until = _subscribed["events"], _subscribed["until"]
+    if events is None or time.monotonic() >= until:
+        names = Subscription.objects.filter(queue__name=SYSTEM_QUEUE).values_list("event__name", flat=True)
+        events = {ALL if name is None else name for name in names}
+        _subscribed.update(events=events, until=time.monotonic() + SUBSCRIBED_KEPT_SECS)
+    return ALL in events or event in events
+
+
+def forget_subscribed(**kwargs):
+    _subscribed["events"] = None
+
+
+post_save.connect(forget_subscribed, sender=Subscription, dispatch_uid="operational-subscribed-save")
+post_delete.connect(forget_subscribed, sender=Subscription, dispatch_uid="operational-subscribed-delete")
 
 
 def _publish(event, payloads):

@@ -336,6 +336,8 @@ MQ_WEBHOOK_SECRET_GRACE_SECS = _whole_number("MQ_WEBHOOK_SECRET_GRACE_SECS", 24 
 # nothing more, its deliveries kept owed, until an operator enables it again. Both must hold,
 # so that neither a burst of failures nor one slow retry a day disables an endpoint.
 MQ_WEBHOOK_DISABLE_AFTER_SECS = _whole_number("MQ_WEBHOOK_DISABLE_AFTER_SECS", 5 * 24 * 3600)
+# The failed attempts in a row (and no success) a webhook needs, beside the time above, to be
+# disabled. Counted per attempt posted: a batch's untried rest counts nothing.
 MQ_WEBHOOK_DISABLE_FAILURES = _positive_int("MQ_WEBHOOK_DISABLE_FAILURES", 50)
 # Where the Parquet archive of acked history goes (any path Spark can read).
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))

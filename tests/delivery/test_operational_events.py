@@ -29,6 +29,15 @@ SIGNALS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _forget_who_subscribes():
+    """What this process knows of mq.system's subscriptions (operational.subscribed) outlives
+    a test's rollback, which sends no signal: forgotten after each test."""
+    operational.forget_subscribed()
+    yield
+    operational.forget_subscribed()
+
+
 @pytest.fixture
 def heard():
     """[(event name, payloads)] of the signals sent, in order."""

@@ -1153,7 +1153,9 @@ async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKE
     if wake:
         bus.send(bus.WAKE, [subscriber.pk])
     await receipts.acheck(died)
-    if dead := _dead_of(nacked.done):  # committed: told from a thread (a read, a publish)
+    dead = _dead_of(nacked.done)
+    # Committed: told from a thread (a read, a publish), only when anyone hears of it.
+    if dead and await operational.alistened(operational.DELIVERY_DEAD, operational.signals.delivery_dead):
         await adb.thread(operational.tell_deaths)(dead, operational.MAX_ATTEMPTS)
     return nacked
 

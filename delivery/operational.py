@@ -28,8 +28,9 @@ from django.db.models import OuterRef, Q
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
+from mqsite import adb
 from queues.lookup import system_queue
-from queues.models import SYSTEM_QUEUE
+from queues.models import SYSTEM_QUEUE, Event, Queue
 from subscribers.models import Subscriber, Subscription
 
 from . import signals
@@ -61,16 +62,57 @@ _subscribed = {"events": None, "until": 0.0}
 
 def subscribed(event):
     """Whether a subscription of mq.system owes `event` (to that event, or to all of them)."""
-    events, until = _subscribed["events"], _subscribed["until"]
-    if events is None or time.monotonic() >= until:
-        names = Subscription.objects.filter(queue__name=SYSTEM_QUEUE).values_list("event__name", flat=True)
-        events = {ALL if name is None else name for name in names}
-        _subscribed.update(events=events, until=time.monotonic() + SUBSCRIBED_KEPT_SECS)
+    events = _kept_events()
+    if events is None:
+        events = _keep_events(adb.run_sync(_subscribed_events()))
     return ALL in events or event in events
 
 
+@adb.twin(subscribed)
+async def asubscribed(event):
+    """subscribed() from the event loop, on the async connection: a socket's nack that kills
+    asks it before it takes a thread to tell of the deaths."""
+    events = _kept_events()
+    if events is None:
+        events = _keep_events(await adb.run(_subscribed_events()))
+    return ALL in events or event in events
+
+
+def _subscribed_events():
+    rows = yield (
+        f"""
+        SELECT e.name FROM {Subscription._meta.db_table} s
+        JOIN {Queue._meta.db_table} q ON q.id = s.queue_id
+        LEFT JOIN {Event._meta.db_table} e ON e.id = s.event_id
+        WHERE q.name = %s
+        """,
+        [SYSTEM_QUEUE],
+    )
+    return {ALL if name is None else name for (name,) in rows}
+
+
+def _kept_events():
+    if time.monotonic() >= _subscribed["until"]:
+        return None
+    return _subscribed["events"]
+
+
+def _keep_events(events):
+    _subscribed.update(events=events, until=time.monotonic() + SUBSCRIBED_KEPT_SECS)
+    return events
+
+
+def listened(event, signal):
+    """Whether anyone hears of `event`: a receiver of its signal, or (maybe) a subscription."""
+    return signal.has_listeners() or subscribed(event)
+
+
+async def alistened(event, signal):
+    return signal.has_listeners() or await asubscribed(event)
+
+
 def forget_subscribed(**kwargs):
-    _subscribed["events"] = None
+    _subscribed.update(events=None, until=0.0)
 
 
 post_save.connect(forget_subscribed, sender=Subscription, dispatch_uid="operational-subscribed-save")
@@ -126,7 +168,7 @@ def tell_deaths(ids, reason):
     """delivery.dead for those of `ids` that are dead (from a path that committed already: the
     event loop's, or an on_commit callback). One read of them, and only when someone listens:
     a signal receiver, or a subscription of mq.system to delivery.dead."""
-    if not (signals.delivery_dead.has_listeners() or subscribed(DELIVERY_DEAD)):
+    if not listened(DELIVERY_DEAD, signals.delivery_dead):
         return
     rows = (
         Delivery.objects.filter(pk__in=ids, status=Status.DEAD)

@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import display_for_value
 from django.db import transaction
-from django.db.models import F, Prefetch
+from django.db.models import F, OuterRef, Prefetch, Subquery
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -29,7 +29,7 @@ from subscribers import provisioning, replay
 from subscribers.models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
 
 from .. import presence, subscribing, webhook_health
-from ..models import Status
+from ..models import Status, WebhookHealth
 from ..reports import (
     correlated_count,
     oldest_pending_at,
@@ -159,7 +159,13 @@ class SubscriberAdmin(
                 oldest_pending_at=oldest_pending_at("subscriber"),
             )
         )
-        return with_delivery_counts(queryset.select_related("webhook_health"), "subscriber")
+        # The list's webhook state, as one subquery per column (not a join: the actions lock
+        # these rows, and FOR UPDATE refuses the nullable side of an outer join).
+        health = WebhookHealth.objects.filter(pk=OuterRef("pk"))
+        queryset = queryset.annotate(
+            **{f"health_{f}": Subquery(health.values(f)[:1]) for f in WEBHOOK_STATE_FIELDS}
+        )
+        return with_delivery_counts(queryset, "subscriber")
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
         if db_field.name == "webhook_url":
@@ -258,11 +264,13 @@ class SubscriberAdmin(
 
     @admin.display(description="webhook health")
     def webhook_health_state(self, obj):
-        return webhook_state_html(obj, long=True)
+        return webhook_state_html(obj, webhook_health.health_of(obj), long=True)
 
     @admin.display(description="webhook state")
     def webhook_state(self, obj):
-        return webhook_state_html(obj)
+        found = {f: getattr(obj, f"health_{f}", None) for f in WEBHOOK_STATE_FIELDS}
+        health = WebhookHealth(subscriber_id=obj.pk, **found) if found["failures"] is not None else None
+        return webhook_state_html(obj, health)
 
     @admin.display(description="webhook secret")
     def webhook_secret_state(self, obj):
@@ -335,12 +343,16 @@ class SubscriberAdmin(
         )
 
 
-def webhook_state_html(subscriber, long=False):
-    """Its webhook as delivery.webhook_health keeps it: disabled (since when, after how many
-    failures, with the last error), failing, or working."""
+# What the subscriber list reads of each webhook's health (SubscriberAdmin.get_queryset).
+WEBHOOK_STATE_FIELDS = ("failures", "first_failure_at", "disabled_since", "disabled_after")
+
+
+def webhook_state_html(subscriber, health, long=False):
+    """Its webhook as delivery.webhook_health keeps it (`health`, None when nothing was
+    recorded): disabled (since when, after how many failures, with the last error), failing,
+    or working."""
     if not subscriber.webhook_url:
         return "-"
-    health = getattr(subscriber, "webhook_health", None)
     if health is None:
         return "no post yet" if long else "ok"
     if health.disabled:

@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce, Substr
 from django.utils import timezone
 
 from delivery import tallies
-from delivery.models import Delivery, Status, TallyActivity
+from delivery.models import Delivery, Status, TallyActivity, WebhookHealth
 from delivery.reports import first_pending_at, queue_stats
 from mqsite import readers
 from queues.models import Event, Message, Queue
@@ -254,6 +254,19 @@ def subscribers_with_backlog(now, kept, oldest, activity):
     oldest_of = {}
     for subscriber_id, _, at in oldest.values():
         oldest_of[subscriber_id] = min(at, oldest_of.get(subscriber_id, at))
+    disabled = {
+        h.subscriber_id: {
+            "since": h.disabled_since,
+            "failures": h.disabled_after if h.disabled_after is not None else h.failures,
+            "last_error": h.last_error[:300],
+        }
+        for h in WebhookHealth.objects.filter(disabled_since__isnull=False)
+    }
+    for sid in disabled:  # a disabled webhook is shown even with nothing subscribed
+        names.setdefault(sid, None)
+    if any(name is None for name in names.values()):
+        missing = [sid for sid, name in names.items() if name is None]
+        names.update(Subscriber.objects.filter(pk__in=missing).values_list("pk", "name"))
     start, rate_secs = rate_window(now)
     acks = {}
     for (step, queue_id, _, subscriber_id, status), n in activity.items():
@@ -274,6 +287,8 @@ def subscribers_with_backlog(now, kept, oldest, activity):
                 "dead": backlog.get((sid, Status.DEAD), 0),
                 "oldest_pending_age_s": round((now - at).total_seconds(), 1) if at else None,
                 "ack_rate": round(acks.get(sid, 0) / rate_secs, 3),
+                # Its webhook, when disabled (delivery.webhook_health): since, failures, last error.
+                "webhook_disabled": disabled.get(sid),
             }
         )
     out.sort(key=lambda s: (-s["pending"], -s["inflight"], s["subscriber"]))

@@ -10,8 +10,11 @@ class DeliveryConfig(AppConfig):
         # receipts register their words on the bus as they are imported.
         from mqsite import bus, health
 
-        from . import lines, liveness, receipts, revocation, wakeups  # noqa: F401
+        from . import lines, liveness, operational, publishing, receipts, revocation, wakeups  # noqa: F401
         from .health import process_checks
+
+        # The operational events go out by the normal publish (operational may not import it).
+        operational.publish_with(publishing.prepare, publishing.publish)
 
         revocation.connect_signals()
         lines.connect_signals()

@@ -33,7 +33,7 @@ from queues.models import Event, Message, Queue
 from subscribers.filters import filter_holds, filter_source
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import lines, receipts
+from . import lines, operational, receipts
 from .bounds import MAX_EXTEND_SECS
 from .frame_sql import message_frame_sql
 from .models import Delivery, DeliveryAttempt, Status
@@ -130,7 +130,7 @@ REPLAYED = "replayed by a seek"
 # Its message's expiry passed (queues.timing) before an ack: pending, the sweep kills it
 # (expire_overdue_leases); in flight, the end of its lease does (dead_or_retry). Exactly this
 # text, which operators and the operational events read as the reason.
-EXPIRED = "expired"
+EXPIRED = operational.EXPIRED  # the last error of one, and delivery.dead's reason: one word
 
 
 def retried_now_by(operator="an operator"):
@@ -1223,6 +1223,7 @@ def nack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKED):
         if wake:
             bus.send_after_commit(bus.WAKE, [subscriber.pk])
         receipts.check_after_commit(died)
+        operational.died(_dead_of(nacked.done))
     return nacked
 
 
@@ -1237,6 +1238,10 @@ async def anack_deliveries(subscriber, ids, retry_in=None, now=None, error=NACKE
     if wake:
         bus.send(bus.WAKE, [subscriber.pk])
     await receipts.acheck(died)
+    dead = _dead_of(nacked.done)
+    # Committed: told from a thread (a read, a publish), only when anyone hears of it.
+    if dead and await operational.alistened(operational.DELIVERY_DEAD, operational.signals.delivery_dead):
+        await adb.thread(operational.tell_deaths)(dead, operational.MAX_ATTEMPTS)
     return nacked
 
 
@@ -1268,6 +1273,11 @@ def _nack(subscriber_id, ids, retry_in, now, error):
             )
         )
     return Nacked(done, [i for i in ids if i not in done and i not in settled], settled), wake, died
+
+
+def _dead_of(done):
+    """The ids that died, of _end_attempts()'s {id: (status, attempt, next_attempt_at)}."""
+    return [id_ for id_, (status, _, _) in done.items() if status == Status.DEAD]
 
 
 def _end_attempts(where, params, retry_in, now, error):
@@ -1362,6 +1372,7 @@ def fail_delivery(delivery_id, holder, error, now=None):
         if wake:
             bus.send_after_commit(bus.WAKE, [delivery.subscriber_id])
         receipts.check_after_commit(died)
+        operational.died(_dead_of(done))
     return delivery
 
 
@@ -1399,13 +1410,14 @@ def expire_pending(now=None):
             WHERE id IN (SELECT d.id FROM {table} d
                          WHERE {status_is(Status.PENDING, "d")} AND {expired_sql("d")}{lock})
               AND {status_is(Status.PENDING, table)}
-            RETURNING subscriber_id, CASE WHEN receipt THEN message_id END
+            RETURNING subscriber_id, CASE WHEN receipt THEN message_id END, id
             """,
             [Status.DEAD, EXPIRED, at, at],
         )
         died = cursor.fetchall()
-        receipts.moved(message_id for _, message_id in died)
-        bus.send_after_commit(bus.WAKE, {subscriber_id for subscriber_id, _ in died})
+        receipts.moved(message_id for _, message_id, _ in died)
+        bus.send_after_commit(bus.WAKE, {subscriber_id for subscriber_id, _, _ in died})
+        operational.died((id_ for _, _, id_ in died), operational.EXPIRED)
     return len(died)
 
 
@@ -1430,13 +1442,15 @@ def _expire_overdue(now, subscription_ids):
             f"""
             UPDATE {table} SET {set_}
             WHERE id IN (SELECT d.id FROM {table} d WHERE {overdue_sql("d")}{of_subscriptions}{lock})
-            RETURNING subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END
+            RETURNING subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END,
+              CASE WHEN status = %s THEN id END
             """,
-            [*set_params, *params, Status.DEAD],
+            [*set_params, *params, Status.DEAD, Status.DEAD],
         )
         expired = cursor.fetchall()
-    receipts.moved(message_id for _, message_id in expired)
-    return [subscriber_id for subscriber_id, _ in expired]
+    receipts.moved(message_id for _, message_id, _ in expired)
+    operational.died(dead_id for _, _, dead_id in expired if dead_id is not None)
+    return [subscriber_id for subscriber_id, _, _ in expired]
 
 
 def redeliver(deliveries, now=None):
@@ -1471,10 +1485,19 @@ def kill_deliveries(deliveries, reason=KILLED):
         moving = Delivery.objects.filter(id__in=deliveries.exclude(status=Status.ACKED).values("id"))
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.moved(_receipt_messages(moving))
+        dying = _not_dead_ids(moving)
         count = moving.update(status=Status.DEAD, **UNLEASED, last_error=reason)
+        operational.died(dying, operational.KILLED)
         # A killed head of an ordered queue lets the next one go: as skip_deliveries().
         bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
+
+
+def _not_dead_ids(deliveries):
+    """The ids of those of `deliveries` (a queryset) an operator's action is about to kill that
+    are not dead already (delivery.dead tells of each death once). Read in the action's
+    transaction: not a hot path."""
+    return list(deliveries.exclude(status=Status.DEAD).order_by().values_list("id", flat=True))
 
 
 def _receipt_messages(deliveries):
@@ -1537,7 +1560,9 @@ def skip_deliveries(deliveries, operator):
         moving = Delivery.objects.filter(id__in=chosen).open()
         subscriber_ids = list(moving.order_by().values_list("subscriber_id", flat=True).distinct())
         receipts.moved(_receipt_messages(moving))
+        dying = _not_dead_ids(moving)
         count = moving.update(status=Status.DEAD, **UNLEASED, last_error=skipped_by(operator))
+        operational.died(dying, operational.SKIPPED)
         # What waited behind it is ready now.
         bus.send_after_commit(bus.WAKE, subscriber_ids)
     return count
@@ -1618,15 +1643,17 @@ def _release(where, params, reason, wake, spend, whose=False):
             f"""
             UPDATE {table} SET {set_}
             WHERE status = %s AND {where}
-            RETURNING id, subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END
+            RETURNING id, subscriber_id, CASE WHEN receipt AND status = %s THEN message_id END, status
             """,
             [*set_params, Status.INFLIGHT, *params, Status.DEAD],
         )
         released = cursor.fetchall()
         if wake:
-            bus.send_after_commit(bus.WAKE, {subscriber_id for _, subscriber_id, _ in released})
-        receipts.moved(message_id for _, _, message_id in released)
-    return [(id_, subscriber_id) if whose else id_ for id_, subscriber_id, _ in released]
+            bus.send_after_commit(bus.WAKE, {subscriber_id for _, subscriber_id, _, _ in released})
+        receipts.moved(message_id for _, _, message_id, _ in released)
+        if spend:
+            operational.died(id_ for id_, _, _, status in released if status == Status.DEAD)
+    return [(id_, subscriber_id) if whose else id_ for id_, subscriber_id, _, _ in released]
 
 
 def purge_dead(deliveries):

@@ -308,3 +308,35 @@ class ReceiptMove(models.Model):
 
     def __str__(self):
         return f"receipt move {self.pk}: message {self.message_id}"
+
+
+class WebhookHealth(models.Model):
+    """How a subscriber's webhook has been doing, written by its webhook jobs once per batch of
+    posts (delivery.webhook_health): the failures in a row since its last success, and whether
+    it is disabled. A webhook whose every attempt failed for MQ_WEBHOOK_DISABLE_AFTER_SECS and
+    at least MQ_WEBHOOK_DISABLE_FAILURES attempts in a row is disabled: posted nothing, its
+    deliveries left pending with no attempt spent, until an operator enables it again."""
+
+    subscriber = models.OneToOneField(
+        "subscribers.Subscriber", on_delete=models.CASCADE, primary_key=True, related_name="webhook_health"
+    )
+    failures = models.PositiveIntegerField(default=0, help_text="Failed attempts in a row.")
+    first_failure_at = models.DateTimeField(null=True, blank=True, help_text="The first of them.")
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    disabled_since = models.DateTimeField(null=True, blank=True)
+    # How many failures in a row it had when it was disabled (an operator's disable: whatever
+    # it had then), kept while `failures` may be reset.
+    disabled_after = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "webhook health"
+        verbose_name_plural = "webhook health"
+
+    def __str__(self):
+        return f"webhook of {self.subscriber_id}"
+
+    @property
+    def disabled(self):
+        return self.disabled_since is not None

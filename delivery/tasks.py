@@ -39,8 +39,8 @@ from mqsite import adb, log_context
 from queues import lookup
 from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
 
-from . import frames, health, ledger, liveness, receipts, tallies, webhooks
-from .models import Delivery
+from . import frames, health, ledger, liveness, operational, receipts, tallies, webhook_health, webhooks
+from .models import Delivery, WebhookHealth
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ def _stop_beating(**kwargs):
 
 
 def webhook_subscribers(subscriber_ids, kept=False):
-    """Of these subscribers, those whose deliveries go by webhook now: a URL, and no socket.
+    """Of these subscribers, those whose deliveries go by webhook now: a URL not disabled
+    (delivery.webhook_health), and no socket.
 
     Asked after every publish: plain SQL, since building the ORM's query cost more than
     running it. `kept` (a web process's wake-ups, which hear every announcement): the
@@ -110,15 +111,18 @@ def webhook_subscribers(subscriber_ids, kept=False):
         cursor.execute(
             f"""
             SELECT s.id, s.is_active AND s.webhook_url <> '',
-              EXISTS (SELECT 1 FROM {Connection._meta.db_table} c WHERE c.subscriber_id = s.id)
+              EXISTS (SELECT 1 FROM {Connection._meta.db_table} c WHERE c.subscriber_id = s.id),
+              EXISTS (SELECT 1 FROM {WebhookHealth._meta.db_table} h
+                      WHERE h.subscriber_id = s.id AND h.disabled_since IS NOT NULL)
             FROM {Subscriber._meta.db_table} s WHERE {of_ids}
             """,
             params,
         )
         found = cursor.fetchall()
     if kept:
-        keep_webhookless([sid for sid, hooked, _ in found if not hooked], forgotten)
-    return [sid for sid, hooked, socket in found if hooked and not socket]
+        # A disabled webhook is not kept as none: enabling it is no announced change.
+        keep_webhookless([sid for sid, hooked, _, _ in found if not hooked], forgotten)
+    return [sid for sid, hooked, socket, disabled in found if hooked and not socket and not disabled]
 
 
 def claim_key(subscriber_id):
@@ -219,9 +223,19 @@ def _cache_call(method, *args, **kwargs):
 
 
 def _post_ready(subscriber_id, holder):
-    subscriber = Subscriber.objects.filter(pk=subscriber_id, is_active=True).exclude(webhook_url="").first()
+    subscriber = (
+        Subscriber.objects.filter(pk=subscriber_id, is_active=True)
+        .exclude(webhook_url="")
+        .select_related("webhook_health")
+        .first()
+    )
     if subscriber is None or subscriber.connections.exists():
         return 0
+    health = getattr(subscriber, "webhook_health", None)
+    if health is not None and health.disabled:
+        return 0  # its deliveries stay pending, no attempt spent, until it is enabled again
+    # Failures counted since its last success: a success resets them (one statement then).
+    failing = health is not None and health.failures > 0
     posted = 0
     deadline = time.monotonic() + WEBHOOK_JOB_BUDGET_SECS
     # The next batch, when the last round leased it already (an ordered line's next heads), and
@@ -248,6 +262,8 @@ def _post_ready(subscriber_id, holder):
             probe = post_one(subscriber, batch[0], client)
             if not probe.ok:
                 ledger.settle_posts(subscriber, [_posted(batch[0], probe)])
+                disabled = webhook_health.record_failures(subscriber, 1, probe.error)
+                failing = True
                 ledger.fail_delivery(batch[0]["id"], holder, probe.error)
                 # Ready at once but no wake-up, and not posted now: one request a batch to an
                 # endpoint that is failing.
@@ -258,6 +274,9 @@ def _post_ready(subscriber_id, holder):
                     webhooks.loggable(probe.error),
                     extra={"delivery_id": batch[0]["id"], "message_id": batch[0]["message_id"]},
                 )
+                if disabled:
+                    log.warning("webhook of %s disabled: it kept failing", subscriber)
+                    break
                 if _wait_for_retry(subscriber_id, batch[:1]):
                     continue
                 break
@@ -268,6 +287,9 @@ def _post_ready(subscriber_id, holder):
             ledger.settle_posts(subscriber, [_posted(d, o) for d, o in zip(batch, outcomes, strict=True)])
             ok = [d["id"] for d, o in zip(batch, outcomes, strict=True) if o.ok]
             posted += len(ok)
+            if failing:  # the probe succeeded: a success resets the count
+                webhook_health.record_success(subscriber, reset=True)
+                failing = False
             failed = [(d, o) for d, o in zip(batch, outcomes, strict=True) if not o.ok]
             for d, o in failed:
                 ledger.fail_delivery(d["id"], holder, o.error)
@@ -283,7 +305,19 @@ def _post_ready(subscriber_id, holder):
             elif _heads_next(batch, head_rounds) and time.monotonic() < deadline and not stopping.is_set():
                 leased = ledger.lease_heads_after(subscriber, ok, limit=WEBHOOK_BATCH, holder=holder)
                 head_rounds += 1
+    if posted and not failing and _success_is_old(health):
+        webhook_health.record_success(subscriber, reset=False)
     return posted
+
+
+# A healthy webhook's last success is written at the end of a job at most this often: the
+# admin shows it to the minute, and a job a message must not cost a statement more each.
+SUCCESS_NOTED_EVERY_SECS = 60
+
+
+def _success_is_old(health):
+    noted = health.last_success_at if health is not None else None
+    return noted is None or timezone.now() - noted > timedelta(seconds=SUCCESS_NOTED_EVERY_SECS)
 
 
 def _heads_next(batch, head_rounds):
@@ -358,14 +392,16 @@ def post_one(subscriber, delivery, client):
 def sweep():
     """On beat, every second: expire overdue leases (back to pending with backoff, or dead
     after the last attempt), remove connections whose server died, finish the replays and
-    unsubscribes it left halfway, fold the kept counts, prune the receipts' log, and
-    enqueue webhook jobs for subscribers with work due before the next sweep."""
+    unsubscribes it left halfway, fold the kept counts, prune the receipts' log, tell of the
+    subscriptions that started lagging (delivery.operational), and enqueue webhook jobs for
+    subscribers with work due before the next sweep."""
     expired = ledger.expire_overdue_leases()
     stale = presence.sweep_stale_connections()
     stalled = ledger.finish_stalled()  # replays and unsubscribes whose server died halfway
     tallies.fold()  # the kept counts' changes of the last second (delivery.tallies)
     receipts.prune_moves()  # what the sockets' recheck has read (delivery.receipts)
     health.swept()  # /healthz: the sweep runs
+    lagging = operational.check_lagging()  # subscription.lagging, once per crossing
     soon = timezone.now() + timedelta(seconds=RETRY_LOOKAHEAD_SECS)
     due = set(
         Delivery.objects.ready(soon)
@@ -379,5 +415,6 @@ def sweep():
         "expired": expired,
         "stale_connections": stale,
         "stalled_replays": stalled,
+        "lagging": len(lagging),
         "webhook_jobs": enqueue_webhooks(due),
     }

@@ -63,6 +63,23 @@ def loggable(error, limit=LOGGED_ERROR_CHARS):
     return repr(cut) + (f" (+{len(error) - len(cut)} chars)" if len(error) > limit else "")
 
 
+# W3C Trace Context: a message's trace goes on as HTTP headers too, so that a receiver's tracing
+# (OpenTelemetry's instrumentation of its web framework) continues it without reading the body.
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def trace_headers(frame):
+    """The message's traceparent and tracestate, when it has them, as HTTP headers. Values that
+    HTTP cannot carry (a CR, an LF, a NUL: only the message's own rules checked them) are left
+    out rather than fail the post."""
+    carried = frame.get("headers") or {}
+    return {
+        name: value
+        for name in TRACE_HEADERS
+        if isinstance(value := carried.get(name), str) and value.isprintable() and value.isascii()
+    }
+
+
 def sign(secrets, msg_id, timestamp, body):
     """`webhook-signature` per Standard Webhooks: v1,base64(HMAC-SHA256("id.ts.body")), one for
     each secret (a string, or several: the new and the previous one while a rotation's grace
@@ -100,6 +117,7 @@ def _post(url, secrets, frame, client, started, limit):
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
         "webhook-signature": sign(secrets, msg_id, timestamp, body),
+        **trace_headers(frame),
     }
     own_client = client is None
     client = client or make_client()

@@ -333,6 +333,14 @@ if MQ_WEBHOOK_TIMEOUT_SECS > 10:
 # allows several signatures) for this long, so a receiver can switch to the new secret without
 # refusing a delivery. 24 h by default; 0: the old secret stops at once.
 MQ_WEBHOOK_SECRET_GRACE_SECS = _whole_number("MQ_WEBHOOK_SECRET_GRACE_SECS", 24 * 3600)
+# A webhook whose every attempt has failed for this long, and for at least
+# MQ_WEBHOOK_DISABLE_FAILURES attempts in a row, is disabled (delivery.webhook_health): posted
+# nothing more, its deliveries kept owed, until an operator enables it again. Both must hold,
+# so that neither a burst of failures nor one slow retry a day disables an endpoint.
+MQ_WEBHOOK_DISABLE_AFTER_SECS = _whole_number("MQ_WEBHOOK_DISABLE_AFTER_SECS", 5 * 24 * 3600)
+# The failed attempts in a row (and no success) a webhook needs, beside the time above, to be
+# disabled. Counted per attempt posted: a batch's untried rest counts nothing.
+MQ_WEBHOOK_DISABLE_FAILURES = _positive_int("MQ_WEBHOOK_DISABLE_FAILURES", 50)
 # Where the Parquet archive of acked history goes (any path Spark can read).
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
 # The Spark master the analytics run on: local[*] (this machine), or a cluster's URL.

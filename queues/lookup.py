@@ -4,7 +4,7 @@ frame names its queue, so the lookup is asked far more often than a queue change
 from mqsite import adb, rows
 from mqsite.names import BadName, clean_name
 
-from .models import Queue
+from .models import SYSTEM_QUEUE, Queue
 
 # Queues by name, forgotten in every process at any change of a queue (delivery.revocation).
 _by_name = rows.Cached(Queue, "name = %s")
@@ -12,20 +12,42 @@ _by_name = rows.Cached(Queue, "name = %s")
 
 def find_queue(name):
     """The queue of that name (any case), or None. Names that are not valid find nothing.
-    Its last_seq is not current (publish takes the next seq in the database)."""
+    Its last_seq is not current (publish takes the next seq in the database). The server's own
+    queue (SYSTEM_QUEUE) is always found: made here when first named (system_queue())."""
     try:
-        return _by_name.first(clean_name(name, "queue"))
+        name = clean_name(name, "queue")
     except BadName:
         return None
+    found = _by_name.first(name)
+    if found is None and name == SYSTEM_QUEUE:
+        return system_queue()
+    return found
 
 
 @adb.twin(find_queue)
 async def afind_queue(name):
     """find_queue() from the event loop."""
     try:
-        return await _by_name.afirst(clean_name(name, "queue"))
+        name = clean_name(name, "queue")
     except BadName:
         return None
+    found = await _by_name.afirst(name)
+    if found is None and name == SYSTEM_QUEUE:
+        return await adb.thread(system_queue)()
+    return found
+
+
+def system_queue():
+    """The queue the server publishes its operational events to (delivery.operational), made
+    by the server on first use: when first named (a subscribe, a right granted to it, a
+    refused publish) or when it first has an event to publish. Made then rather than by a
+    migration, so that an install that never uses it has no queue it did not make."""
+    queue = _by_name.first(SYSTEM_QUEUE)
+    if queue is None:
+        queue, created = Queue.objects.get_or_create(name=SYSTEM_QUEUE)
+        if created:
+            forget_queues()
+    return queue
 
 
 def forget_queues():

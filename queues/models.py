@@ -9,6 +9,11 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_ACK_TIMEOUT_SECS = 30
 DEFAULT_RETENTION_DAYS = 7
 
+# The queue the server publishes its operational events to (delivery.operational): made by a
+# migration, published to by the server alone (Subscriber.may_publish refuses it to every
+# subscriber), subscribed to like any other queue.
+SYSTEM_QUEUE = "mq.system"
+
 
 class Queue(models.Model):
     """A named bucket of events. `last_seq` is the counter publish takes under this row's lock."""
@@ -43,6 +48,16 @@ class Queue(models.Model):
         help_text="A message that names no expiry expires this long after it falls due "
         "(its deliver_at, or its publish); empty: messages never expire.",
     )
+    # The sweep publishes subscription.lagging (delivery.operational) when a subscription's
+    # oldest pending delivery gets older than this; empty: never.
+    lag_alert_secs = models.PositiveIntegerField(
+        "lag alert (seconds)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Publish subscription.lagging to mq.system when a subscription's oldest pending "
+        "delivery is older than this. Empty: never.",
+    )
     last_seq = models.BigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -51,6 +66,10 @@ class Queue(models.Model):
 
     def __str__(self):
         return self.name
+
+    @property
+    def is_system(self):
+        return self.name == SYSTEM_QUEUE
 
 
 class Event(models.Model):

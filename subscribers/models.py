@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from mqsite import adb, rows
 from mqsite.ssrf import UnsafeURL, check_url
+from queues.models import SYSTEM_QUEUE
 
 from .tokens import hash_token, new_token, new_webhook_secret
 
@@ -100,7 +101,10 @@ class Subscriber(models.Model):
     def may_publish(self, queue):
         """Asked at every publish (each request, each batch of publish frames): a grant is
         kept in the process (_publish_grants), so a publisher with per-queue grants pays no
-        query per publish after its first."""
+        query per publish after its first. No subscriber may publish to the server's own
+        queue (SYSTEM_QUEUE), whatever its rights: its events must be the server's."""
+        if queue.name == SYSTEM_QUEUE:
+            return False
         if self.publish_all:
             return True
         granted, forgotten = _publish_grants.kept((self.pk, queue.pk))
@@ -115,6 +119,8 @@ class Subscriber(models.Model):
 
     async def amay_publish(self, queue):
         """may_publish() from the event loop (mqsite/adb.py)."""
+        if queue.name == SYSTEM_QUEUE:
+            return False
         if self.publish_all:
             return True
         granted, forgotten = _publish_grants.kept((self.pk, queue.pk))
@@ -140,10 +146,13 @@ class Subscriber(models.Model):
         return bool(found)
 
     def visible_queue_filter(self):
-        """A Q over Queue for the queues this subscriber may publish or subscribe to."""
-        if self.publish_all or self.subscribe_all:
+        """A Q over Queue for the queues this subscriber may publish or subscribe to (never
+        publish to the server's own: a right to publish to every queue does not show it)."""
+        if self.subscribe_all:
             return models.Q()
-        return models.Q(publishers=self) | models.Q(subscribers=self)
+        if self.publish_all:
+            return ~models.Q(name=SYSTEM_QUEUE) | models.Q(subscribers=self)
+        return (models.Q(publishers=self) & ~models.Q(name=SYSTEM_QUEUE)) | models.Q(subscribers=self)
 
 
 # The publish grants (subscriber id, queue id) this process has read, forgotten in every
@@ -259,6 +268,10 @@ class Subscription(models.Model):
         editable=False,
         help_text="Only messages whose headers and payload fields have these values; empty: all.",
     )
+    # Since when its oldest pending delivery is older than its queue's lag_alert_secs, as the
+    # sweep last saw it (delivery.operational.check_lagging): subscription.lagging is published
+    # once per crossing, when this goes from empty to set; it is emptied when it recovers.
+    lagging_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["subscriber__name", "queue__name"]

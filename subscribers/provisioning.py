@@ -5,7 +5,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from queues.models import Queue
+from queues.lookup import system_queue
+from queues.models import SYSTEM_QUEUE, Queue
 
 from .models import Subscriber
 
@@ -18,6 +19,8 @@ class UnknownQueues(LookupError):
 
 def _queues(names):
     names = {n.lower() for n in names if n != ALL}
+    if SYSTEM_QUEUE in names:
+        system_queue()  # made by the server on first use, a right to it included
     found = list(Queue.objects.filter(name__in=names))
     missing = names - {q.name for q in found}
     if missing:

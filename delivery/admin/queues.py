@@ -71,7 +71,16 @@ class NameCleaningForm(forms.ModelForm):
 class QueueForm(NameCleaningForm):
     class Meta:
         model = Queue
-        fields = ["name", "ordered", "paused", "max_attempts", "ack_timeout", "retention_days", "ttl_secs"]
+        fields = [
+            "name",
+            "ordered",
+            "paused",
+            "max_attempts",
+            "ack_timeout",
+            "retention_days",
+            "ttl_secs",
+            "lag_alert_secs",
+        ]
 
 
 class EventForm(NameCleaningForm):
@@ -162,6 +171,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         "max_attempts",
         "ack_timeout",
         "retention_days",
+        "lag_alert_secs",
         "last_seq",
         "message_count",
         "subscription_count",
@@ -181,6 +191,7 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
         "ack_timeout",
         "retention_days",
         "ttl_secs",
+        "lag_alert_secs",
         "last_seq",
         "created_at",
         "owed",

@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import display_for_value
 from django.db import transaction
-from django.db.models import F, Prefetch
+from django.db.models import F, OuterRef, Prefetch, Subquery
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -28,8 +28,8 @@ from queues.models import Event
 from subscribers import provisioning, replay
 from subscribers.models import STALE_AFTER_SECS, Connection, Subscriber, Subscription
 
-from .. import presence, subscribing
-from ..models import Status
+from .. import presence, subscribing, webhook_health
+from ..models import Status, WebhookHealth
 from ..reports import (
     correlated_count,
     oldest_pending_at,
@@ -107,6 +107,7 @@ class SubscriberAdmin(
         "connected",
         "token_hint",
         "has_webhook",
+        "webhook_state",
         "publish_all",
         "subscribe_all",
         "subscription_count",
@@ -119,9 +120,9 @@ class SubscriberAdmin(
     list_filter = ["is_active", "publish_all", "subscribe_all"]
     search_fields = ["name"]
     filter_horizontal = ["publish_queues", "subscribe_queues"]
-    readonly_fields = ["token_hint", "webhook_secret_state", "created_at", "owed"]
+    readonly_fields = ["token_hint", "webhook_secret_state", "webhook_health_state", "created_at", "owed"]
     inlines = [SubscriberSubscriptionInline]
-    actions = ["issue_new_token", "rotate_webhook_secret"]
+    actions = ["issue_new_token", "rotate_webhook_secret", "enable_webhook", "disable_webhook"]
 
     def get_fieldsets(self, request, obj=None):
         permissions = (
@@ -137,7 +138,7 @@ class SubscriberAdmin(
             ]
         return [
             (None, {"fields": ["name", "is_active", "token_hint", "created_at"]}),
-            ("Webhook", {"fields": ["webhook_url", "webhook_secret_state"]}),
+            ("Webhook", {"fields": ["webhook_url", "webhook_secret_state", "webhook_health_state"]}),
             permissions,
             ("What it is owed", {"fields": ["owed"]}),
         ]
@@ -157,6 +158,12 @@ class SubscriberAdmin(
                 n_connections=correlated_count(Connection.objects.all(), "subscriber"),
                 oldest_pending_at=oldest_pending_at("subscriber"),
             )
+        )
+        # The list's webhook state, as one subquery per column (not a join: the actions lock
+        # these rows, and FOR UPDATE refuses the nullable side of an outer join).
+        health = WebhookHealth.objects.filter(pk=OuterRef("pk"))
+        queryset = queryset.annotate(
+            **{f"health_{f}": Subquery(health.values(f)[:1]) for f in WEBHOOK_STATE_FIELDS}
         )
         return with_delivery_counts(queryset, "subscriber")
 
@@ -227,6 +234,44 @@ class SubscriberAdmin(
                     f"{display_for_value(until, '-')}, so its receiver can switch meanwhile.",
                 )
 
+    @admin.action(
+        description="Enable the webhook again (delivers everything it is owed)", permissions=["change"]
+    )
+    def enable_webhook(self, request, queryset):
+        by = request.user.get_username()
+        for subscriber in queryset.order_by("pk"):
+            if webhook_health.enable(subscriber, by=by):
+                self.log_change(request, subscriber, "enabled the webhook again")
+                self.message_user(
+                    request, f"{subscriber.name}: webhook enabled; what it is owed goes out now."
+                )
+            else:
+                self.message_user(
+                    request, f"{subscriber.name}: its webhook was not disabled.", messages.WARNING
+                )
+
+    @admin.action(
+        description="Disable the webhook (posts nothing; deliveries stay owed)", permissions=["change"]
+    )
+    def disable_webhook(self, request, queryset):
+        by = request.user.get_username()
+        for subscriber in queryset.order_by("pk"):
+            if not subscriber.webhook_url:
+                self.message_user(request, f"{subscriber.name} has no webhook.", messages.WARNING)
+            elif webhook_health.disable(subscriber, by=by):
+                self.log_change(request, subscriber, "disabled the webhook")
+                self.message_user(request, f"{subscriber.name}: webhook disabled; its deliveries stay owed.")
+
+    @admin.display(description="webhook health")
+    def webhook_health_state(self, obj):
+        return webhook_state_html(obj, webhook_health.health_of(obj), long=True)
+
+    @admin.display(description="webhook state")
+    def webhook_state(self, obj):
+        found = {f: getattr(obj, f"health_{f}", None) for f in WEBHOOK_STATE_FIELDS}
+        health = WebhookHealth(subscriber_id=obj.pk, **found) if found["failures"] is not None else None
+        return webhook_state_html(obj, health)
+
     @admin.display(description="webhook secret")
     def webhook_secret_state(self, obj):
         # Never the secret itself: this page is read by staff who may only view subscribers.
@@ -296,6 +341,47 @@ class SubscriberAdmin(
             "<th>dead</th><th>oldest pending</th><th>why</th></tr></thead><tbody>{}</tbody></table>",
             body,
         )
+
+
+# What the subscriber list reads of each webhook's health (SubscriberAdmin.get_queryset).
+WEBHOOK_STATE_FIELDS = ("failures", "first_failure_at", "disabled_since", "disabled_after")
+
+
+def webhook_state_html(subscriber, health, long=False):
+    """Its webhook as delivery.webhook_health keeps it (`health`, None when nothing was
+    recorded): disabled (since when, after how many failures, with the last error), failing,
+    or working."""
+    if not subscriber.webhook_url:
+        return "-"
+    if health is None:
+        return "no post yet" if long else "ok"
+    if health.disabled:
+        badge = format_html(
+            '<span class="mq-webhook-disabled" style="background:#b3261e;color:#fff;padding:1px 7px;'
+            'border-radius:9px;font-size:11px">disabled</span> since {} after {} failures',
+            display_for_value(health.disabled_since, "-"),
+            health.disabled_after if health.disabled_after is not None else health.failures,
+        )
+        if not long:
+            return badge
+        return format_html(
+            "{}; last error: <code>{}</code>. Its deliveries stay owed; the action \u201cEnable the "
+            "webhook again\u201d (or <code>manage.py webhook enable {}</code>) delivers them.",
+            badge,
+            health.last_error[:300] or "-",
+            subscriber.name,
+        )
+    if health.failures:
+        words = format_html(
+            "failing: {} failures in a row since {}",
+            health.failures,
+            display_for_value(health.first_failure_at, "-"),
+        )
+        return (
+            format_html("{}; last error: <code>{}</code>", words, health.last_error[:300]) if long else words
+        )
+    last = display_for_value(health.last_success_at, "-")
+    return format_html("ok (last success {})", last) if long else "ok"
 
 
 def why_owed_html(subscriber, owed):

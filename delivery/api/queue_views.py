@@ -124,7 +124,8 @@ class QueueListView(CallerView):
                     "retention_days": q.retention_days,
                     "paused": q.paused,
                     "ttl_secs": q.ttl_secs,
-                    "may_publish": subscriber is None or subscriber.publish_all or q.pk in may_publish,
+                    "may_publish": not q.is_system
+                    and (subscriber is None or subscriber.publish_all or q.pk in may_publish),
                     "may_subscribe": subscriber is None or subscriber.subscribe_all or q.pk in may_subscribe,
                 }
             )

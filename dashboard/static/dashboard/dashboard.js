@@ -169,7 +169,11 @@
         h("td", { class: "qname" }, s.subscriber),
         h("td", {}, s.connections
           ? h("span", { class: "badge live", title: "connected since " + clock(s.connected_since) }, h("span", { class: "dot" }), s.connections === 1 ? "websocket" : s.connections + " websockets")
-          : h("span", { class: "badge away" }, h("span", { class: "dot" }), "not connected (pull / webhook)")),
+          : h("span", { class: "badge away" }, h("span", { class: "dot" }), "not connected (pull / webhook)"),
+          s.webhook_disabled
+            ? h("span", { class: "badge webhook-disabled", title: "last error: " + s.webhook_disabled.last_error },
+                "webhook disabled since " + clock(s.webhook_disabled.since) + " after " + s.webhook_disabled.failures + " failures")
+            : null),
         h("td", {}, s.subscriptions.length ? s.subscriptions.map((x) => x.paused
           ? h("span", { class: "chip paused", title: "paused: still owed what is published, handed nothing until resumed" }, x.queue + "/" + (x.event || "*") + " \u23f8 paused")
           : h("span", { class: "chip" }, x.queue + "/" + (x.event || "*"))) : h("span", { class: "muted" }, "none")),

@@ -1,5 +1,5 @@
 """createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]
-[--ttl-secs N]"""
+[--ttl-secs N] [--lag-alert-secs N]"""
 
 import argparse
 
@@ -18,6 +18,7 @@ FIELDS = {
     "ack_timeout": "ack_timeout",
     "retention_days": "retention_days",
     "ttl_secs": "ttl_secs",
+    "lag_alert_secs": "lag_alert_secs",
 }
 
 
@@ -43,6 +44,13 @@ class Command(BaseCommand):
             metavar="N",
             help="a message that names no expiry expires N seconds after it falls due (0: never)",
         )
+        parser.add_argument(
+            "--lag-alert-secs",
+            type=int,
+            metavar="N",
+            help="publish subscription.lagging to mq.system when a subscription's oldest pending delivery"
+            " is older than this (0: never)",
+        )
 
     def handle(self, *args, **options):
         try:
@@ -52,6 +60,8 @@ class Command(BaseCommand):
         given = {field: options[opt] for opt, field in FIELDS.items() if options[opt] is not None}
         if given.get("ttl_secs") == 0:
             given["ttl_secs"] = None  # no default expiry
+        if given.get("lag_alert_secs") == 0:
+            given["lag_alert_secs"] = None  # 0 turns the alert off
         with transaction.atomic():
             # Lock the row: a publish between our read and our write must not be overwritten.
             queue = Queue.objects.select_for_update().filter(name=name).first()
@@ -74,7 +84,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{verb} queue {queue.name} (ordered={queue.ordered}, max_attempts={queue.max_attempts}, "
             f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days}"
-            f"{f', ttl_secs={queue.ttl_secs}' if queue.ttl_secs else ''})"
+            + (f", ttl_secs={queue.ttl_secs}" if queue.ttl_secs else "")
+            + (f", lag_alert_secs={queue.lag_alert_secs}" if queue.lag_alert_secs else "")
+            + ")"
         )
 
 

@@ -88,12 +88,14 @@ def oldest_pending_at(field, outer="pk"):
 
 def first_pending_at(subscription):
     """An expression: when the oldest pending delivery of `subscription` (an id, or an
-    OuterRef to one) was published, None when none is pending: its lowest seq pending, one
-    probe of the index delivery_ready."""
+    OuterRef to one) fell due, None when none is pending: its lowest seq pending, one probe of
+    the index delivery_ready; due at its publish, or a delayed message at its deliver_at (a
+    message delayed by a day is not a day late)."""
     first = (
         Delivery.objects.filter(subscription_id=subscription, status=Status.PENDING)
         .order_by("seq")
-        .values("created_at")[:1]
+        .annotate(due=Coalesce("message__deliver_at", "created_at"))
+        .values("due")[:1]
     )
     return Subquery(first, output_field=DateTimeField())
 

@@ -17,11 +17,13 @@ from datetime import UTC, timedelta
 from typing import NamedTuple
 
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
+
+from mqsite import values
+from mqsite.values import iso_time
 
 MAX_DELAY_SECS = 7 * 24 * 3600  # "at most 7 days ahead"
 MAX_TTL_SECS = 365 * 24 * 3600  # an expiry at most a year after the message falls due
-MAX_TIME_CHARS = 64
+MAX_TIME_CHARS = values.MAX_TIME_CHARS
 
 BAD_DELAY = "bad_delay"  # the error code of a bad deliver_at / delay_secs (REST and socket)
 BAD_EXPIRY = "bad_expiry"  # of a bad expires_at / ttl_secs
@@ -120,18 +122,11 @@ def _seconds(value, code, field, low, high):
 
 def _time(text, code, field):
     """An ISO 8601 time as an aware UTC datetime (without an offset: UTC, as replay's times)."""
-    when = None
-    if isinstance(text, str) and len(text) <= MAX_TIME_CHARS:
-        try:
-            when = parse_datetime(text.strip())
-        except ValueError:  # well formed, but no such time (month 13)
-            when = None
+    when = iso_time(text)
     if when is None:
         raise BadTiming(
             code, field, f'{field} must be an ISO 8601 date and time, e.g. "2026-11-24T14:00:00Z".'
         )
-    if timezone.is_naive(when):
-        when = when.replace(tzinfo=UTC)
     try:
         return when.astimezone(UTC)
     except OverflowError:  # year 1 with a positive offset, year 9999 with a negative one

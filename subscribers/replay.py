@@ -11,13 +11,11 @@ the deliveries owed.
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-
-from mqsite.values import BIGINT_MAX
+from mqsite import values
+from mqsite.values import BIGINT_MAX, iso_time
 
 NEW, ALL, SEQ, TIME = "new", "all", "seq", "time"
-MAX_TIME_CHARS = 64
+MAX_TIME_CHARS = values.MAX_TIME_CHARS
 SHAPES = '"new", "all", {"seq": N} or {"time": "<ISO 8601>"}'
 
 # What `from` may be, in the schema (drf-spectacular): the server refuses anything else, so
@@ -130,16 +128,9 @@ def time_of(text, field=TIME):
     """An ISO 8601 time as an aware UTC datetime (none given: UTC). A time before or after what
     a datetime can hold in UTC (year 1 with a positive offset) is taken as its earliest or
     latest: a replay from it starts at the oldest message, or owes nothing."""
-    when = None
-    if isinstance(text, str) and len(text) <= MAX_TIME_CHARS:
-        try:
-            when = parse_datetime(text.strip())
-        except ValueError:  # well formed, but no such time (month 13)
-            when = None
+    when = iso_time(text)
     if when is None:
         raise BadPoint(field, 'time must be an ISO 8601 date and time, e.g. "2026-11-24T14:00:00Z".')
-    if timezone.is_naive(when):
-        return when.replace(tzinfo=UTC)
     try:
         return when.astimezone(UTC)
     except OverflowError:

@@ -250,9 +250,10 @@ class EventCatalogSerializer(serializers.Serializer):
 
 
 class RouteSerializer(PublishSerializer):
-    """A route's candidate message: a publish's, without an idempotency key."""
+    """A route's candidate message: a publish's event, payload and headers (what the rule
+    reads: the contract's body), without a key, a group or times."""
 
-    key = None
+    key = group = deliver_at = delay_secs = expires_at = ttl_secs = None
 
 
 class RoutedSubscriptionSerializer(serializers.Serializer):

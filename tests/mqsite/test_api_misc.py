@@ -184,5 +184,6 @@ def test_healthz_is_503_when_what_carries_the_jobs_is_down(db, settings):
 
 def test_healthz_checks_redis_in_the_services_mode(db, settings):
     settings.REDIS_URL = redis_db(0)
+    settings.MQ_HEALTH_WORKERS = False  # the broker's check only (tests/e2e/test_health.py: workers)
     r = client_for().get("/healthz")
     assert r.status_code == 200 and r.json()["mode"] == "services" and r.json()["jobs"] == "ok"

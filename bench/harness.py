@@ -178,9 +178,11 @@ def celery_commands(workdir):
     out = {}
     for section in conf.sections():
         command = conf[section].get("command", "")
-        if not section.startswith("program:") or " celery " not in f" {Path(command.split()[0]).name} ":
-            continue
         args = shlex.split(command.replace("%(here)s", str(SUPERVISORD_CONF.parent)).replace("%%", "%"))
+        if args[:1] == ["setpriv"]:  # supervisord's parent-death signal; here the bench stops them
+            args = args[3:]
+        if not section.startswith("program:") or not args or Path(args[0]).name != "celery":
+            continue
         args[0] = str(Path(sys.executable).parent / Path(args[0]).name)
         if "-s" in args:
             args[args.index("-s") + 1] = str(Path(workdir) / f"celerybeat-{section.split(':')[1]}")

@@ -130,6 +130,15 @@ def make_run(tmp_path):
         run.cleanup()
 
 
+# Each run is half a minute of `make run` starting: the worst case (an analysis under way) runs
+# in both modes, these two in the embedded one (the SQLite pass of make test).
+embedded_pass_only = pytest.mark.skipif(
+    connection.vendor != "sqlite",
+    reason="the SQLite pass of make test runs it (the services mode: SIGTERM below)",
+)
+
+
+@embedded_pass_only
 def test_ctrl_c_stops_every_process_it_started(make_run):
     run = make_run()
     os.killpg(run.make.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group
@@ -163,6 +172,7 @@ def test_sigterm_stops_every_process_even_in_the_middle_of_an_analysis(make_run)
     print(f"SIGTERM during an analysis: everything gone in {took:.1f} s")
 
 
+@embedded_pass_only
 def test_no_process_outlives_supervisord_killed_outright(make_run):
     run = make_run()
     os.kill(run.supervisord(), signal.SIGKILL)  # no chance to stop its programs itself

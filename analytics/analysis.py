@@ -36,9 +36,14 @@ import pyarrow.parquet as pq
 from django.conf import settings
 from django.utils import timezone
 
+from mqsite.workarounds import spark_jvm
+
 from . import archive, extract, figures, hours, job, layout, load, overlap, partitions, runs, spark_settings
 
 log = logging.getLogger(__name__)
+
+# A driver JVM started by a run ends with the process running it, even while it starts.
+spark_jvm.install()
 
 # Below this much Parquet to read, a local run is over before the JVM's optimising compiler
 # pays for itself: measured on the 5 M archive (182 MB), the quick compiler alone makes the

@@ -8,19 +8,15 @@ DATABASE_URL (a scratch one: it is migrated and emptied); issue 29 allows at mos
 filter of two keys (a nested payload field and a header) that every message matches, and
 `missed` with the same filter, which no message matches. The same order payload is published to
 each: plain and filtered make 100 deliveries a message, missed none. Two ways, as the server
-publishes: one message at a time on the event loop (group_commit.apublish(), a socket's
-publish) and a batch of 10 in a thread's transaction (group_commit.publish(), a REST batch).
-The queues alternate in blocks in one process, so that the machine's other load falls on all
-alike; each block first runs 10 unmeasured rounds. Prints the mean and median milliseconds of
-each, and filtered/plain.
+publishes (bench/cost_blocks.py): one message at a time on the event loop
+(group_commit.apublish()) and a batch of 10 in a thread (group_commit.publish()), the queues in
+alternating blocks. Prints the mean and median milliseconds of each, and filtered/plain.
 """
 
 import argparse
 import asyncio
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,11 +27,11 @@ import django  # noqa: E402
 
 django.setup()
 
+import cost_blocks  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from delivery import group_commit, publishing, subscribing  # noqa: E402
 from delivery.models import Delivery  # noqa: E402
-from mqsite import adb  # noqa: E402
 from queues.models import Message, Queue  # noqa: E402
 from subscribers.models import Subscriber  # noqa: E402
 from subscribers.provisioning import create_subscriber  # noqa: E402
@@ -70,35 +66,20 @@ def setup():
     return queues, publisher
 
 
-async def singles(queue, publisher, n, times=None):
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await group_commit.apublish(queue, [publishing.prepare("order", ORDER, headers=HEADERS)], publisher)
-        if times is not None:
-            times.append((time.perf_counter() - t0) * 1000)
+def cases(queues, publisher):
+    def case(queue):
+        async def one():
+            await group_commit.apublish(
+                queue, [publishing.prepare("order", ORDER, headers=HEADERS)], publisher
+            )
 
+        def batch():
+            outgoing = [publishing.prepare("order", ORDER, headers=HEADERS) for _ in range(BATCH)]
+            group_commit.publish(queue, outgoing, publisher)
 
-def batches(queue, publisher, n, times=None):
-    for _ in range(n):
-        t0 = time.perf_counter()
-        group_commit.publish(
-            queue, [publishing.prepare("order", ORDER, headers=HEADERS) for _ in range(BATCH)], publisher
-        )
-        if times is not None:
-            times.append((time.perf_counter() - t0) * 1000)
+        return one, batch
 
-
-async def measure(queues, publisher, blocks, n):
-    times = {(way, q): [] for way in ("single", f"batch of {BATCH}") for q in QUEUES}
-    for block in range(blocks):
-        for name in QUEUES if block % 2 == 0 else reversed(QUEUES):
-            queue = queues[name]
-            await singles(queue, publisher, 10)
-            await singles(queue, publisher, n, times[("single", name)])
-            await adb.thread(batches)(queue, publisher, 2)
-            await adb.thread(batches)(queue, publisher, max(n // 10, 3), times[(f"batch of {BATCH}", name)])
-    await adb.close_pool()
-    return times
+    return {name: case(queues[name]) for name in QUEUES}
 
 
 def main():
@@ -107,21 +88,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=100, help="measured single publishes of each block")
     args = parser.parse_args()
     queues, publisher = setup()
-    times = asyncio.run(measure(queues, publisher, args.blocks, args.rounds))
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    for way in dict.fromkeys(w for w, _ in times):
-        means = {}
-        for name in QUEUES:
-            ms = times[(way, name)]
-            means[name] = statistics.mean(ms)
-            print(
-                f"{way:11s} {name:8s} mean {means[name]:7.3f} ms  median {statistics.median(ms):7.3f} ms"
-                f"  ({len(ms)} publishes)"
-            )
-        print(
-            f"{way:11s} filtered/plain {means['filtered'] / means['plain']:.3f}"
-            f"  missed/plain {means['missed'] / means['plain']:.3f}"
+    times = asyncio.run(
+        cost_blocks.measure(
+            cases(queues, publisher),
+            batch=BATCH,
+            blocks=args.blocks,
+            rounds=args.rounds,
+            warm=10,
+            batch_share=10,
         )
+    )
+    cost_blocks.report(times, [("filtered", "plain"), ("missed", "plain")])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
 """What the benchmarks share: a fresh database, the manage.py setup, Daphne as a subprocess,
 a keep-alive REST client, the payload, and the machine description for the results file."""
 
-import configparser
 import contextlib
 import http.client
 import json
 import os
 import platform
-import shlex
 import signal
 import socket
 import sqlite3
@@ -19,6 +17,10 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this tree's own code (a worktree's, when one is measured)
+
+from mqsite import run_programs  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 DAPHNE = Path(sys.executable).parent / "daphne"
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
@@ -130,12 +132,15 @@ def server_process(env, log_path, processes=1):
         where = ["--fd", str(listener.fileno())]
     else:
         where = ["-b", "127.0.0.1", "-p", str(port)]
+    # make run's Daphne options (its log level, pings, timeouts), on this socket or port.
+    web = run_programs.programs()["web"]
+    web_options = [a for i, a in enumerate(web[1:], 1) if "--fd" not in (a, web[i - 1])]
     procs = []
     with open(log_path, "w") as log:
         for _ in range(processes):
             procs.append(
                 subprocess.Popen(
-                    [DAPHNE, *where, "mqsite.asgi:application"],
+                    [DAPHNE, *where, *web_options],
                     cwd=ROOT,
                     # Healthy when it serves, whether or not its workers have started yet.
                     env={"MQ_HEALTH_WORKERS": "false", **env, "MQ_WEB_PROCESSES": str(processes)},
@@ -165,28 +170,20 @@ def server_process(env, log_path, processes=1):
                 p.wait()
 
 
-SUPERVISORD_CONF = ROOT / "mqsite" / "supervisord.conf"
-
-
 def celery_commands(workdir):
     """The Celery workers `make run` starts, as supervisord.conf names them ([program:worker],
-    [program:maintenance]): read from there, so a benchmark runs what production runs. Beat's
-    schedule file goes into `workdir` rather than the tree's var/, and `celery` is the one beside
-    this Python (as DAPHNE is): a worktree of the repository has no .venv of its own."""
-    conf = configparser.ConfigParser(interpolation=None)
-    conf.read(SUPERVISORD_CONF)
+    [program:maintenance]): read from there (mqsite.run_programs), so a benchmark runs what
+    production runs. Beat's schedule file goes into `workdir` rather than the tree's var/, and
+    `celery` is the one beside this Python (as DAPHNE is): a worktree of the repository has no
+    .venv of its own."""
     out = {}
-    for section in conf.sections():
-        command = conf[section].get("command", "")
-        args = shlex.split(command.replace("%(here)s", str(SUPERVISORD_CONF.parent)).replace("%%", "%"))
-        if args[:1] == ["setpriv"]:  # supervisord's parent-death signal; here the bench stops them
-            args = args[3:]
-        if not section.startswith("program:") or not args or Path(args[0]).name != "celery":
+    for name, args in run_programs.programs().items():
+        if not args or Path(args[0]).name != "celery":
             continue
         args[0] = str(Path(sys.executable).parent / Path(args[0]).name)
         if "-s" in args:
-            args[args.index("-s") + 1] = str(Path(workdir) / f"celerybeat-{section.split(':')[1]}")
-        out[section.split(":")[1]] = args
+            args[args.index("-s") + 1] = str(Path(workdir) / f"celerybeat-{name}")
+        out[name] = args
     return out
 
 

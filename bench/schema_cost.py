@@ -7,19 +7,16 @@ DATABASE_URL (a scratch one: it is migrated and emptied); issue 29 allows at mos
 The same order payload (a dozen fields, a nested address, three line items) is published to two
 events of one queue, fanned out to two subscriptions each: `plain` has no schema, `typed` one
 that checks every field (types, required, enum, pattern, bounds, additionalProperties: false).
-Two ways, as the server publishes: one message at a time on the event loop
-(group_commit.apublish(), a socket's publish) and a batch of 100 in a thread's transaction
-(group_commit.publish(), a REST batch). The events alternate in blocks in one process, so that
-the machine's other load falls on both alike; each block first runs 20 unmeasured rounds.
-Prints the mean and median milliseconds of each, and typed/plain; then what the check alone
-costs a message (publishing.acheck_schemas(), no database), which a loaded machine's noise in
-the publishes (milliseconds) cannot hide.
+Two ways, as the server publishes (bench/cost_blocks.py): one message at a time on the event
+loop (group_commit.apublish()) and a batch of 100 in a thread (group_commit.publish()), the
+events in alternating blocks. Prints the mean and median milliseconds of each, and typed/plain;
+then what the check alone costs a message (publishing.acheck_schemas(), no database), which a
+loaded machine's noise in the publishes (milliseconds) cannot hide.
 """
 
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,11 +29,11 @@ import django  # noqa: E402
 
 django.setup()
 
+import cost_blocks  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from delivery import group_commit, publishing, subscribing  # noqa: E402
 from delivery.models import Delivery  # noqa: E402
-from mqsite import adb  # noqa: E402
 from queues import schemas  # noqa: E402
 from queues.models import Message, Queue  # noqa: E402
 from subscribers.models import Subscriber  # noqa: E402
@@ -121,35 +118,18 @@ def setup(aa=False):
     return queue, publisher
 
 
-async def singles(queue, publisher, event, n, times=None):
-    for _ in range(n):
-        # Prepared per message, as a frame is: the payload as decoded, its text encoded.
-        t0 = time.perf_counter()
-        await group_commit.apublish(queue, [publishing.prepare(event, ORDER)], publisher)
-        if times is not None:
-            times.append((time.perf_counter() - t0) * 1000)
+def cases(queue, publisher):
+    def case(event):
+        async def one():
+            # Prepared per message, as a frame is: the payload as decoded, its text encoded.
+            await group_commit.apublish(queue, [publishing.prepare(event, ORDER)], publisher)
 
+        def batch():
+            group_commit.publish(queue, [publishing.prepare(event, ORDER) for _ in range(BATCH)], publisher)
 
-def batches(queue, publisher, event, n, times=None):
-    for _ in range(n):
-        t0 = time.perf_counter()
-        group_commit.publish(queue, [publishing.prepare(event, ORDER) for _ in range(BATCH)], publisher)
-        if times is not None:
-            times.append((time.perf_counter() - t0) * 1000)
+        return one, batch
 
-
-async def measure(queue, publisher, blocks, n):
-    times = {(way, e): [] for way in ("single", f"batch of {BATCH}") for e in EVENTS}
-    for block in range(blocks):
-        for event in EVENTS if block % 2 == 0 else reversed(EVENTS):
-            await singles(queue, publisher, event, 20)
-            await singles(queue, publisher, event, n, times[("single", event)])
-            await adb.thread(batches)(queue, publisher, event, 2)
-            await adb.thread(batches)(
-                queue, publisher, event, max(n // 20, 3), times[(f"batch of {BATCH}", event)]
-            )
-    await adb.close_pool()
-    return times
+    return {event: case(event) for event in EVENTS}
 
 
 async def check_alone(queue, n=20_000):
@@ -171,18 +151,17 @@ def main():
     parser.add_argument("--aa", action="store_true", help="no schema on either event: the noise floor")
     args = parser.parse_args()
     queue, publisher = setup(args.aa)
-    times = asyncio.run(measure(queue, publisher, args.blocks, args.rounds))
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    for way in dict.fromkeys(w for w, _ in times):
-        means = {}
-        for event in EVENTS:
-            ms = times[(way, event)]
-            means[event] = statistics.mean(ms)
-            print(
-                f"{way:14s} {event:6s} mean {means[event]:7.3f} ms  median {statistics.median(ms):7.3f} ms"
-                f"  ({len(ms)} publishes)"
-            )
-        print(f"{way:14s} typed/plain {means['typed'] / means['plain']:.3f}")
+    times = asyncio.run(
+        cost_blocks.measure(
+            cases(queue, publisher),
+            batch=BATCH,
+            blocks=args.blocks,
+            rounds=args.rounds,
+            warm=20,
+            batch_share=20,
+        )
+    )
+    cost_blocks.report(times, [("typed", "plain")])
     alone = asyncio.run(check_alone(queue))
     print("the check alone: " + ", ".join(f"{e} {us:.1f} µs" for e, us in alone.items()) + " a message")
 

@@ -68,19 +68,24 @@ class NameCleaningForm(forms.ModelForm):
             raise ValidationError(str(exc)) from None
 
 
+# What an operator sets on a queue; its page shows these, then what the server keeps (below).
+QUEUE_SETTINGS = [
+    "name",
+    "ordered",
+    "paused",
+    "max_attempts",
+    "ack_timeout",
+    "retention_days",
+    "ttl_secs",
+    "lag_alert_secs",
+]
+QUEUE_KEPT = ["last_seq", "created_at", "owed", "who_would_receive"]
+
+
 class QueueForm(NameCleaningForm):
     class Meta:
         model = Queue
-        fields = [
-            "name",
-            "ordered",
-            "paused",
-            "max_attempts",
-            "ack_timeout",
-            "retention_days",
-            "ttl_secs",
-            "lag_alert_secs",
-        ]
+        fields = QUEUE_SETTINGS
 
 
 class EventForm(NameCleaningForm):
@@ -183,32 +188,14 @@ class QueueAdmin(DeliveriesGoWithTheirOwner, UnsubscribeOnDelete, DeliveryCountC
     search_fields = ["name"]
     inlines = [EventInline, QueueSubscriptionInline]
     actions = ["pause", "resume"]
-    fields = [
-        "name",
-        "ordered",
-        "paused",
-        "max_attempts",
-        "ack_timeout",
-        "retention_days",
-        "ttl_secs",
-        "lag_alert_secs",
-        "last_seq",
-        "created_at",
-        "owed",
-        "who_would_receive",
-    ]
+    fields = [*QUEUE_SETTINGS, *QUEUE_KEPT]
 
     def get_readonly_fields(self, request, obj=None):
-        readonly = ["last_seq", "created_at", "owed", "who_would_receive"]
         # Clients address a queue by its name: renaming one would silently re-target them.
-        return readonly if obj is None else ["name", *readonly]
+        return QUEUE_KEPT if obj is None else ["name", *QUEUE_KEPT]
 
     def get_fields(self, request, obj=None):
-        if obj is None:
-            return [
-                f for f in self.fields if f not in ("last_seq", "created_at", "owed", "who_would_receive")
-            ]
-        return self.fields
+        return QUEUE_SETTINGS if obj is None else self.fields
 
     def get_urls(self):
         route = self.admin_site.admin_view(self.route_view)

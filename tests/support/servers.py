@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 from django.db import connection
 
+from mqsite import run_programs
+
 ROOT = Path(__file__).resolve().parents[2]
 # The Redis the tests use: the machine's by default; `make test` gives each of its two passes,
 # which run at once, a server of its own (MQ_TEST_REDIS), so neither sees the other's keys.
@@ -261,16 +263,7 @@ def start_worker(extra_env):
 
 def run_command(program):
     """The command line that `make run` (mqsite/supervisord.conf) starts `program` with."""
-    import configparser
-    import shlex
-
-    conf = configparser.RawConfigParser()
-    conf.read(ROOT / "mqsite" / "supervisord.conf")
-    command = conf.get(f"program:{program}", "command")
-    command = command.replace("%(here)s", str(ROOT / "mqsite")).replace("%%", "%")
-    args = shlex.split(command)
-    # Without supervisord's `setpriv --pdeathsig`: here the parent is a test, which stops it.
-    return args[3:] if args[0] == "setpriv" else args
+    return run_programs.programs()[program]
 
 
 def start_as_make_run(program, extra_env, log_level="info"):

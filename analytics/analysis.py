@@ -62,22 +62,28 @@ def default_out():
     return f"{str(settings.MQ_ARCHIVE_DIR).rstrip('/')}/_analytics"
 
 
-def run_analysis(*, now=None, out=None, master=None, since=None, until=None):
+def run_analysis(*, now=None, out=None, master=None, since=None, until=None, progress=None):
     """Compute the figures, store them (unless over a window) and return them as `analyze
     --json` prints them. Raises AnalysisBusy when the archive is held past
-    MQ_ANALYZE_LOCK_WAIT_SECS."""
+    MQ_ANALYZE_LOCK_WAIT_SECS. Calls `progress(what)` after each step (a first run reads the
+    whole archive in Spark, minutes of silence otherwise)."""
+    progress = progress or _quiet
     root = _spark_path(settings.MQ_ARCHIVE_DIR)
     out = _spark_path(out or default_out())
     try:
         with archive.exclusive(root, wait_secs=settings.MQ_ANALYZE_LOCK_WAIT_SECS):
+            progress("holds the archive")
+            snapshot = extract.hot_snapshot()
+            progress(f"read the hot tables ({snapshot.deliveries.num_rows} deliveries)")
             run = compute(
                 root,
                 out,
-                extract.hot_snapshot(),
+                snapshot,
                 now=now or timezone.now(),
                 master=master,
                 since=since,
                 until=until,
+                progress=progress,
             )
     except archive.ArchiveBusy as exc:
         raise AnalysisBusy(str(exc)) from exc
@@ -85,6 +91,7 @@ def run_analysis(*, now=None, out=None, master=None, since=None, until=None):
         runs.switch(out, run.run_id)
         load.load_run(out, run.run_id)
         runs.prune(out)
+        progress("stored the results")
     return load.as_json(run.event_stats, run.subscriber_stats)
 
 
@@ -98,18 +105,23 @@ class Run:
     subscriber_trends: list
 
 
-def compute(root, out, snapshot, *, now, master=None, since=None, until=None):
+def _quiet(what):
+    pass
+
+
+def compute(root, out, snapshot, *, now, master=None, since=None, until=None, progress=_quiet):
     """One run over the archive under `root` and the hot tables' `snapshot` (an
     extract.HotSnapshot), written to a new run folder under `out` (not switched to). No
     database: the caller holds the lock and took the snapshot."""
     started_at, started = timezone.now(), time.monotonic()
     run_id = runs.new_run_id()
     folder = runs.run_path(out, run_id)
-    rows, facts = _hour_rows(root, out, folder, snapshot, master, since, until)
+    rows, facts = _hour_rows(root, out, folder, snapshot, master, since, until, progress)
     event_stats, event_trends = figures.event_figures(rows["events"], since=since, until=until)
     subscriber_stats, subscriber_trends = figures.subscriber_figures(
         rows["subscribers"], now=now, since=since, until=until
     )
+    progress("computed the figures")
     for name, rows in (
         ("event_stats", event_stats),
         ("subscriber_stats", subscriber_stats),
@@ -142,7 +154,7 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None):
     return Run(run_id, manifest, event_stats, subscriber_stats, event_trends, subscriber_trends)
 
 
-def _hour_rows(root, out, folder, snapshot, master, since, until):
+def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quiet):
     """The hour rows of the archive's partitions within the window and of the hot tables, and
     what it took. Writes the archive's (all partitions known, in or out of the window) to the
     run folder for the next run."""
@@ -180,12 +192,16 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
             )
         )
         _add_tagged(new, derived, missing)
+        progress(f"read {len(missing)} archived partitions in this process")
     hot = None
     if to_spark or hot_in_spark:
         # A short run (little to read) gets a JVM that compiles sooner (job.build_session).
         quick = sum(p.bytes for p in to_spark) < QUICK_JIT_BYTES
+        progress(f"starting Spark for {len(to_spark)} archived partitions")
         with job.session(**spark_settings.session_options(master), quick_jit=quick) as spark:
-            for chunk in _chunks(to_spark, settings.MQ_ANALYTICS_CHUNK_BYTES):
+            progress("Spark started")
+            chunks = list(_chunks(to_spark, settings.MQ_ANALYTICS_CHUNK_BYTES))
+            for number, chunk in enumerate(chunks, 1):
                 files = {kind: [f for p in chunk for f in p.paths(kind)] for kind in partitions.KINDS}
                 derived = _derived(
                     job.compute_parts(
@@ -195,6 +211,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
                     )
                 )
                 _add_tagged(new, derived, chunk)
+                progress(f"read chunk {number} of {len(chunks)} ({len(chunk)} partitions) in Spark")
             if hot_in_spark:
                 extract.write_snapshot(f"{folder}/hot", snapshot)
                 hot = _derived(
@@ -205,6 +222,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until):
                     )
                 )
                 layout.remove_tree(f"{folder}/hot")
+                progress("reduced the hot tables in Spark")
     if hot is None:
         hot = _derived(hours.parts(snapshot.messages, snapshot.deliveries))
 

@@ -84,15 +84,24 @@ class ArchiveBusy(RuntimeError):
 
 
 def archive_history(
-    *, older_than_days=None, now=None, root=None, batch_size=BATCH_MESSAGES, budget_secs=None, wait_secs=0
+    *,
+    older_than_days=None,
+    now=None,
+    root=None,
+    batch_size=BATCH_MESSAGES,
+    budget_secs=None,
+    wait_secs=0,
+    progress=None,
 ):
     """Move archivable history to Parquet; returns {"messages": n, "deliveries": n} moved.
 
     `older_than_days` replaces each queue's retention (0: everything acked, whatever its age).
     With `budget_secs`, stops after the batch that passes it (the next run goes on from there).
     Raises ArchiveBusy when the archive is held (another run, compaction, an analysis) past
-    `wait_secs`.
+    `wait_secs`. Calls `progress(queue name or None for a journaled batch, messages,
+    deliveries)` after each batch.
     """
+    progress = progress or (lambda queue, messages, deliveries: None)
     now = now or timezone.now()
     root = str(root or settings.MQ_ARCHIVE_DIR)
     started = time.monotonic()
@@ -101,6 +110,7 @@ def archive_history(
         for messages, deliveries in replay_journal(root):
             moved["messages"] += messages
             moved["deliveries"] += deliveries
+            progress(None, messages, deliveries)
         for queue in Queue.objects.order_by("name"):
             days = queue.retention_days if older_than_days is None else older_than_days
             cutoff = now - timedelta(days=days)
@@ -117,6 +127,7 @@ def archive_history(
                 messages, deliveries = archive_batch(root, queue.name, ids)
                 moved["messages"] += messages
                 moved["deliveries"] += deliveries
+                progress(queue.name, messages, deliveries)
                 after = ids[-1]
                 if budget_secs is not None and time.monotonic() - started > budget_secs:
                     log.info("archive: budget of %s s spent, the next run goes on", budget_secs)

@@ -64,12 +64,13 @@ RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
 
-def compact_archive(*, root=None, now=None, budget_secs=None, wait_secs=0):
+def compact_archive(*, root=None, now=None, budget_secs=None, wait_secs=0, progress=None):
     """Compact every closed partition with more than one file, under the archive's lock.
 
     Returns {"partitions": n compacted, "files_before": n, "files_after": n}, the files
     counting every data file of the archive. With `budget_secs`, starts no partition after
-    that long (the next run goes on). Raises archive.ArchiveBusy if the lock is held.
+    that long (the next run goes on). Raises archive.ArchiveBusy if the lock is held. Calls
+    `progress(kind, queue, day, files)` after each partition compacted.
     """
     root = str(root or settings.MQ_ARCHIVE_DIR)
     now = now or timezone.now()
@@ -92,6 +93,8 @@ def compact_archive(*, root=None, now=None, budget_secs=None, wait_secs=0):
             if compact_partition(fs, base, kind, queue, day, names):
                 result["partitions"] += 1
                 result["files_after"] -= len(names) - 1
+                if progress is not None:
+                    progress(kind, queue, day, len(names))
         _remove_dir(fs, f"{base}/{STAGING}")
     return result
 

@@ -118,33 +118,45 @@ _OUTCOME = (
     "CASE WHEN a.ok THEN 'attempt_ok' WHEN a.status_code IS NOT NULL THEN 'attempt_http_error' "
     "ELSE 'attempt_error' END"
 )
-_RECOUNT = [
-    "DELETE FROM delivery_tallychange",
-    "DELETE FROM delivery_tally",
-    f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
+# (what it did, its statement): a long recount says how far it is (manage.py recounttallies).
+RECOUNT_STEPS = [
+    ("dropped the kept counts", "DELETE FROM delivery_tallychange"),
+    ("dropped the kept counts", "DELETE FROM delivery_tally"),
+    (
+        "counted the deliveries",
+        f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
         SELECT {_DELIVERY_KEY}, count(*) FROM delivery_delivery GROUP BY 1, 2, 3, 4, 5""",
-    f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
+    ),
+    (
+        "counted the messages",
+        f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
         SELECT queue_id, event_id, 0, 0, '{PUBLISHED}', count(*) FROM queues_message GROUP BY 1, 2""",
-    f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
+    ),
+    (
+        "counted the webhook attempts",
+        f"""INSERT INTO delivery_tally ({_COLUMNS}, n)
         SELECT d.queue_id, d.event_id, 0, d.subscriber_id, {_OUTCOME}, count(*)
         FROM delivery_deliveryattempt a JOIN delivery_delivery d ON d.id = a.delivery_id
         GROUP BY 1, 2, 3, 4, 5""",
+    ),
 ]
 
 
-def recount():
+def recount(progress=None):
     """Count the kept counts again from the tables: one scan of each, writers held off
     meanwhile. For rows written with the triggers off: a bulk load under
     session_replication_role = replica (bench/growth.py), a restore with --disable-triggers.
-    Returns how many keys it counted."""
+    Calls `progress(what)` after each of RECOUNT_STEPS. Returns how many keys it counted."""
     with rows.writing(), transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # SHARE: reads go on, writes wait until the new counts are committed with them.
             cursor.execute(
                 "LOCK TABLE delivery_delivery, queues_message, delivery_deliveryattempt IN SHARE MODE"
             )
-        for sql in _RECOUNT:
+        for what, sql in RECOUNT_STEPS:
             cursor.execute(sql)
+            if progress is not None:
+                progress(what)
     return Tally.objects.count()
 
 

@@ -1,27 +1,23 @@
 """analyze [--json] [--since DATE] [--until DATE]: the analytics over the archive and the hot
-tables (analytics.analysis)."""
+tables (analytics.analysis). Exits 3 when another run holds the archive."""
 
-import json
 from argparse import ArgumentTypeError
 from datetime import date
 
-from django.core.management.base import BaseCommand, CommandError
-
 from analytics.analysis import AnalysisBusy, default_out, run_analysis
+from mqsite.commands import Busy, ReportCommand, UsageError
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = (
         "Compute the statistics over the Parquet archive and the hot tables, recomputing only the "
         "archived days that changed, and store them (the admin, /metrics, GET /api/analytics). "
         "With --since/--until, over those days only (both included), printed but not stored. "
         "With --json, print them."
     )
+    json_help = 'print {"events": [...], "subscribers": [...]}'
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--json", action="store_true", help='print {"events": [...], "subscribers": [...]}'
-        )
         parser.add_argument(
             "--since", type=_day, default=None, metavar="DATE", help="first day (UTC), YYYY-MM-DD"
         )
@@ -35,22 +31,25 @@ class Command(BaseCommand):
         )
         parser.add_argument("--master", default=None, help="Spark master (default: SPARK_MASTER)")
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         since, until = options["since"], options["until"]
         if since and until and since > until:
-            raise CommandError(f"--since {since} is after --until {until}")
-        out = options["out"] or default_out()
-        try:
-            results = run_analysis(out=out, master=options["master"], since=since, until=until)
-        except AnalysisBusy as exc:
-            raise CommandError(f"{exc}; try again when it is done") from exc
-        if options["json"]:
-            self.stdout.write(json.dumps(results))
-            return
-        stored = "not stored (a window)" if since or until else "results in the admin"
-        self.stdout.write(
-            f"{len(results['events'])} events and {len(results['subscribers'])} subscribers; {stored}, "
-            f"run folders under {out}"
+            raise UsageError(f"--since {since} is after --until {until}")
+        self._out = options["out"] or default_out()
+        self._window = bool(since or until)
+        with self.progress("analyze") as progress:
+            try:
+                return run_analysis(
+                    out=self._out, master=options["master"], since=since, until=until, progress=progress.step
+                )
+            except AnalysisBusy as exc:
+                raise Busy(f"{exc}; try again when it is done") from None
+
+    def render(self, result):
+        stored = "not stored (a window)" if self._window else "results in the admin"
+        self.say(
+            f"{len(result['events'])} events and {len(result['subscribers'])} subscribers; {stored}, "
+            f"run folders under {self._out}"
         )
 
 

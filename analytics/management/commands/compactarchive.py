@@ -1,32 +1,32 @@
-"""compactarchive [--json]: one file per closed (queue, day) partition of the archive."""
-
-import json
-
-from django.core.management.base import BaseCommand, CommandError
+"""compactarchive [--json]: one file per closed (queue, day) partition of the archive. Exits 3
+when another run holds the archive."""
 
 from analytics.archive import ArchiveBusy
 from analytics.compaction import compact_archive
+from mqsite.commands import Busy, ReportCommand
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = (
         "Rewrite each closed (queue, day) partition of the Parquet archive under MQ_ARCHIVE_DIR "
         "(its day before yesterday, UTC) that has several files as one file, rows unchanged. "
         'With --json prints {"partitions": n, "files_before": n, "files_after": n}.'
     )
+    json_help = "print the counts as one JSON object"
 
-    def add_arguments(self, parser):
-        parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    def report(self, *args, **options):
+        with self.progress("compactarchive", unit="partitions") as progress:
 
-    def handle(self, *args, **options):
-        try:
-            result = compact_archive()
-        except ArchiveBusy as exc:
-            raise CommandError(str(exc))
-        if options["json"]:
-            self.stdout.write(json.dumps(result))
-        else:
-            self.stdout.write(
-                "compacted {partitions} partitions: {files_before} files in the archive, "
-                "now {files_after}".format(**result)
-            )
+            def partition(kind, queue, day, files):
+                progress.step(f"{kind} of {queue} on {day}: {files} files made one")
+
+            try:
+                return compact_archive(progress=partition)
+            except ArchiveBusy as exc:
+                raise Busy(f"{exc}; try again when it is done") from None
+
+    def render(self, result):
+        self.say(
+            "compacted {partitions} partitions: {files_before} files in the archive, "
+            "now {files_after}".format(**result)
+        )

@@ -6,16 +6,15 @@ serves them through the ledger instead, and says so. Runs until stopped (SIGTERM
 or with --count until that many messages are published and everything owed to the demo
 subscribers is settled."""
 
-import json
 import random
 import signal
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
-from rest_framework.utils.encoders import JSONEncoder
+from django.core.management.base import CommandError
 
 from dashboard.demo import DemoServer, DemoTraffic, read_tokens, tokens_file
+from mqsite.commands import ReportCommand
 
 TICK_SECS = 0.2
 REPORT_EVERY_SECS = 10
@@ -23,8 +22,9 @@ REPORT_EVERY_SECS = 10
 SERVER_WAIT_SECS = 15.0
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Publish demo messages and ack them as the demo subscribers, so counters move."
+    json_help = "print only the summary at the end on stdout (what it says meanwhile goes to stderr)"
 
     def add_arguments(self, parser):
         parser.add_argument("--rate", type=float, default=4.0, help="messages per second (default 4)")
@@ -51,7 +51,7 @@ class Command(BaseCommand):
             f"(default {SERVER_WAIT_SECS:g} s)",
         )
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         if options["rate"] <= 0:
             raise CommandError("--rate must be above 0")
         traffic = DemoTraffic(
@@ -79,7 +79,14 @@ class Command(BaseCommand):
             traffic.settle_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        self.stdout.write(json.dumps(traffic.summary(), cls=JSONEncoder))
+        return traffic.summary()  # printed as JSON, --json or not
+
+    def tell(self, line):
+        """What it is doing: on stdout, or with --json (stdout holds the summary) on stderr."""
+        if self.json:
+            self.note(line)
+        else:
+            self.say(line)
 
     def connect(self, traffic, url, wait_secs, stopping):
         """Hand the demo subscribers to the server at `url` when it answers; say how they are served."""
@@ -87,7 +94,7 @@ class Command(BaseCommand):
         deadline = time.monotonic() + wait_secs
         why = server.unreachable()
         if why and wait_secs > 0:
-            self.stdout.write(f"demo: waiting up to {wait_secs:g} s for the server at {url}")
+            self.tell(f"demo: waiting up to {wait_secs:g} s for the server at {url}")
             while why and time.monotonic() < deadline and not stopping:
                 time.sleep(0.5)
                 why = server.unreachable()
@@ -95,14 +102,14 @@ class Command(BaseCommand):
         if not why and not tokens:
             why = f"no demo tokens in {tokens_file()} (`manage.py bootstrap` writes them on a fresh install)"
         if why:
-            self.stdout.write(
+            self.tell(
                 f"demo: {why}. Without the server, this process publishes and consumes through the "
                 "ledger: counters move, but no demo client shows as connected. Start `make run` "
                 "and this again for real clients."
             )
             return
         for note in traffic.use_server(server, tokens):
-            self.stdout.write(f"demo: {note}")
+            self.tell(f"demo: {note}")
         via = traffic.transports()
         sockets = [name for name, how in via.items() if how == "websocket"]
         pulling = [name for name, how in via.items() if how == "pull"]
@@ -112,14 +119,14 @@ class Command(BaseCommand):
         if pulling:
             said.append(f"{' and '.join(pulling)} pulling over REST")
         published = "over REST" if traffic.publish_tokens else "through the ledger"
-        self.stdout.write(f"demo: clients of {server.http}: {'; '.join(said)}; publishing {published}")
+        self.tell(f"demo: clients of {server.http}: {'; '.join(said)}; publishing {published}")
 
     def run(self, traffic, rate, count, seconds, stopping):
         started = last = last_report = time.monotonic()
         reported = (0, 0)
         troubles = []
         if count is None:
-            self.stdout.write(f"demo: publishing about {rate:g} messages a second; Ctrl-C stops")
+            self.tell(f"demo: publishing about {rate:g} messages a second; Ctrl-C stops")
         while not stopping:
             now = time.monotonic()
             if seconds is not None and now - started >= seconds:
@@ -134,12 +141,10 @@ class Command(BaseCommand):
             if traffic.troubles() != troubles:
                 troubles = traffic.troubles()
                 for trouble in troubles:
-                    self.stdout.write(f"demo: trouble with the server: {trouble}")
+                    self.tell(f"demo: trouble with the server: {trouble}")
             if count is None and now - last_report >= REPORT_EVERY_SECS:
                 summary = traffic.summary()
                 published, acked = summary["published"] - reported[0], summary["acked"] - reported[1]
-                self.stdout.write(
-                    f"demo: {published} published, {acked} acked in the last {now - last_report:.0f} s"
-                )
+                self.tell(f"demo: {published} published, {acked} acked in the last {now - last_report:.0f} s")
                 reported, last_report = (summary["published"], summary["acked"]), now
             time.sleep(TICK_SECS)

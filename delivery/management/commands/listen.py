@@ -21,12 +21,13 @@ import sys
 import threading
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import close_old_connections, connection
 from django.db.models import Q
 from rest_framework.utils.encoders import JSONEncoder
 
 from delivery import ledger, subscribing, wakeups
+from mqsite.commands import ReportCommand
 from mqsite.names import BadName, clean_name
 from queues import lookup
 from queues.models import Event
@@ -41,8 +42,9 @@ RECHECK_SECS = 0.2
 LEASE_BATCH = 100
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Receive a subscriber's deliveries of a queue as JSON lines, acking each after printing."
+    json_flag = False  # its output is JSON lines already
 
     def add_arguments(self, parser):
         parser.add_argument("subscriber", help="the subscriber's name")
@@ -63,7 +65,7 @@ class Command(BaseCommand):
             help='set the subscription\'s filter first, e.g. \'{"payload.kind": ["red"]}\' (null: none)',
         )
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         count = options["count"]
         if count is not None and count < 1:
             raise CommandError("--count must be at least 1")
@@ -95,9 +97,9 @@ class Command(BaseCommand):
                 raise CommandError(f"--filter: {exc}") from None
         event_ids = self._subscribe(subscriber, queue, event_name, point, checked)
         if queue.paused:
-            self.stderr.write(f"queue {queue.name} is paused: nothing is handed out until it resumes")
+            self.note(f"queue {queue.name} is paused: nothing is handed out until it resumes")
         if Subscription.objects.filter(subscriber=subscriber, queue=queue, paused=True).exists():
-            self.stderr.write(
+            self.note(
                 f"a subscription of {subscriber.name} to {queue.name} is paused: nothing of it is handed"
                 " out until it resumes (pausesubscription --resume)"
             )
@@ -173,9 +175,7 @@ class Command(BaseCommand):
             # Only the event listened to, though the subscription is to every event.
             replayed = subscribing.seek(covering, point, event_ids=event_ids)
         if replayed is not None:
-            self.stderr.write(
-                f"replaying from seq {replayed.from_seq}: {replayed.deliveries} deliveries owed"
-            )
+            self.note(f"replaying from seq {replayed.from_seq}: {replayed.deliveries} deliveries owed")
         return event_ids
 
 

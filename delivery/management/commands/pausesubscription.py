@@ -1,28 +1,28 @@
-"""pausesubscription SUBSCRIBER QUEUE [EVENT] [--resume]
+"""pausesubscription SUBSCRIBER QUEUE [EVENT] [--resume] [--json]
 
 Pauses (or, with --resume, resumes) the subscriber's subscriptions to the queue: all of them,
 or with EVENT only the one to that event (`*`: the one to every event). A paused subscription
 is still owed everything published to it and is handed nothing, by any transport, until
 resumed (delivery.subscribing.pause, as the API and the admin do). Prints each subscription
-as the REST API answers it, one JSON object a line; idempotent.
+as the REST API answers it, one JSON object a line (with --json, one document
+{"subscriptions": [...]}); idempotent.
 """
 
-import json
-
-from django.core.management.base import BaseCommand, CommandError
-from django.core.serializers.json import DjangoJSONEncoder
+from django.core.management.base import CommandError
 
 from delivery import subscribing
+from mqsite.commands import ReportCommand, as_json
 from mqsite.names import BadName, clean_name
 from subscribers.api.serializers import subscription_answer
 from subscribers.models import Subscription
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = (
         "Pause a subscriber's subscriptions to a queue (still owed what is published, handed nothing), "
         "or resume them with --resume."
     )
+    json_help = 'print {"subscriptions": [...]}, each as the REST API answers it'
 
     def add_arguments(self, parser):
         parser.add_argument("subscriber")
@@ -30,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("event", nargs="?", help="only the one to this event (*: to every event)")
         parser.add_argument("--resume", action="store_true", help="resume them instead")
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         event = options["event"]
         try:
             queue = clean_name(options["queue"], "queue")
@@ -48,6 +48,13 @@ class Command(BaseCommand):
                 + (f" event {event!r}" if event is not None else "")
             )
         (subscribing.resume if options["resume"] else subscribing.pause)(subscriptions)
-        for subscription in subscriptions.select_related("queue", "event").order_by("pk"):
-            answer = {"subscriber": options["subscriber"], **subscription_answer(subscription)}
-            self.stdout.write(json.dumps(answer, cls=DjangoJSONEncoder))
+        return {
+            "subscriptions": [
+                {"subscriber": options["subscriber"], **subscription_answer(subscription)}
+                for subscription in subscriptions.select_related("queue", "event").order_by("pk")
+            ]
+        }
+
+    def render(self, result):
+        for answer in result["subscriptions"]:
+            self.stdout.write(as_json(answer))

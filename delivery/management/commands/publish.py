@@ -1,20 +1,21 @@
 """publish QUEUE EVENT [PAYLOAD_JSON] [--key K] [--header NAME=VALUE ...] [--delay-secs N |
---deliver-at TIME] [--ttl-secs N | --expires-at TIME]: publish as an operator; prints the REST
-publish answer."""
+--deliver-at TIME] [--ttl-secs N | --expires-at TIME] [--json]: publish as an operator; prints the
+REST publish answer (one JSON object, --json or not)."""
 
 import json
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
-from rest_framework.utils.encoders import JSONEncoder
+from django.core.management.base import CommandError
 
 from delivery import publishing
+from mqsite.commands import ReportCommand
 from queues import lookup
 from queues.headers import BadHeaders, headers_of_pairs
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Publish one message as an operator; the payload is read from stdin when not given."
+    json_help = "print the answer (as without it: the REST publish answer)"
     stealth_options = ("stdin",)
 
     def add_arguments(self, parser):
@@ -39,7 +40,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--expires-at", metavar="TIME", help="expires at this ISO 8601 time")
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         queue = lookup.find_queue(options["queue"])
         if queue is None:
             raise CommandError(f"there is no queue named {options['queue']!r}")
@@ -68,5 +69,4 @@ class Command(BaseCommand):
         except publishing.SchemaMismatch as exc:
             failures = "; ".join(f"{e['path'] or '(the payload)'} {e['message']}" for e in exc.errors)
             raise CommandError(f"{exc} {failures}") from None
-        # DRF's encoder: times exactly as the REST API writes them (ISO 8601, 'Z').
-        self.stdout.write(json.dumps(answer, cls=JSONEncoder, ensure_ascii=False))
+        return answer  # printed as JSON, times as the REST API writes them

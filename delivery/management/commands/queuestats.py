@@ -1,31 +1,28 @@
 """queuestats [--json]: per queue and event, published and deliveries by state; per ordered
 queue with work, its message groups (lines with work, groups, oldest heads)."""
 
-import json
-
-from django.core.management.base import BaseCommand
-
 from delivery import tallies
 from delivery.reports import FIELDS, group_stats, queue_stats
+from mqsite.commands import ReportCommand
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Show per queue and event: published, pending, in flight, acked, dead, connected."
     # A read an operator (or a monitoring script) runs often and waits for: without the system
     # checks' pass over the URLs and models (0.15 s), as Django's own showmigrations.
     requires_system_checks = []
 
-    def add_arguments(self, parser):
-        parser.add_argument("--json", action="store_true", help='print {"queues": [...]}')
+    json_help = 'print {"queues": [...], "groups": [...]}'
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         tallies.fold()  # exact either way; folded, the read sums a handful of rows
         rows = queue_stats()
         groups = group_stats()
-        if options["json"]:
-            # "groups" only when an ordered queue has work: the answer is otherwise as it was.
-            self.stdout.write(json.dumps({"queues": rows, **({"groups": groups} if groups else {})}))
-            return
+        # "groups" only when an ordered queue has work: the answer is otherwise as it was.
+        return {"queues": rows, **({"groups": groups} if groups else {})}
+
+    def render(self, result):
+        rows, groups = result["queues"], result.get("groups", [])
         if not rows:
             self.stdout.write("no queues")
             return

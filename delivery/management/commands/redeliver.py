@@ -1,24 +1,25 @@
-"""redeliver [--queue Q] [--subscriber S] [--dead]: put deliveries back to pending, ready now."""
+"""redeliver [--queue Q] [--subscriber S] [--dead] [--json]: put deliveries back to pending, ready
+now; prints {"redelivered": n}, --json or not."""
 
-import json
-
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from delivery import ledger
 from delivery.models import Delivery, Status
+from mqsite.commands import ReportCommand
 from queues import lookup
 from subscribers.models import Subscriber
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Put deliveries back to pending with a fresh count of attempts (every one not acked, or --dead)."
+    json_help = 'print {"redelivered": n} (as without it)'
 
     def add_arguments(self, parser):
         parser.add_argument("--queue", metavar="Q", help="only this queue's deliveries")
         parser.add_argument("--subscriber", metavar="S", help="only this subscriber's deliveries")
         parser.add_argument("--dead", action="store_true", help="only dead deliveries")
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         deliveries = Delivery.objects.all()
         if options["dead"]:
             deliveries = deliveries.filter(status=Status.DEAD)
@@ -34,4 +35,4 @@ class Command(BaseCommand):
             if subscriber is None:
                 raise CommandError(f"there is no subscriber named {options['subscriber']!r}")
             deliveries = deliveries.filter(subscriber=subscriber)
-        self.stdout.write(json.dumps({"redelivered": ledger.redeliver(deliveries)}))
+        return {"redelivered": ledger.redeliver(deliveries)}

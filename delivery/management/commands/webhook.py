@@ -6,23 +6,25 @@ order where its queue is ordered), `disable` stops its posts (its deliveries sta
 admin's actions do. Each prints the state after it; idempotent.
 """
 
-import json
-
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from delivery import webhook_health
+from mqsite.commands import ReportCommand
 from subscribers.models import Subscriber
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Show, enable again or disable a subscriber's webhook."
+    json_help = (
+        'print {"subscriber", "webhook_url", "disabled", "disabled_since", "disabled_after", "failures", '
+        '"first_failure_at", "last_error", "last_success_at", "changed"}'
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("action", choices=["status", "enable", "disable"])
         parser.add_argument("name", help="the subscriber")
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         subscriber = Subscriber.objects.filter(name=options["name"]).first()
         if subscriber is None:
             raise CommandError(f"There is no subscriber named {options['name']!r}.")
@@ -33,18 +35,18 @@ class Command(BaseCommand):
             changed = webhook_health.enable(subscriber, by="manage.py webhook")
         elif options["action"] == "disable":
             changed = webhook_health.disable(subscriber, by="manage.py webhook")
-        state = status_of(subscriber, webhook_health.health_of(subscriber))
-        if options["json"]:
-            self.stdout.write(json.dumps({**state, "changed": changed}))
-            return
-        line = f"{subscriber.name}: webhook {'disabled' if state['disabled'] else 'enabled'}"
+        self._action = options["action"]
+        return {**status_of(subscriber, webhook_health.health_of(subscriber)), "changed": changed}
+
+    def render(self, state):
+        line = f"{state['subscriber']}: webhook {'disabled' if state['disabled'] else 'enabled'}"
         if state["disabled"]:
             line += f" since {state['disabled_since']} after {state['disabled_after']} failures"
         elif state["failures"]:
             line += f", {state['failures']} failures in a row since {state['first_failure_at']}"
         if state["last_error"] and (state["disabled"] or state["failures"]):
             line += f"; last error: {state['last_error'][:200]}"
-        self.stdout.write(line + ("" if changed or options["action"] == "status" else " (unchanged)"))
+        self.stdout.write(line + ("" if state["changed"] or self._action == "status" else " (unchanged)"))
 
 
 def status_of(subscriber, health):

@@ -1,12 +1,13 @@
 """createqueue NAME [--ordered] [--max-attempts N] [--ack-timeout SECONDS] [--retention-days D]
-[--ttl-secs N] [--lag-alert-secs N]"""
+[--ttl-secs N] [--lag-alert-secs N] [--json]"""
 
 import argparse
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
+from mqsite.commands import ReportCommand
 from mqsite.names import BadName, clean_name
 from queues.models import Queue
 
@@ -22,8 +23,9 @@ FIELDS = {
 }
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = "Make a queue, or update the settings given of an existing one (idempotent)."
+    json_help = 'print {"queue", "created", "changed": [...], and each setting}'
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="queue name: a-z, 0-9, '_', '.', '-'")
@@ -52,7 +54,7 @@ class Command(BaseCommand):
             " is older than this (0: never)",
         )
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         try:
             name = clean_name(options["name"], "queue name")
         except BadName as exc:
@@ -80,12 +82,21 @@ class Command(BaseCommand):
             elif changed:
                 # update_fields: never write back last_seq, the publishers' counter.
                 queue.save(update_fields=changed)
-        verb = "created" if created else ("updated" if changed else "unchanged:")
-        self.stdout.write(
-            f"{verb} queue {queue.name} (ordered={queue.ordered}, max_attempts={queue.max_attempts}, "
-            f"ack_timeout={queue.ack_timeout}s, retention_days={queue.retention_days}"
-            + (f", ttl_secs={queue.ttl_secs}" if queue.ttl_secs else "")
-            + (f", lag_alert_secs={queue.lag_alert_secs}" if queue.lag_alert_secs else "")
+        return {
+            "queue": queue.name,
+            "created": created,
+            "changed": [] if created else changed,
+            **{field: getattr(queue, field) for field in FIELDS.values()},
+        }
+
+    def render(self, result):
+        verb = "created" if result["created"] else ("updated" if result["changed"] else "unchanged:")
+        self.say(
+            f"{verb} queue {result['queue']} (ordered={result['ordered']}, "
+            f"max_attempts={result['max_attempts']}, ack_timeout={result['ack_timeout']}s, "
+            f"retention_days={result['retention_days']}"
+            + (f", ttl_secs={result['ttl_secs']}" if result["ttl_secs"] else "")
+            + (f", lag_alert_secs={result['lag_alert_secs']}" if result["lag_alert_secs"] else "")
             + ")"
         )
 

@@ -1,4 +1,4 @@
-"""createsubscriber NAME [--publish QUEUE ...] [--subscribe QUEUE ...] [--webhook URL]
+"""createsubscriber NAME [--publish QUEUE ...] [--subscribe QUEUE ...] [--webhook URL] [--json]
 
 The token is printed alone on the last line of stdout, so scripts can take it with `tail -n1`.
 Like createqueue it may be run again: an existing subscriber is set as the command says (its
@@ -9,15 +9,19 @@ manage.py reads the database anyway. The admin, where staff may only view, shows
 """
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from mqsite.commands import ReportCommand
 from subscribers.provisioning import ALL, UnknownQueues, provision_subscriber
 
 
-class Command(BaseCommand):
+class Command(ReportCommand):
     help = (
         "Make a subscriber, or set an existing one as given, and print a new API token (shown "
         "this once) on the last line."
+    )
+    json_help = (
+        'print {"subscriber", "created", "publish": [...], "subscribe": [...], "webhook_secret", "token"}'
     )
 
     def add_arguments(self, parser):
@@ -40,7 +44,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--webhook", default="", metavar="URL", help="POST its deliveries here")
 
-    def handle(self, *args, **options):
+    def report(self, *args, **options):
         try:
             subscriber, token, created, webhook_secret = provision_subscriber(
                 options["name"],
@@ -56,19 +60,28 @@ class Command(BaseCommand):
                 "; ".join(f"{field}: {' '.join(m)}" for field, m in exc.message_dict.items())
             ) from None
         if not created:
-            self.stderr.write(
-                f"{subscriber.name} existed: it has a new token, and its old one no longer works"
-            )
-        self.stdout.write(
-            f"{'created' if created else 'updated'} subscriber {subscriber.name} "
-            f"(publish: {_scope(options['publish'])}; subscribe: {_scope(options['subscribe'])})"
+            self.note(f"{subscriber.name} existed: it has a new token, and its old one no longer works")
+        return {
+            "subscriber": subscriber.name,
+            "created": created,
+            "publish": _scope(options["publish"]),
+            "subscribe": _scope(options["subscribe"]),
+            "webhook_secret": (webhook_secret or subscriber.webhook_secret) if options["webhook"] else None,
+            "token": token,
+        }
+
+    def render(self, result):
+        scope = {kind: ", ".join(result[kind]) or "none" for kind in ("publish", "subscribe")}
+        self.say(
+            f"{'created' if result['created'] else 'updated'} subscriber {result['subscriber']} "
+            f"(publish: {scope['publish']}; subscribe: {scope['subscribe']})"
         )
-        if options["webhook"]:
-            self.stdout.write(f"webhook secret: {webhook_secret or subscriber.webhook_secret}")
-        self.stdout.write(token)
+        if result["webhook_secret"]:
+            self.stdout.write(f"webhook secret: {result['webhook_secret']}")
+        self.stdout.write(result["token"])  # even at -v 0: what the command is for
 
 
 def _scope(names):
     if ALL in names:
-        return ALL
-    return ", ".join(sorted({n.lower() for n in names})) or "none"
+        return [ALL]
+    return sorted({n.lower() for n in names})

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from delivery import publishing
+from delivery import ledger, publishing
 from delivery.models import Delivery, Status
 from mqsite.commands import EXIT_BUSY, EXIT_ERROR, EXIT_USAGE, Progress
 from tests.analytics.locks import archive_held_elsewhere
@@ -146,10 +146,16 @@ def test_quiet_prints_only_what_the_command_is_for(world):
     assert err == ""  # not even "it existed: it has a new token"
 
 
-def test_the_long_commands_say_how_far_they_are_on_stderr_a_line_a_step(world, make_queue):
+def test_the_long_commands_say_how_far_they_are_on_stderr_a_line_a_step(world, make_queue, logger, peer):
     publishing.publish(make_queue("other"), [publishing.prepare("x", {})])
-    Delivery.objects.update(status=Status.ACKED)  # so that all of it may be archived
+    for subscriber in (logger, peer):  # all acked, so that all of it may be archived
+        ledger.ack_deliveries(subscriber, [d["id"] for d in ledger.lease_deliveries(subscriber, limit=10)])
     deliveries = Delivery.objects.count()
+    assert deliveries == Delivery.objects.filter(status=Status.ACKED).count() == 2
+    # (analyze before the archive has anything: no Spark run)
+    _, err = run("analyze", "--json")
+    steps = [line.split(" [")[0] for line in err.splitlines()]
+    assert steps[0] == "analyze: holds the archive" and steps[-1] == "analyze: stored the results"
 
     out, err = run("archive", "--older-than-days", "0")
 
@@ -164,10 +170,8 @@ def test_the_long_commands_say_how_far_they_are_on_stderr_a_line_a_step(world, m
 
     _, quiet = run("recounttallies", "-v", "0")
     assert quiet == ""
-
-    _, err = run("analyze", "--json")
-    steps = [line.split(" [")[0] for line in err.splitlines()]
-    assert steps[0] == "analyze: holds the archive" and steps[-1] == "analyze: stored the results"
+    _, more = run("recounttallies", "-v", "2")
+    assert more.splitlines()[0] == "recounttallies: writers wait until the new counts are committed"
 
 
 class Terminal(io.StringIO):

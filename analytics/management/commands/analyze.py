@@ -4,6 +4,8 @@ tables (analytics.analysis). Exits 3 when another run holds the archive."""
 from argparse import ArgumentTypeError
 from datetime import date
 
+from django.conf import settings
+
 from analytics.analysis import AnalysisBusy, default_out, run_analysis
 from mqsite.commands import Busy, ReportCommand, UsageError
 
@@ -37,6 +39,7 @@ class Command(ReportCommand):
             raise UsageError(f"--since {since} is after --until {until}")
         self._out = options["out"] or default_out()
         self._window = bool(since or until)
+        self.detail(f"analyze: the archive in {settings.MQ_ARCHIVE_DIR}, run folders under {self._out}")
         with self.progress("analyze") as progress:
             try:
                 return run_analysis(

@@ -4,6 +4,8 @@ holds the archive."""
 
 from argparse import ArgumentTypeError
 
+from django.conf import settings
+
 from analytics.archive import ArchiveBusy, archive_history
 from mqsite.commands import Busy, ReportCommand
 
@@ -25,6 +27,7 @@ class Command(ReportCommand):
         )
 
     def report(self, *args, **options):
+        self.detail(f"archive: into {settings.MQ_ARCHIVE_DIR}")
         with self.progress("archive", unit="messages") as progress:
             moved = {"messages": 0, "deliveries": 0}
 

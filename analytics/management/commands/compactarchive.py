@@ -1,6 +1,8 @@
 """compactarchive [--json]: one file per closed (queue, day) partition of the archive. Exits 3
 when another run holds the archive."""
 
+from django.conf import settings
+
 from analytics.archive import ArchiveBusy
 from analytics.compaction import compact_archive
 from mqsite.commands import Busy, ReportCommand
@@ -15,6 +17,7 @@ class Command(ReportCommand):
     json_help = "print the counts as one JSON object"
 
     def report(self, *args, **options):
+        self.detail(f"compactarchive: the archive in {settings.MQ_ARCHIVE_DIR}")
         with self.progress("compactarchive", unit="partitions") as progress:
 
             def partition(kind, queue, day, files):

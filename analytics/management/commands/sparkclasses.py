@@ -39,6 +39,8 @@ class Command(ReportCommand):
             made = class_archive.make(path, force=options["force"])
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
+        if not made:
+            self.detail(f"sparkclasses: {path} exists; --force makes it again")
         return {"path": path, "made": made, "skipped": None}
 
     def render(self, result):

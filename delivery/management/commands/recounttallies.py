@@ -14,6 +14,7 @@ class Command(ReportCommand):
     json_help = 'print {"kept_counts": n}'
 
     def report(self, *args, **options):
+        self.detail("recounttallies: writers wait until the new counts are committed")
         with self.progress("recounttallies", total=len(tallies.RECOUNT_STEPS)) as progress:
             keys = tallies.recount(progress=progress.step)
         return {"kept_counts": keys}

@@ -155,7 +155,8 @@ def describe(exc):
     """One line for an unexpected failure."""
     first = (str(exc).strip().splitlines() or [""])[0]
     if isinstance(exc, DatabaseError):
-        return f"the database refused: {first or type(exc).__name__}"
+        # Unreachable, or not migrated (`no such table`, `relation ... does not exist`).
+        return f"the database: {first or type(exc).__name__}"
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 

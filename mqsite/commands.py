@@ -26,7 +26,6 @@ from django.core.management.base import (
 )
 from django.db import DatabaseError, connections
 from rest_framework.utils.encoders import JSONEncoder
-from tqdm import tqdm
 
 EXIT_DONE = 0
 EXIT_ERROR = 1
@@ -172,6 +171,9 @@ class Progress:
         self.started = time.monotonic()
         self.bar = None
         if not self.quiet and _isatty(self.stream):
+            # Imported here: 30 ms every command (queuestats is run often) would pay otherwise.
+            from tqdm import tqdm
+
             self.bar = tqdm(total=total, desc=desc, unit=f" {unit}", file=self.stream, dynamic_ncols=True)
 
     def step(self, note, n=1):

@@ -127,6 +127,14 @@ def test_it_prints_one_json_document_with_the_documented_keys(world, command):
     assert set(document) == DOCUMENTED_KEYS[command]
 
 
+def test_the_manual_lists_each_documents_keys():
+    manual = (settings.BASE_DIR / "docs" / "commands.md").read_text()
+    documents = manual[manual.index("## JSON documents") :]
+    for command, keys in DOCUMENTED_KEYS.items():
+        [row] = [line for line in documents.splitlines() if line.startswith(f"| `{command}` |")]
+        assert all(f'"{key}"' in row for key in keys), (command, row)
+
+
 def test_a_subscription_answer_is_the_same_with_and_without_json(world, logger):
     lines, _ = run("pausesubscription", "logger", "db")
     document, _ = run("pausesubscription", "logger", "db", "--resume", "--json")

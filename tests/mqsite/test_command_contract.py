@@ -248,3 +248,14 @@ def test_a_real_run_without_its_database_says_so_in_one_line(tmp_path):
 
     assert_one_line_error(done, EXIT_ERROR, "queuestats", "the database")
     assert "--traceback" in done.stderr  # how to see more
+
+
+def test_a_real_run_shows_progress_on_stderr_and_is_quiet_at_v0(transactional_db):
+    done = manage("recounttallies")
+    quiet = manage("recounttallies", "-v", "0", "--json")
+
+    assert done.returncode == 0 and done.stdout.startswith("counted again:")
+    steps = [line.split(" [")[0] for line in done.stderr.splitlines()]
+    assert steps[-1] == "recounttallies: counted the webhook attempts" and len(steps) == 5
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert set(json.loads(quiet.stdout)) == {"kept_counts"}

@@ -39,7 +39,18 @@ from mqsite import adb, log_context
 from queues import lookup
 from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
 
-from . import frames, health, ledger, liveness, operational, receipts, tallies, webhook_health, webhooks
+from . import (
+    frames,
+    health,
+    ledger,
+    liveness,
+    operational,
+    receipts,
+    spans,
+    tallies,
+    webhook_health,
+    webhooks,
+)
 from .models import Delivery, WebhookHealth
 
 log = logging.getLogger(__name__)
@@ -379,6 +390,7 @@ def next_due_at(subscriber_id, now=None):
     )
 
 
+@spans.posted
 def post_one(subscriber, delivery, client):
     return webhooks.post(
         subscriber.webhook_url,

@@ -20,9 +20,10 @@ anything leaves the process.
 """
 
 import logging
-import os
 import threading
 from urllib.parse import parse_qsl, urlencode
+
+from django.conf import settings
 
 from mqsite.log_context import redact
 
@@ -42,8 +43,10 @@ class BadTracingSetting(ValueError):
     pass
 
 
-def wanted(environ=os.environ):
-    """Whether the OTEL_* variables ask for tracing (see the module's docstring)."""
+def wanted(environ=None):
+    """Whether the OTEL_* variables (settings.OTEL_ENVIRON) ask for tracing (see the module's
+    docstring)."""
+    environ = settings.OTEL_ENVIRON if environ is None else environ
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     return bool(_exporter_names(environ))
@@ -57,13 +60,14 @@ def _exporter_names(environ):
     return ["otlp"] if endpoint else []
 
 
-def configure(process, environ=os.environ):
+def configure(process, environ=None):
     """Set up tracing for this process (`process`: "web" or "worker", the default service
     name), once; nothing when the variables do not ask for it. The web process calls it after
     django.setup() and before its handler loads the middleware (the Django instrumentation
     adds one); a Celery worker at worker_init, before its pool starts (a prefork child keeps
     the setup: the SDK restarts its export thread after a fork)."""
     global tracer, _configured
+    environ = settings.OTEL_ENVIRON if environ is None else environ
     with _lock:
         if _configured or not wanted(environ):
             return False
@@ -79,7 +83,7 @@ def configure(process, environ=os.environ):
         for exporter in exporters:
             provider.add_span_processor(BatchSpanProcessor(ScrubbingExporter(exporter)))
         trace.set_tracer_provider(provider)
-        _instrument(process)
+        _instrument(process, environ)
         tracer = trace.get_tracer("mqsite")
         _configured = True
         log.info("tracing on: %s spans to %s", process, ", ".join(_exporter_names(environ)))
@@ -107,7 +111,7 @@ def _exporter(name, environ):
     raise BadTracingSetting(f"OTEL_TRACES_EXPORTER={name}: this server exports to otlp, console or none")
 
 
-def _instrument(process):
+def _instrument(process, environ):
     """The instrumentations of the libraries we use: a span per request (Django), per task and
     its enqueue (Celery: the trace goes on from the web process into the worker's job), per
     SQL statement (psycopg: PostgreSQL only, sync and async connections) and per webhook POST
@@ -121,7 +125,7 @@ def _instrument(process):
 
         # Not /metrics nor /healthz unless asked: polled every few seconds, they would drown
         # the traces.
-        excluded = os.environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", "/metrics,/healthz")
+        excluded = environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", "/metrics,/healthz")
         DjangoInstrumentor().instrument(excluded_urls=excluded)
     CeleryInstrumentor().instrument()
     PsycopgInstrumentor().instrument(enable_commenter=False)

@@ -42,8 +42,9 @@ def test_a_message_s_trace_goes_on_through_publish_deliver_and_ack(collector, se
     _, app_token = create_subscriber("app", publish=["db"])
     sock, sock_token = create_subscriber("sock", subscribe=["db"])
     hooked, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)
-    subscribing.subscribe(sock, queue)
-    subscribing.subscribe(hooked, queue)
+    puller, pull_token = create_subscriber("puller", subscribe=["db"])
+    for subscriber in (sock, hooked, puller):
+        subscribing.subscribe(subscriber, queue)
     env = {
         **collector.env(),
         "REDIS_URL": "",
@@ -73,6 +74,11 @@ def test_a_message_s_trace_goes_on_through_publish_deliver_and_ack(collector, se
             assert frame["type"] == "message" and frame["headers"]["traceparent"] == TRACEPARENT
             ws.send(json.dumps({"type": "ack", "ids": [frame["id"]]}))
             assert eventually(lambda: Delivery.objects.get(pk=frame["id"]).status == Status.ACKED)
+        # ... and a REST consumer pulls it and acks it
+        as_puller = {"Authorization": f"Bearer {pull_token}"}
+        [pulled] = httpx.get(f"{web.http}/api/deliveries", headers=as_puller).json()["deliveries"]
+        acked = httpx.post(f"{web.http}/api/deliveries/ack", json={"ids": [pulled["id"]]}, headers=as_puller)
+        assert acked.json()["acked"] == 1
         assert eventually(lambda: receiver.requests, timeout=30), worker.output()[-3000:]
 
         def ours(operation, transport):
@@ -86,6 +92,8 @@ def test_a_message_s_trace_goes_on_through_publish_deliver_and_ack(collector, se
             ("ack", "socket"),
             ("deliver", "webhook"),
             ("ack", "webhook"),
+            ("deliver", "pull"),
+            ("ack", "rest"),
         ]
         got = collector.spans
         assert eventually(lambda: all(ours(*w) for w in wanted), timeout=15), [
@@ -136,6 +144,6 @@ def test_a_message_s_trace_goes_on_through_publish_deliver_and_ack(collector, se
     # No token anywhere: not in the attributes (the URL's ?token=, the captured Authorization
     # header), nor anywhere else in the bytes exported
     exported = b"".join(collector.raw)
-    for token in (app_token, sock_token):
+    for token in (app_token, sock_token, pull_token):
         assert token.encode() not in exported and token[3:].encode() not in exported
     assert b"[redacted]" in exported  # the places they were, blanked

@@ -11,7 +11,7 @@ django.setup(set_prefix=False)  # as get_asgi_application() does, before the con
 
 from mqsite import tracing  # noqa: E402
 
-tracing.configure("web")  # OTEL_*: before the handler loads the middleware (mqsite.tracing)
+tracing.start("web")  # OTEL_*: before the handler loads the middleware (mqsite.tracing)
 
 from mqsite.asgi_handler import SyncChainASGIHandler  # noqa: E402
 

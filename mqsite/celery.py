@@ -21,7 +21,7 @@ app.autodiscover_tasks()
 def _trace(**kwargs):
     """OTEL_*: spans of this worker's jobs and webhook posts (mqsite.tracing), set up before
     its pool starts."""
-    tracing.configure("worker")
+    tracing.start("worker")
 
 
 @worker_ready.connect

@@ -90,6 +90,17 @@ def configure(process, environ=None):
         return True
 
 
+def start(process):
+    """configure() at a process's start: a setting it cannot serve stops the process with its
+    message (as a malformed setting does), rather than a traceback or, in a Celery worker,
+    whose signal handlers' errors are logged and passed over, a worker that silently does
+    not trace."""
+    try:
+        return configure(process)
+    except BadTracingSetting as exc:
+        raise SystemExit(f"mqsite: {exc}") from None
+
+
 def _exporter(name, environ):
     """An exporter by its OTEL_TRACES_EXPORTER name; BadTracingSetting for one not installed."""
     if name == "otlp":

@@ -41,9 +41,15 @@ def test_it_traces_only_when_an_exporter_is_named(environ, on):
         ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "only http/protobuf"),
     ],
 )
-def test_it_refuses_an_exporter_it_does_not_have_before_setting_anything_up(environ, words):
+def test_it_refuses_an_exporter_it_does_not_have_before_setting_anything_up(environ, words, settings):
     with pytest.raises(tracing.BadTracingSetting, match=words):
         tracing.configure("web", environ)
+    assert tracing.tracer is None
+    # A process starting with it stops with the words (a Celery worker too: its signal
+    # handlers' exceptions are only logged, SystemExit is not caught)
+    settings.OTEL_ENVIRON = environ
+    with pytest.raises(SystemExit, match=f"mqsite: .*{words}"):
+        tracing.start("worker")
     assert tracing.tracer is None
 
 

@@ -20,8 +20,8 @@ anything leaves the process.
 """
 
 import logging
+import re
 import threading
-from urllib.parse import parse_qsl, urlencode
 
 from django.conf import settings
 
@@ -148,8 +148,13 @@ def _instrument(process, environ):
 # Attribute names whose whole value is a secret: captured request and response headers
 # (OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*) that authenticate or sign.
 _SECRET_HEADERS = ("authorization", "cookie", "token", "signature", "secret", "api-key", "api_key")
-# Query parameters whose value is a secret, in any attribute that holds a URL or a query.
-_SECRET_PARAMS = ("token", "key", "secret", "password", "signature", "sig", "auth", "code")
+# A `name=value` pair whose name says its value is a secret, wherever it stands: a URL's query
+# (a websocket's ?token=, a webhook URL's own), a bare query (url.query), an exception's words.
+_SECRET_PAIR = re.compile(
+    r"(?<![\w.-])((?:[\w.-]*[_.-])?(?:token|apikey|key|secret|password|passwd|signature|sig|auth\w*)=)"
+    r"[^&\s#'\"]+",
+    re.IGNORECASE,
+)
 REDACTED = "[redacted]"
 
 
@@ -160,65 +165,50 @@ def scrub_value(name, value):
             s in name for s in _SECRET_HEADERS
         ):
             return REDACTED
-        return _scrub_query(name, redact(value))
+        return _SECRET_PAIR.sub(rf"\1{REDACTED}", redact(value))
     if isinstance(value, tuple | list) and value and isinstance(value[0], str):
         return tuple(scrub_value(name, v) for v in value)
     return value
 
 
-def _scrub_query(name, text):
-    """A URL's (or, in a `*.query` attribute, a bare query's) secret-named parameters blanked:
-    ?token=abc -> ?token=[redacted]."""
-    if name.endswith("query"):
-        head, sep, query = "", "", text
-    else:
-        head, sep, query = text.partition("?")
-        if not sep:
-            return text
-    query, hash_, fragment = query.partition("#")
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if not any(_secret_param(k) for k, _ in pairs):
-        return text
-    clean = urlencode([(k, REDACTED if _secret_param(k) else v) for k, v in pairs], safe="[]")
-    return f"{head}{sep}{clean}{hash_}{fragment}"
-
-
-def _secret_param(name):
-    name = name.lower()
-    return any(s in name for s in _SECRET_PARAMS)
-
-
 def scrub_attributes(attributes):
-    """The attributes with secrets blanked, or the same mapping when none held one."""
+    """The attributes with secrets blanked, or None when none held one."""
     if not attributes:
-        return attributes
+        return None
     clean = {k: scrub_value(k, v) for k, v in attributes.items()}
-    return attributes if all(clean[k] is v for k, v in attributes.items()) else clean
+    # (The SDK keeps a sequence as a tuple, as scrub_value returns it.)
+    return None if all(clean[k] == v for k, v in attributes.items()) else clean
 
 
 def scrub_span(span):
-    """The span, or a copy of it with its attributes' and events' secrets blanked."""
+    """The span, or a copy of it with the secrets of its name, attributes, events and status
+    blanked."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.trace import Status
 
     attributes = scrub_attributes(span.attributes)
-    events = [
-        e if (a := scrub_attributes(e.attributes)) is e.attributes else Event(e.name, a, e.timestamp)
-        for e in span.events
-    ]
+    events = [(e, scrub_attributes(e.attributes)) for e in span.events]
     name = redact(span.name)
-    same_events = all(a is b for a, b in zip(events, span.events, strict=True))
-    if attributes is span.attributes and same_events and name == span.name:
+    status = span.status
+    if status.description and (words := scrub_value("", status.description)) != status.description:
+        status = Status(status.status_code, words)
+    if (
+        attributes is None
+        and all(a is None for _, a in events)
+        and name == span.name
+        and status is span.status
+    ):
         return span
     return ReadableSpan(
         name=name,
         context=span.context,
         parent=span.parent,
         resource=span.resource,
-        attributes=attributes,
-        events=events,
+        attributes=span.attributes if attributes is None else attributes,
+        events=[e if a is None else Event(e.name, a, e.timestamp) for e, a in events],
         links=span.links,
         kind=span.kind,
-        status=span.status,
+        status=status,
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,

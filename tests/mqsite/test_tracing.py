@@ -74,9 +74,17 @@ def test_no_token_leaves_in_a_span(exported):
             "http.request.header.authorization": (f"Bearer {TOKEN}",),
             "http.request.header.webhook_signature": ("v1,abc",),
             "note": f"a careless {TOKEN} in words",
+            "words": "design=1 token_type=bearer monkey=2",
         },
     ) as span:
-        span.add_event("exception", {"exception.message": f"failed for {TOKEN}"})
+        span.add_event(
+            "exception",
+            {
+                "exception.message": f"failed for {TOKEN}",
+                "exception.stacktrace": "Traceback:\n  line 1\nConnectError: http://h/hook?api_key=abc&n=1\n",
+            },
+        )
+        span.set_status(trace.StatusCode.ERROR, "ConnectError: http://h/hook?sig=abc")
     with tracer.start_as_current_span("plain", attributes={"http.target": "/api/queues?limit=5"}):
         pass
 
@@ -88,9 +96,15 @@ def test_no_token_leaves_in_a_span(exported):
         "http.request.header.authorization": ("[redacted]",),
         "http.request.header.webhook_signature": ("[redacted]",),
         "note": "a careless mq_[redacted] in words",
+        "words": "design=1 token_type=bearer monkey=2",  # not secrets by their names
     }
-    assert scrubbed.events[0].attributes["exception.message"] == "failed for mq_[redacted]"
-    assert plain.attributes["http.target"] == "/api/queues?limit=5"  # nothing to blank: as it was
+    assert dict(scrubbed.events[0].attributes) == {
+        "exception.message": "failed for mq_[redacted]",
+        "exception.stacktrace": "Traceback:\n  line 1\nConnectError: http://h/hook?api_key=[redacted]&n=1\n",
+    }
+    assert scrubbed.status.description == "ConnectError: http://h/hook?sig=[redacted]"
+    assert plain.attributes["http.target"] == "/api/queues?limit=5"
+    assert tracing.scrub_span(plain) is plain  # nothing to blank: exported as it is, not copied
 
 
 @pytest.fixture

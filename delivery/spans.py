@@ -28,12 +28,15 @@ import contextlib
 import contextvars
 import functools
 import json
+import logging
 import time
 
 from mqsite import adb, tracing
 from queues.models import Message, Queue
 
 from .models import Delivery
+
+log = logging.getLogger(__name__)
 
 SYSTEM = "mqsite"
 TRACE_HEADERS = ("traceparent", "tracestate")  # as delivery.webhooks sends them
@@ -50,6 +53,15 @@ def _outermost():
         yield
     finally:
         _inside.reset(held)
+
+
+@contextlib.contextmanager
+def _never_failing():
+    """Recording spans after an operation never fails it (it has happened): an error is logged."""
+    try:
+        yield
+    except Exception:
+        log.warning("spans not recorded", exc_info=True)
 
 
 # --- the message's trace ----------------------------------------------------------------------
@@ -214,8 +226,9 @@ def sent_frames(fn):
         try:
             return await fn(consumer, leased, *args, **kwargs)
         finally:
-            abouts = [_about(d) for d in leased]
-            _record("deliver", "socket", consumer.subscriber, abouts, start, time.time_ns())
+            with _never_failing():
+                abouts = [_about(d) for d in leased]
+                _record("deliver", "socket", consumer.subscriber, abouts, start, time.time_ns())
 
     return traced
 
@@ -230,7 +243,8 @@ def pulled(subscriber):
                 return fn(*args, **kwargs)
             start = time.time_ns()
             leased = fn(*args, **kwargs)
-            _record("deliver", "pull", subscriber, [_about(d) for d in leased], start, time.time_ns())
+            with _never_failing():
+                _record("deliver", "pull", subscriber, [_about(d) for d in leased], start, time.time_ns())
             return leased
 
         return traced
@@ -301,7 +315,8 @@ def acked(transport):
                 result = fn(subscriber, ids, *args, **kwargs)
             end = time.time_ns()
             mine = [i for i in ids if i not in set(result[1])]
-            _record("ack", transport, subscriber, adb.run_sync(_of_deliveries(mine)), start, end)
+            with _never_failing():
+                _record("ack", transport, subscriber, adb.run_sync(_of_deliveries(mine)), start, end)
             return result
 
         return traced
@@ -322,7 +337,8 @@ def aacked(transport):
                 result = await fn(subscriber, ids, *args, **kwargs)
             end = time.time_ns()
             mine = [i for i in ids if i not in set(result[1])]
-            _record("ack", transport, subscriber, await _arows(_of_deliveries(mine)), start, end)
+            with _never_failing():
+                _record("ack", transport, subscriber, await _arows(_of_deliveries(mine)), start, end)
             return result
 
         return traced
@@ -349,7 +365,8 @@ def settled(fn):
         end = time.time_ns()
         ok = [p.delivery_id for p in posts if p.ok]
         if ok:
-            _record("ack", "webhook", subscriber, adb.run_sync(_of_deliveries(ok)), start, end)
+            with _never_failing():
+                _record("ack", "webhook", subscriber, adb.run_sync(_of_deliveries(ok)), start, end)
         return result
 
     return traced

@@ -34,23 +34,12 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from delivery import presence
+from delivery import presence, spans
 from mqsite import adb, log_context
 from queues import lookup
 from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
 
-from . import (
-    frames,
-    health,
-    ledger,
-    liveness,
-    operational,
-    receipts,
-    spans,
-    tallies,
-    webhook_health,
-    webhooks,
-)
+from . import frames, health, ledger, liveness, operational, receipts, tallies, webhook_health, webhooks
 from .models import Delivery, WebhookHealth
 
 log = logging.getLogger(__name__)

@@ -90,6 +90,21 @@ def configure(process, environ=None):
         return True
 
 
+# What a stopping process waits at most for its last spans to be exported.
+FLUSH_SECS = 1
+
+
+def flush():
+    """Export the spans held for the next batch, waiting at most FLUSH_SECS: for a process that
+    leaves by os._exit (Daphne's stop, mqsite/workarounds/daphne_shutdown.py), which skips the
+    SDK's own flush at exit."""
+    if tracer is None:
+        return
+    from opentelemetry import trace
+
+    trace.get_tracer_provider().force_flush(timeout_millis=FLUSH_SECS * 1000)
+
+
 def start(process):
     """configure() at a process's start: a setting it cannot serve stops the process with its
     message (as a malformed setting does), rather than a traceback or, in a Celery worker,

@@ -161,3 +161,20 @@ def test_a_message_s_trace_goes_on_through_publish_deliver_and_ack(collector, se
         v for a in attributes for v in a.get("http.request.header.authorization", ())
     }
     assert any("?token=[redacted]" in str(v) for a in attributes for v in a.values())
+
+
+def test_a_web_process_that_stops_exports_the_spans_it_held(collector):
+    Queue.objects.create(name="db")
+    _, token = create_subscriber("app", publish=["db"])
+    # Spans held for a minute before export: only the stop sends them
+    web = start_daphne({**collector.env(), "OTEL_BSP_SCHEDULE_DELAY": "60000"}, daphne_args=["-v", "0"])
+    try:
+        r = httpx.post(
+            f"{web.http}/api/queues/db/messages",
+            json={"event": "create", "payload": 1},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 201 and not collector.named("publish db")
+    finally:
+        web.stop(signal.SIGTERM)
+    assert web.proc.returncode == 0 and collector.named("publish db")

@@ -37,7 +37,7 @@ from subscribers import replay
 from subscribers.auth import auth_failed, subscriber_for_token
 from subscribers.models import Subscriber, Subscription, may_subscribe_q
 
-from . import frames, inline, ledger, liveness, receipts, socket_loops, wakeups
+from . import frames, inline, ledger, liveness, receipts, socket_loops, spans, wakeups
 from .frames import (
     CLOSE_BAD_TOKEN,
     CLOSE_SERVER_ERROR,
@@ -582,6 +582,7 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 ordered.add(name)
         return {d["id"] for d in leased if d["queue"] in ordered}
 
+    @spans.sent_frames
     async def send_deliveries(self, leased):
         """Each as a `message` frame, but those of subscriptions asked with `batch` together in
         one `messages` frame (after the single ones, each subscription's in seq order)."""

@@ -24,7 +24,7 @@ from django.db import connection
 
 from mqsite import adb
 
-from . import publishing
+from . import publishing, spans
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ _waiting = {}  # queue id -> [_Job], in order of arrival
 _busy = set()  # queue ids whose batch is being committed
 
 
+@spans.published("rest")
 def publish(queue, outgoing, publisher=None, checked=False):
     """As publishing.publish(), sharing its transaction with concurrent callers. The payloads
     are checked against their schemas before they join the others (unless `checked`): a
@@ -151,6 +152,7 @@ _loops = weakref.WeakKeyDictionary()  # event loop -> {queue id: [_Waiter], in o
 _draining = set()  # the batching tasks (referenced, or they could be collected while running)
 
 
+@spans.apublished("socket")
 @adb.twin(publish)
 async def apublish(queue, outgoing, publisher=None, checked=False):
     """publish() from the event loop: publishing.apublish() in batches, each answer after the

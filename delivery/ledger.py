@@ -33,7 +33,7 @@ from queues.models import Event, Message, Queue
 from subscribers.filters import filter_holds, filter_source
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import lines, operational, receipts
+from . import lines, operational, receipts, spans
 from .bounds import MAX_EXTEND_SECS
 from .frame_sql import message_frame_sql
 from .models import Delivery, DeliveryAttempt, Status
@@ -992,6 +992,7 @@ def subscribers_with_work(subscriber_ids, now=None):
 # --- ack and nack -------------------------------------------------------------------------------
 
 
+@spans.acked("rest")
 def ack_deliveries(subscriber, ids, now=None):
     """Acknowledge the subscriber's deliveries among `ids`.
 
@@ -1005,6 +1006,7 @@ def ack_deliveries(subscriber, ids, now=None):
     return acked, unknown
 
 
+@spans.aacked("socket")
 @adb.twin(ack_deliveries)
 async def aack_deliveries(subscriber, ids, now=None):
     """ack_deliveries() from the event loop: the same statements on the async connection."""
@@ -1025,6 +1027,7 @@ class Posted(NamedTuple):
     permanent: bool
 
 
+@spans.settled
 def settle_posts(subscriber, posted, now=None):
     """After a webhook job's posts (Posted): their attempt rows, and the acks of those that
     succeeded, committed together without waiting for the WAL flush (lost in a crash, the

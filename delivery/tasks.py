@@ -34,7 +34,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from delivery import presence
+from delivery import presence, spans
 from mqsite import adb, log_context
 from queues import lookup
 from subscribers.models import Connection, Subscriber, keep_webhookless, maybe_webhook
@@ -379,6 +379,7 @@ def next_due_at(subscriber_id, now=None):
     )
 
 
+@spans.posted
 def post_one(subscriber, delivery, client):
     return webhooks.post(
         subscriber.webhook_url,

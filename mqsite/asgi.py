@@ -9,6 +9,10 @@ import django  # noqa: E402
 
 django.setup(set_prefix=False)  # as get_asgi_application() does, before the consumers are imported
 
+from mqsite import tracing  # noqa: E402
+
+tracing.start("web")  # OTEL_*: before the handler loads the middleware (mqsite.tracing)
+
 from mqsite.asgi_handler import SyncChainASGIHandler  # noqa: E402
 
 django_http = SyncChainASGIHandler()

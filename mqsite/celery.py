@@ -6,15 +6,22 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import setup_logging, task_prerun, worker_ready
+from celery.signals import setup_logging, task_prerun, worker_init, worker_ready
 
-from mqsite import heap, log_context
+from mqsite import heap, log_context, tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
 app = Celery("mqsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _trace(**kwargs):
+    """OTEL_*: spans of this worker's jobs and webhook posts (mqsite.tracing), set up before
+    its pool starts."""
+    tracing.start("worker")
 
 
 @worker_ready.connect

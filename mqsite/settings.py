@@ -477,6 +477,11 @@ MQ_METRICS_MAX_AGE_SECS = env.float("MQ_METRICS_MAX_AGE_SECS", default=5.0)
 if MQ_METRICS_MAX_AGE_SECS < 0:
     raise ImproperlyConfigured(f"MQ_METRICS_MAX_AGE_SECS must be 0 or more, not {MQ_METRICS_MAX_AGE_SECS}")
 
+# --- Tracing --------------------------------------------------------------------------------------
+# OpenTelemetry's own variables, read by its SDK (docs/tracing.md): tracing is on when
+# OTEL_TRACES_EXPORTER names an exporter or an OTLP endpoint is set (mqsite.tracing.wanted).
+OTEL_ENVIRON = {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
+
 # --- Celery -------------------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL

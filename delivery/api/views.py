@@ -3,7 +3,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from delivery import ledger, liveness, long_polls, receipts
+from delivery import ledger, liveness, long_polls, receipts, spans
 from mqsite.api import errors
 from mqsite.values import is_db_id
 from queues.models import Event
@@ -70,6 +70,7 @@ class DeliveryListView(CallerView):
             events = Event.objects.filter(name=name)
             event_ids = list((events.filter(queue=queue) if queue else events).values_list("pk", flat=True))
 
+        @spans.pulled(subscriber)
         def lease(holder):
             # Held in this process's name: if it dies before the client acks (a pull answered
             # into a dead connection), another process hands these back in seconds.

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 
-from mqsite import request_ids
+from mqsite import request_ids, tracing
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ async def _bounded(work):
 def after_shutdown():
     """A request thread still waiting for the stopped event loop would hold the process for
     ever (the interpreter joins its threads at exit): leave now, all that could finish has."""
+    tracing.flush()  # os._exit skips the exit handlers, the SDK's flush among them
     logging.shutdown()
     os._exit(0)
 

@@ -1,0 +1,176 @@
+"""The deployment behind nginx (docs/deploy.md): Debian's nginx runs the repository's site file
+(deploy/nginx/mqsite.conf, changed only in its ports, certificate and static root: see
+tests/support/nginx.py) in front of Daphne started with make run's options, with the settings
+docs/deploy.md gives. Through it, over TLS: the admin's login (CSRF across the proxy), a REST
+publish, a websocket through the upgrade, static files from disk, and the failed-token limit
+counted per real client address (clients on 127.0.0.2 and 127.0.0.3), a client's own
+X-Forwarded-For believed neither through nginx nor straight to the server."""
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from mqsite import run_programs
+from tests.e2e.test_client_address import away_from_a_minutes_end
+from tests.support.nginx import NGINX, self_signed_certificate, start_nginx
+from tests.support.servers import ROOT, free_port, start_daphne
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAILURES = 5  # MQ_AUTH_FAILURES_PER_MINUTE for this test
+CLIENT_A, CLIENT_B, OUTSIDER = "127.0.0.2", "127.0.0.3", "127.0.0.4"  # loopback source addresses
+
+
+def make_run_daphne_options():
+    """Daphne's options in make run (mqsite/supervisord.conf), less its socket and application."""
+    args = run_programs.programs()["web"][1:-1]
+    fd = args.index("--fd")
+    return args[:fd] + args[fd + 2 :]
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    if not shutil.which(NGINX):
+        pytest.fail(f"{NGINX} is missing: `make test` installs it (TEST_TOOLS: nginx-light)")
+    cert, key = self_signed_certificate(tmp_path)
+    static_root = tmp_path / "static"  # the site file serves /static/ from <root>/static
+    # The deployment's step: collect the static files where nginx serves them from
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env={**_environment(), "STATIC_ROOT": str(static_root)},
+        check=True,
+    )
+    nginx = web = None
+    try:
+        web_port = free_port()
+        nginx = start_nginx(tmp_path, web_port, cert, key, tmp_path)
+        web = start_daphne(
+            {
+                "MQ_HTTPS": "true",
+                "MQ_TRUSTED_PROXIES": "127.0.0.1",  # nginx's address as the server sees it
+                "CSRF_TRUSTED_ORIGINS": nginx.https,  # a public port other than 443
+                "MQ_AUTH_FAILURES_PER_MINUTE": str(FAILURES),
+                "STATIC_ROOT": str(static_root),
+            },
+            port=web_port,
+            daphne_args=make_run_daphne_options(),
+        )
+        # A file the server never saw (its static files were listed as it started): only a
+        # proxy serving the folder from disk can answer it
+        (static_root / "only-on-disk.txt").write_text("served by nginx")
+        yield nginx, web, ssl.create_default_context(cafile=str(cert))
+    finally:
+        if web is not None:
+            web.stop()
+        if nginx is not None:
+            nginx.stop()
+
+
+def _environment():
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def client(base_url, tls, source):
+    """An HTTP client whose connections leave from `source` (one of loopback's addresses)."""
+    transport = httpx.HTTPTransport(local_address=source, verify=tls)
+    return httpx.Client(base_url=base_url, transport=transport, timeout=30, trust_env=False)
+
+
+def socket_close_code(nginx, tls, source, token):
+    """Open the delivery socket through nginx with `token`: the close code it ends with."""
+    with connect(
+        f"{nginx.wss}?token={token}", ssl=tls, proxy=None, source_address=(source, 0), open_timeout=10
+    ) as ws:
+        try:
+            ws.recv(timeout=10)
+        except ConnectionClosed as closed:
+            return closed.rcvd.code
+    return None
+
+
+def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deployment, operator, owner):
+    nginx, web, tls = deployment
+    a = client(nginx.https, tls, CLIENT_A)
+    b = client(nginx.https, tls, CLIENT_B)
+    try:
+        # Plain http is only a redirect to https
+        with httpx.Client(timeout=10, trust_env=False) as plain:
+            redirect = plain.get(f"{nginx.http}/admin/")
+        assert redirect.status_code == 301
+        assert redirect.headers["location"] == "https://127.0.0.1/admin/"
+
+        # The admin's login over https, its CSRF check passing across the proxy (the browser's
+        # Origin, a trusted one), the session cookie secure; a foreign origin is refused
+        assert a.get("/admin/login/").status_code == 200
+        form = {"username": "op", "password": "op-password-1", "csrfmiddlewaretoken": a.cookies["csrftoken"]}
+        forged = a.post("/admin/login/", data=form, headers={"Origin": "https://evil.example"})
+        assert forged.status_code == 403
+        login = a.post("/admin/login/", data={**form, "next": "/admin/"}, headers={"Origin": nginx.https})
+        assert login.status_code == 302 and login.headers["location"] == "/admin/", login.text[:500]
+        assert "secure" in login.headers["set-cookie"].lower()
+        assert "Log out" in a.get("/admin/").text
+
+        # Static files from disk (collectstatic's folder), not from the server
+        assert a.get("/static/only-on-disk.txt").text == "served by nginx"
+        assert a.get("/static/admin/css/base.css").status_code == 200
+
+        # A REST publish, then the delivery over a websocket through the upgrade
+        bearer = {"Authorization": f"Bearer {owner.token}"}
+        message = {"event": "create", "payload": {"n": 1}}
+        published = a.post("/api/queues/db/messages", json=message, headers=bearer)
+        assert published.status_code == 201, published.text
+        with connect(
+            f"{nginx.wss}?token={owner.token}", ssl=tls, proxy=None, source_address=(CLIENT_A, 0)
+        ) as ws:
+            frame = json.loads(ws.recv(timeout=10))
+            assert frame["type"] == "message" and frame["payload"] == {"n": 1}, frame
+            ws.send(json.dumps({"type": "ack", "ids": [frame["id"]]}))
+
+        # The failed-token limit counts the real client: A, naming a new address each time in
+        # its own X-Forwarded-For (nginx replaces it), is refused past the limit...
+        away_from_a_minutes_end()
+        wrong = {"Authorization": "Bearer mq_wrong"}
+        statuses = [
+            a.get("/api/deliveries", headers={**wrong, "X-Forwarded-For": f"10.9.0.{i}"}).status_code
+            for i in range(FAILURES + 1)
+        ]
+        assert statuses == [401] * FAILURES + [429]
+        assert socket_close_code(nginx, tls, CLIENT_A, "mq_wrong") == 4429
+        # ...while B, behind the same proxy, is not
+        assert b.get("/api/deliveries", headers=wrong).status_code == 401
+        assert socket_close_code(nginx, tls, CLIENT_B, "mq_wrong") == 4401
+        # and a client that reaches the server itself, not through the proxy, cannot borrow an
+        # address by naming it: its X-Forwarded-For is not believed (believed, it would be A's,
+        # refused with 4429)
+        with connect(
+            f"{web.ws}?token=mq_wrong",
+            proxy=None,
+            source_address=(OUTSIDER, 0),
+            additional_headers={"X-Forwarded-For": CLIENT_A},
+        ) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 4401
+        # nginx reached the server every time. (A socket the server closes leaves a line: Daphne
+        # drops the connection right after its close frame, so the client's answering close
+        # meets a reset, which nginx logs as an error; the client has its close code by then.)
+        unexpected = [
+            line
+            for line in nginx.errors().splitlines()
+            if ("[error]" in line and "reset by peer) while proxying upgraded connection" not in line)
+            or "[crit]" in line
+            or "[emerg]" in line
+        ]
+        assert unexpected == []
+    finally:
+        a.close()
+        b.close()

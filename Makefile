@@ -43,7 +43,8 @@ run: install
 	@# exec: make's SIGTERM goes to supervisord itself, not to a shell that would leave it running;
 	@# --pdeathsig: supervisord stops everything should make be killed outright (supervisord.conf).
 	@# supervisord reads the web processes' count and address from the settings, as checked there.
-	read -r processes address <<< "$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings as s; print(s.MQ_WEB_PROCESSES, s.MQ_BIND_ADDRESS)')" && \
+	web=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings as s; print(s.MQ_WEB_PROCESSES, s.MQ_BIND_ADDRESS)') && \
+	read -r processes address <<< "$$web" && \
 	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
 	MQ_WEB_PROCESSES=$$processes MQ_BIND_ADDRESS=$$address \
 	exec setpriv --pdeathsig TERM $(BIN)/supervisord -c mqsite/supervisord.conf

@@ -8,6 +8,7 @@ X-Forwarded-For believed neither through nginx nor straight to the server."""
 
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -79,6 +80,11 @@ def _environment():
     return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
 
+def _line_with(log, text):
+    (line,) = [x for x in log.splitlines() if text in x]
+    return line
+
+
 def client(base_url, tls, source):
     """An HTTP client whose connections leave from `source` (one of loopback's addresses)."""
     transport = httpx.HTTPTransport(local_address=source, verify=tls)
@@ -118,6 +124,16 @@ def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deplo
         assert login.status_code == 302 and login.headers["location"] == "/admin/", login.text[:500]
         assert "secure" in login.headers["set-cookie"].lower()
         assert "Log out" in a.get("/admin/").text
+        # and the operators' dashboard socket, the browser's way: its session and Origin
+        with connect(
+            f"{nginx.wss}dashboard/",
+            ssl=tls,
+            proxy=None,
+            source_address=(CLIENT_A, 0),
+            origin=nginx.https,
+            additional_headers={"Cookie": f"sessionid={a.cookies['sessionid']}"},
+        ) as dashboard:
+            assert json.loads(dashboard.recv(timeout=10))["type"] == "snapshot"
 
         # Static files from disk (collectstatic's folder), not from the server
         assert a.get("/static/only-on-disk.txt").text == "served by nginx"
@@ -128,6 +144,10 @@ def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deplo
         message = {"event": "create", "payload": {"n": 1}}
         published = a.post("/api/queues/db/messages", json=message, headers=bearer)
         assert published.status_code == 201, published.text
+        # its request id, made by nginx, is the server's and in nginx's log line of it
+        request_id = published.headers["x-request-id"]
+        assert re.fullmatch(r"[0-9a-f]{32}", request_id)
+        assert 'POST /api/queues/db/messages HTTP/1.1" 201 ' in _line_with(nginx.access_log(), request_id)
         with connect(
             f"{nginx.wss}?token={owner.token}", ssl=tls, proxy=None, source_address=(CLIENT_A, 0)
         ) as ws:

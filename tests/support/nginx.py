@@ -83,6 +83,7 @@ def site_for_test(upstream_port, http_port, https_port, cert, key, static_parent
     text = _replace(text, "listen [::]:443 ssl;", f"listen [::1]:{https_port} ssl;" if v6 else "")
     text = _replace(text, "/etc/letsencrypt/live/mq.example.com/fullchain.pem", str(cert))
     text = _replace(text, "/etc/letsencrypt/live/mq.example.com/privkey.pem", str(key))
+    text = _replace(text, "/var/log/nginx/mqsite.access.log", str(Path(cert).parent / "mqsite.access.log"))
     return _replace(text, "root /opt/mqsite/var;", f"root {static_parent};")
 
 
@@ -95,6 +96,10 @@ class Nginx:
 
     def errors(self):
         return (self.folder / "error.log").read_text(errors="replace")
+
+    def access_log(self):
+        """The site's own access log (its log_format mqsite)."""
+        return (self.folder / "mqsite.access.log").read_text(errors="replace")
 
     def stop(self):
         if self.proc.poll() is None:

@@ -1,13 +1,14 @@
 """The deployment behind nginx (docs/deploy.md): Debian's nginx runs the repository's site file
-(deploy/nginx/mqsite.conf, changed only in its ports, certificate and static root: see
+(deploy/nginx/mqsite.conf, changed only in its ports, certificate and paths: see
 tests/support/nginx.py) in front of Daphne started with make run's options, with the settings
 docs/deploy.md gives. Through it, over TLS: the admin's login (CSRF across the proxy), a REST
 publish, a websocket through the upgrade, static files from disk, and the failed-token limit
-counted per real client address (clients on 127.0.0.2 and 127.0.0.3), a client's own
+counted per real client address (clients on two of loopback's addresses), a client's own
 X-Forwarded-For believed neither through nginx nor straight to the server."""
 
 import json
 import os
+import random
 import re
 import shutil
 import ssl
@@ -27,7 +28,10 @@ from tests.support.servers import ROOT, free_port, start_daphne
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FAILURES = 5  # MQ_AUTH_FAILURES_PER_MINUTE for this test
-CLIENT_A, CLIENT_B, OUTSIDER = "127.0.0.2", "127.0.0.3", "127.0.0.4"  # loopback source addresses
+# Three clients, each on an address of loopback's own (nginx is 127.0.0.1), new at each run so
+# that no failed-token count left in a shared Redis by an earlier run within the minute counts
+_NET = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
+CLIENT_A, CLIENT_B, OUTSIDER = f"{_NET}.2", f"{_NET}.3", f"{_NET}.4"
 
 
 def make_run_daphne_options():

@@ -87,6 +87,11 @@ def test_the_units_and_the_containers_run_what_make_run_runs():
 
 def test_the_nginx_site_fits_the_servers_limits():
     site = (DEPLOY / "nginx" / "mqsite.conf").read_text()
+    # it proxies to where the web processes listen: the socket unit, and compose's published port
+    (upstream,) = re.findall(r"^\s*server (\S+);", site, re.MULTILINE)
+    socket_unit = (DEPLOY / "systemd" / "mqsite-web.socket").read_text()
+    assert f"ListenStream={upstream}\n" in socket_unit
+    assert f"{upstream}:8000" in compose_services()["web"]["ports"]
     (size,) = re.findall(r"client_max_body_size (\d+)m;", site)
     assert int(size) * 1024 * 1024 == settings.MQ_MAX_BODY_BYTES  # the default's
     web = run_programs.programs()["web"]

@@ -1,7 +1,7 @@
 """Debian's nginx with the repository's site file (deploy/nginx/mqsite.conf) in front of a test
 server: the file as shipped, changed only in its ports, its certificate's paths, its access
-log's path and its static root, inside a minimal main configuration that keeps nginx's pid, logs and temporary files in a
-folder of the test's own."""
+log's path and its static root, inside a minimal main configuration that keeps nginx's pid,
+logs and temporary files in a folder of the test's own."""
 
 import datetime
 import ipaddress

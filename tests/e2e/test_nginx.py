@@ -17,6 +17,7 @@ import sys
 
 import httpx
 import pytest
+from django.conf import settings
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -152,6 +153,14 @@ def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deplo
         request_id = published.headers["x-request-id"]
         assert re.fullmatch(r"[0-9a-f]{32}", request_id)
         assert 'POST /api/queues/db/messages HTTP/1.1" 201 ' in _line_with(nginx.access_log(), request_id)
+        # A body over the limit is refused by nginx, in the server's own form
+        too_large = a.post(
+            "/api/queues/db/messages",
+            content=b"[" + b" " * settings.MQ_MAX_BODY_BYTES + b"]",
+            headers={**bearer, "Content-Type": "application/json"},
+        )
+        assert too_large.status_code == 413
+        assert too_large.json()["code"] == "payload_too_large" and too_large.headers["x-request-id"]
         with connect(
             f"{nginx.wss}?token={owner.token}", ssl=tls, proxy=None, source_address=(CLIENT_A, 0)
         ) as ws:
@@ -184,13 +193,18 @@ def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deplo
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=10)
         assert closed.value.rcvd.code == 4401
-        # nginx reached the server every time. (A socket the server closes leaves a line: Daphne
-        # drops the connection right after its close frame, so the client's answering close
-        # meets a reset, which nginx logs as an error; the client has its close code by then.)
+        # nginx reached the server every time. Two lines are expected: the body it refused, and
+        # a socket the server closed (Daphne drops the connection right after its close frame,
+        # so the client's answering close meets a reset, which nginx logs as an error; the
+        # client has its close code by then).
+        expected = (
+            "client intended to send too large body",
+            "reset by peer) while proxying upgraded connection",
+        )
         unexpected = [
             line
             for line in nginx.errors().splitlines()
-            if ("[error]" in line and "reset by peer) while proxying upgraded connection" not in line)
+            if ("[error]" in line and not any(e in line for e in expected))
             or "[crit]" in line
             or "[emerg]" in line
         ]

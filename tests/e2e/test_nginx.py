@@ -193,13 +193,20 @@ def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deplo
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=10)
         assert closed.value.rcvd.code == 4401
-        # nginx reached the server every time. Two lines are expected: the body it refused, and
-        # a socket the server closed (Daphne drops the connection right after its close frame,
-        # so the client's answering close meets a reset, which nginx logs as an error; the
-        # client has its close code by then).
+        # With no server process to answer, nginx says so as the server would: 503, unavailable
+        web.stop()
+        gone = b.get("/api/deliveries", headers=bearer)
+        assert gone.status_code == 503 and gone.headers["retry-after"] == "1"
+        assert gone.json()["code"] == "unavailable" and gone.headers["x-request-id"]
+
+        # nginx reached the server every time it ran. Three lines are expected: the body it
+        # refused, the server gone, and a socket the server closed (Daphne drops the connection
+        # right after its close frame, so the client's answering close meets a reset, which
+        # nginx logs as an error; the client has its close code by then).
         expected = (
             "client intended to send too large body",
             "reset by peer) while proxying upgraded connection",
+            "connect() failed (111: Connection refused) while connecting to upstream",
         )
         unexpected = [
             line

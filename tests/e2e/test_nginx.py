@@ -200,9 +200,9 @@ def test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work(deplo
         assert gone.json()["code"] == "unavailable" and gone.headers["x-request-id"]
 
         # nginx reached the server every time it ran. Three lines are expected: the body it
-        # refused, the server gone, and a socket the server closed (Daphne drops the connection
-        # right after its close frame, so the client's answering close meets a reset, which
-        # nginx logs as an error; the client has its close code by then).
+        # refused, the server gone, and a socket the server closed (once the client has answered
+        # the close, autobahn, Daphne's websocket library, ends the connection with a reset,
+        # which nginx logs as an error; the close handshake is over by then).
         expected = (
             "client intended to send too large body",
             "reset by peer) while proxying upgraded connection",

@@ -42,8 +42,11 @@ run: install
 	mkdir -p $(RUN_DIR)
 	@# exec: make's SIGTERM goes to supervisord itself, not to a shell that would leave it running;
 	@# --pdeathsig: supervisord stops everything should make be killed outright (supervisord.conf).
+	@# supervisord reads the web processes' count and address from the settings, as checked there.
+	web=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings as s; print(s.MQ_WEB_PROCESSES, s.MQ_BIND_ADDRESS)') && \
+	read -r processes address <<< "$$web" && \
 	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
-	MQ_WEB_PROCESSES=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings; print(settings.MQ_WEB_PROCESSES)') \
+	MQ_WEB_PROCESSES=$$processes MQ_BIND_ADDRESS=$$address \
 	exec setpriv --pdeathsig TERM $(BIN)/supervisord -c mqsite/supervisord.conf
 
 demo: install
@@ -79,9 +82,14 @@ REDIS_SERVER := /usr/bin/redis-server
 $(REDIS_SERVER):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
 
+# The deployment's test runs Debian's nginx with deploy/nginx/mqsite.conf (tests/e2e/test_nginx.py).
+NGINX := /usr/sbin/nginx
+$(NGINX):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light
+
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
 # server itself is the machine's (docs/development.md).
-TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(NGINX)
 
 lint: install-dev
 	$(BIN)/ruff check .

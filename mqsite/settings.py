@@ -58,8 +58,26 @@ SECRET_KEY = _secret_key()
 DEBUG = env.bool("DEBUG", default=False)
 # Host names the server answers; a websocket handshake whose Origin names another is refused.
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
-# The port `make run` serves on, at 127.0.0.1.
+# Origins (scheme://host[:port]) whose form posts and staff API calls CSRF accepts beside the
+# request's own host: behind a proxy on a port other than 443 (or 80), or when the admin is
+# reached under another name than the proxy passes as Host (docs/deploy.md).
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not re.fullmatch(r"https?://[^/\s]+", _origin):
+        raise ImproperlyConfigured(
+            f"CSRF_TRUSTED_ORIGINS holds {_origin!r}: each is scheme://host[:port] (https://mq.example.com)"
+        )
+# The port `make run` serves on.
 PORT = _positive_int("PORT", 8000)
+# The IPv4 address `make run` serves on: loopback by default, behind a proxy on the same
+# machine; 0.0.0.0 for every interface (a container, or a proxy on another machine).
+MQ_BIND_ADDRESS = env.str("MQ_BIND_ADDRESS", default="127.0.0.1")
+try:
+    ipaddress.IPv4Address(MQ_BIND_ADDRESS)
+except ValueError:
+    raise ImproperlyConfigured(
+        f"MQ_BIND_ADDRESS must be an IPv4 address (127.0.0.1, 0.0.0.0), not {MQ_BIND_ADDRESS!r}"
+    ) from None
 
 # Not "daphne": its app only makes `runserver` serve ASGI, and installing it put the Twisted
 # reactor (0.3 s) into the start of every manage.py command and Celery worker. `make run`
@@ -253,8 +271,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
-STATIC_ROOT.mkdir(exist_ok=True)
+# Where `manage.py collectstatic` puts the static files for a proxy to serve (docs/deploy.md).
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # The app ships few static files (admin, API docs); serving them from the finders means a
 # fresh checkout serves its pages without a collectstatic step.
 WHITENOISE_USE_FINDERS = True

@@ -1126,6 +1126,7 @@ SECOND_REVIEW = {
         "tests/e2e/test_login_lockout.py::test_a_login_flood_is_locked_out_before_the_password_hasher",
         "tests/mqsite/test_api_misc.py::test_the_schema_is_built_once_per_process",
         "tests/e2e/test_client_address.py::test_a_forged_x_forwarded_for_escapes_no_throttle",
+        "tests/e2e/test_nginx.py::test_behind_nginx_the_admin_rest_websocket_and_failed_token_limit_work",
     ],
     "S6 API10 the clients follow a cross-origin redirect with the token": [
         "tests/clients/test_client_python.py::test_listen_refuses_a_socket_redirect_to_another_origin_and_never_sends_it_the_token",

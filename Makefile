@@ -40,9 +40,11 @@ run: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap
 	mkdir -p $(RUN_DIR)
+	@# The processes' latency histograms (PROMETHEUS_MULTIPROC_DIR, mqsite/prometheus.py): a new start counts from zero.
+	rm -rf $(RUN_DIR)/metrics && mkdir $(RUN_DIR)/metrics
 	@# exec: make's SIGTERM goes to supervisord itself, not to a shell that would leave it running;
 	@# --pdeathsig: supervisord stops everything should make be killed outright (supervisord.conf).
-	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
+	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) PROMETHEUS_MULTIPROC_DIR=$(abspath $(RUN_DIR))/metrics MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
 	MQ_WEB_PROCESSES=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings; print(settings.MQ_WEB_PROCESSES)') \
 	exec setpriv --pdeathsig TERM $(BIN)/supervisord -c mqsite/supervisord.conf
 

@@ -1,10 +1,12 @@
-"""Prometheus metrics at /metrics, from the deployment's shared snapshot (dashboard.shared).
+"""Prometheus metrics at /metrics, from the deployment's shared snapshot (dashboard.shared),
+then what the processes count themselves (mqsite.prometheus).
 
-The figures are the dashboard's, from the same reads (dashboard.snapshot): any process (every
-Daphne of a scaled-out deployment) answers with the same numbers, nothing is counted in memory,
-and a scrape costs the database nothing while the snapshot is at most MQ_METRICS_MAX_AGE_SECS
-old; an open dashboard keeps it about a second old anyway. Rendering the exposition from it is
-a few loops over queues, events and subscribers.
+The snapshot's figures are the dashboard's, from the same reads (dashboard.snapshot): any
+process (every Daphne of a scaled-out deployment) answers with the same numbers, and a scrape
+costs the database nothing while the snapshot is at most MQ_METRICS_MAX_AGE_SECS old; an open
+dashboard keeps it about a second old anyway. Rendering the exposition from it is a few loops
+over queues, events and subscribers. The latency histograms (delivery.observe) and the
+process_* figures are read at every scrape, from the processes' files, not the database.
 
 What is a counter and what is a gauge:
 - `mq_messages_published_total{queue}` is a true counter: the queue's last seq, which only
@@ -25,6 +27,7 @@ from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from mqsite import prometheus
 from mqsite.errors import error_json
 from subscribers.auth import operator_may
 
@@ -216,6 +219,9 @@ def metrics(request):
     if refused is not None:
         return refused
     taken_at, data = shared.current(max_age=settings.MQ_METRICS_MAX_AGE_SECS)
-    response = HttpResponse(exposition(taken_at, data), content_type=CONTENT_TYPE_LATEST)
+    # The snapshot's families, then what the processes count (read at every scrape: the
+    # histograms are counted in memory, unlike everything above).
+    body = exposition(taken_at, data) + prometheus.exposition()
+    response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
     response["Age"] = str(max(int(time.time() - taken_at), 0))
     return response

@@ -92,6 +92,12 @@ ACK_RETURNING = f"""queue_id, CASE WHEN next_attempt_at > created_at
     ELSE created_at END"""
 
 
+def name_queue(queue):
+    """A queue this process publishes to: its acks here will need no query for its name."""
+    if queue.pk not in _queue_names:
+        _queue_names[queue.pk] = queue.name
+
+
 def acked_statement(rows, now):
     """Observe the latency of newly acked deliveries (sans-I/O, for either driver): `rows` end
     with ACK_RETURNING's two columns; `now` is their acked_at. A queue not yet named in this

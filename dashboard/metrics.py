@@ -113,8 +113,51 @@ def families(taken_at, data):
         connected.add_metric([subscriber], n)
     yield connected
 
+    yield from webhook_families(part.get("webhooks", ()))  # .get: as analytics, below
+    if part.get("processes"):
+        yield from process_families(part["processes"])
+
     if part.get("analytics"):  # .get: a snapshot cached by a server before this one has none
         yield from analytics_families(part["analytics"])
+
+
+def webhook_families(webhooks):
+    """Each webhook that ever failed: its failures in a row, and whether it is disabled."""
+    in_a_row = GaugeMetricFamily(
+        "mq_webhook_consecutive_failures",
+        "Webhook attempts failed in a row since its last success (0 once one succeeds).",
+        labels=["subscriber"],
+    )
+    disabled = GaugeMetricFamily(
+        "mq_webhook_disabled",
+        "1 while the subscriber's webhook is disabled for failing (MQ_WEBHOOK_DISABLE_AFTER_SECS).",
+        labels=["subscriber"],
+    )
+    for subscriber, failures, is_disabled in webhooks:
+        in_a_row.add_metric([subscriber], failures)
+        disabled.add_metric([subscriber], 1 if is_disabled else 0)
+    yield in_a_row
+    yield disabled
+
+
+def process_families(processes):
+    """The processes that do the work, from their beats in the database (all machines'), as
+    /healthz counts them, and how long ago the sweep ran."""
+    alive = GaugeMetricFamily(
+        "mq_processes_alive",
+        "Processes whose beats are current, by kind: web (Daphne) and worker (Celery), every machine's.",
+        labels=["kind"],
+    )
+    for kind in ("web", "worker"):
+        alive.add_metric([kind], processes[kind]["alive"])
+    yield alive
+    age = processes["sweep"]["last_run_s"]
+    if age is not None:  # never swept: no figure (an alert on its absence says so)
+        swept = GaugeMetricFamily(
+            "mq_sweep_last_run_age_seconds", "Seconds since the sweeper last ran (every second on beat)."
+        )
+        swept.add_metric([], age)
+        yield swept
 
 
 QUANTILES = ("0.5", "0.95", "0.99")

@@ -20,10 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from analytics import load
 from dashboard import metrics, shared
-from delivery import ledger, presence, subscribing, tallies
-from delivery.models import Delivery, DeliveryAttempt, Status
+from delivery import health, ledger, presence, subscribing, tallies
+from delivery.models import Delivery, DeliveryAttempt, Status, WebhookHealth
 from delivery.publishing import prepare, publish
 from queues.models import Queue
+from subscribers.models import Heartbeat, ServerProcess
 from subscribers.provisioning import create_subscriber
 from tests.support.run_folders import write_run
 from tests.support.servers import start_daphne, start_redis
@@ -176,6 +177,39 @@ def test_it_reports_the_last_analytics_run_and_nothing_before_one(client, traffi
     # ... and no made-up figure where there is none
     assert value(samples, "mq_analytics_dead_letter_rate", queue="network", event="error") is None
     assert not [k for k in samples if k[0] == "mq_analytics_latency_ms" and ("queue", "network") in k[1]]
+
+
+def test_it_reports_failing_webhooks_and_the_processes_that_do_the_work(client, traffic):
+    # Given no process has beaten and no sweep has run: none alive, and no sweep age at all
+    samples = scrape(client)
+    assert value(samples, "mq_processes_alive", kind="web") == 0
+    assert value(samples, "mq_processes_alive", kind="worker") == 0
+    assert not [name for name, _ in samples if name == "mq_sweep_last_run_age_seconds"]
+    assert not [name for name, _ in samples if name.startswith("mq_webhook_disabled")]
+
+    # Given a worker beating, a sweep 3 s ago, and the hook's webhook disabled after 60 failures
+    now = timezone.now()
+    ServerProcess.objects.create(name="maintenance@host", kind="worker", last_beat=now)
+    Heartbeat.objects.create(name=health.SWEEP, at=now - timedelta(seconds=3))
+    WebhookHealth.objects.create(
+        subscriber=traffic["hook"], failures=60, first_failure_at=now, disabled_since=now, disabled_after=60
+    )
+    cache.clear()
+
+    # Then
+    samples = scrape(client)
+    assert value(samples, "mq_processes_alive", kind="worker") == 1
+    assert value(samples, "mq_processes_alive", kind="web") == 0
+    assert 3 <= value(samples, "mq_sweep_last_run_age_seconds") < 10
+    assert value(samples, "mq_webhook_consecutive_failures", subscriber="hook") == 60
+    assert value(samples, "mq_webhook_disabled", subscriber="hook") == 1
+
+    # When it is enabled again and one post succeeds: nothing failing, nothing disabled
+    WebhookHealth.objects.filter(pk=traffic["hook"].pk).update(failures=0, disabled_since=None)
+    cache.clear()
+    samples = scrape(client)
+    assert value(samples, "mq_webhook_consecutive_failures", subscriber="hook") == 0
+    assert value(samples, "mq_webhook_disabled", subscriber="hook") == 0
 
 
 def test_the_oldest_pending_age_grows_with_time(client, traffic):

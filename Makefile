@@ -81,9 +81,15 @@ REDIS_SERVER := /usr/bin/redis-server
 $(REDIS_SERVER):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
 
+# promtool checks and unit-tests the manual's alert rules (docs/operations/prometheus-rules.yml):
+# Debian ships it in the prometheus package (on a machine with systemd, its service starts too).
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
 # server itself is the machine's (docs/development.md).
-TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(PROMTOOL)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -24,6 +24,7 @@ import atexit
 import glob
 import os
 
+from django.conf import settings
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
@@ -43,8 +44,8 @@ _role = "python"
 
 
 def directory():
-    """The multiprocess folder, or None (read as prometheus-client reads it)."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    """The multiprocess folder, or None (the setting: the variable prometheus-client reads)."""
+    return settings.PROMETHEUS_MULTIPROC_DIR or None
 
 
 def register_process(role):

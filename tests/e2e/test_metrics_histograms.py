@@ -1,16 +1,25 @@
 """/metrics' latency histograms and process_* against real servers: two Daphne processes share
 one PROMETHEUS_MULTIPROC_DIR, as `make run`'s do, and whichever answers a scrape adds up the
 publishes and acks of both (REST on one, websocket on the other), and shows each one's
-process_* figures; a process that stops leaves its counts and takes its figures with it."""
+process_* figures; a process that stops leaves its counts and takes its figures with it. And
+every metric the operations manual's alert rules and Grafana dashboard name is on a real scrape
+(docs/operations/; tests/mqsite/test_prometheus_rules.py checks the rules themselves)."""
 
 import json
+import re
+from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
+from django.utils import timezone
 from websockets.sync.client import connect as ws_connect
 
-from delivery import subscribing
+from delivery import health, ledger, subscribing
+from delivery.models import Delivery, WebhookHealth
 from queues.models import Queue
+from subscribers.models import Heartbeat, ServerProcess
 from subscribers.provisioning import create_subscriber
 from tests.dashboard.test_metrics import parse_metrics, value
 from tests.support.servers import E2E_REDIS, eventually, start_daphne
@@ -97,3 +106,54 @@ def test_every_process_publishes_and_acks_add_up_on_any_scrape(tmp_path):
     finally:
         rest.stop()
         sockets.stop()
+
+
+# --- what the operations manual's alert rules and dashboard name ---------------------------------
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations"
+NAMED = re.compile(r"\b(?:mq|process)_[a-z0-9_]+\b")
+
+
+def names_in_rules_and_dashboard():
+    rules = yaml.safe_load((OPERATIONS / "prometheus-rules.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((OPERATIONS / "grafana-dashboard.json").read_text())
+    exprs += [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    exprs += [dashboard["templating"]["list"][0]["definition"]]
+    return {name for expr in exprs for name in NAMED.findall(expr)}
+
+
+def test_every_metric_the_alert_rules_and_the_dashboard_name_is_on_a_real_scrape(tmp_path):
+    # Given a world where every family has something to say: a backlog, a dead letter, a
+    # failing and disabled webhook, a worker's beat, a sweep, an open socket, an ack
+    queue = Queue.objects.create(name="db")
+    owner, token = create_subscriber("owner", publish=["db"], subscribe=["db"])
+    hook, _ = create_subscriber("hook", subscribe=["db"], webhook_url="https://hooks.example.com/hook")
+    subscribing.subscribe(owner, queue)
+    subscribing.subscribe(hook, queue)
+    now = timezone.now()
+    WebhookHealth.objects.create(subscriber=hook, failures=60, first_failure_at=now, disabled_since=now)
+    ServerProcess.objects.create(name="webhooks@host", kind="worker", last_beat=now + timedelta(minutes=5))
+    Heartbeat.objects.create(name=health.SWEEP, at=now)
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(folder), "MQ_METRICS_TOKEN": TOKEN, "MQ_METRICS_MAX_AGE_SECS": "0"}
+    server = start_daphne(env)
+    try:
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=server.http, headers=auth, timeout=10) as api:
+            batch = {"messages": [{"event": "e", "payload": i} for i in range(3)]}
+            assert api.post("/api/queues/db/messages", json=batch).status_code == 201
+            pulled = api.get("/api/deliveries", params={"limit": 1}).json()["deliveries"]
+            assert api.post("/api/deliveries/ack", json={"ids": [pulled[0]["id"]]}).json()["acked"] == 1
+        ledger.kill_deliveries(Delivery.objects.filter(pk=Delivery.objects.filter(subscriber=hook)[0].pk))
+        with ws_connect(f"{server.ws}?token={token}"):
+            # When it is scraped
+            scraped = {name for name, _ in scrape(server)}
+    finally:
+        server.stop()
+
+    # Then every metric the rules and the dashboard name is there
+    named = names_in_rules_and_dashboard()
+    assert {"mq_delivery_latency_seconds_bucket", "process_cpu_seconds_total", "mq_webhook_disabled"} <= named
+    assert named - scraped == set()

@@ -66,6 +66,7 @@ if "twisted.internet.reactor" in sys.modules:
     # Once the reactor runs: a test process that merely imported Daphne never beats.
     reactor.callWhenRunning(liveness.start, "web")
     prometheus.register_process("web")  # its process_* on /metrics (mqsite.prometheus)
+    reactor.addSystemEventTrigger("during", "shutdown", prometheus.exiting)  # before the os._exit
     observe.start_serving()
     # A publish's answer waits for no Redis round trip or webhook query (mqsite.bus).
     bus.send_from_a_thread()

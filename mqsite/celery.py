@@ -6,7 +6,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_init, setup_logging, task_prerun, worker_ready
+from celery.signals import celeryd_init, setup_logging, task_prerun, worker_ready, worker_shutdown
 
 from mqsite import heap, log_context, prometheus
 
@@ -27,6 +27,12 @@ def _freeze_startup_heap(**kwargs):
 def _serving(sender=None, **kwargs):
     """A worker's process_* figures on /metrics, as its node name's role (webhooks@host: webhooks)."""
     prometheus.register_process(str(sender or "celery").partition("@")[0])
+
+
+@worker_shutdown.connect
+def _not_serving(**kwargs):
+    """Stopping (a cold shutdown may skip the interpreter's exit hooks): its process_* go."""
+    prometheus.exiting()
 
 
 @setup_logging.connect

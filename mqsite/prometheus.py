@@ -50,17 +50,23 @@ def directory():
 
 def register_process(role):
     """This process serves (`role`: web, or a Celery worker's name): its process_* figures are
-    shown from now on, labelled so, until it exits."""
-    global _role
+    shown from now on, labelled so, until it exits (exiting(), at exit; a process that leaves
+    by os._exit, as Daphne does, calls it itself)."""
+    global _role, _registered
     _role = role
     if directory():
         _serving.labels(role).set(1)
-        atexit.register(_exited, os.getpid())
+        _registered = os.getpid()
+        atexit.register(exiting)
 
 
-def _exited(pid):
-    if os.getpid() == pid:  # not a forked child that inherited the hook
-        mark_process_dead(pid)
+_registered = None  # the pid that registered (a forked child inherits the atexit hook, not the role)
+
+
+def exiting():
+    """This process stops serving: its process_* go from /metrics (its counts stay)."""
+    if directory() and os.getpid() == _registered:
+        mark_process_dead(_registered)
 
 
 def _alive(pid):

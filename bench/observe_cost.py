@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +36,7 @@ def cases():
     from delivery import observe
 
     observe._queue_names[1] = "db"
-    now = datetime.now(UTC)
-    one = [(1, None, 1, now - timedelta(milliseconds=20))]
+    one = [(1, None, 1, 0.02)]
     hundred = one * 100
 
     def bare():
@@ -51,7 +49,7 @@ def cases():
 
     def ack(rows):
         def run():
-            for _ in observe.acked_statement(rows, now):  # known queue: no statement
+            for _ in observe.acked_statement(rows):  # known queue: no statement
                 pass
 
         return run

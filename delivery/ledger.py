@@ -1101,12 +1101,12 @@ def _ack(subscriber_id, ids, now, lead=None):
         UPDATE {table} SET status = %s, acked_at = %s, {UNLEASED_SQL}
         {_no_flush_wait("FROM ")}
         WHERE {of_ids} AND subscriber_id = %s AND status <> %s
-        RETURNING id, CASE WHEN receipt THEN message_id END, {observe.ACK_RETURNING}
+        RETURNING id, CASE WHEN receipt THEN message_id END, {observe.ack_returning()}
         """,
         [*lead_params, Status.ACKED, at, *id_params, subscriber_id, Status.ACKED],
     )
     acked = {row[0] for row in returned}
-    yield from observe.acked_statement(returned, now)  # their latency (/metrics)
+    yield from observe.acked_statement(returned)  # their latency (/metrics)
     # Logged by the statement right after (delivery.receipts.recheck), only when it moved
     # receipt rows: an ack is one statement and no transaction of its own, which an ack
     # without receipts keeps. Lost in between (the process died), the recheck's full pass

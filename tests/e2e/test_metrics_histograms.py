@@ -1,12 +1,14 @@
 """/metrics' latency histograms and process_* against real servers: two Daphne processes share
 one PROMETHEUS_MULTIPROC_DIR, as `make run`'s do, and whichever answers a scrape adds up the
 publishes and acks of both (REST on one, websocket on the other), and shows each one's
-process_* figures; a process that stops leaves its counts and takes its figures with it. And
+process_* figures; a process that stops leaves its counts and takes its figures with it. The
+webhook worker's acks (it serves no HTTP) are counted on the web process's scrape. And
 every metric the operations manual's alert rules and Grafana dashboard name is on a real scrape
 (docs/operations/; tests/mqsite/test_prometheus_rules.py checks the rules themselves)."""
 
 import json
 import re
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from queues.models import Queue
 from subscribers.models import Heartbeat, ServerProcess
 from subscribers.provisioning import create_subscriber
 from tests.dashboard.test_metrics import parse_metrics, value
-from tests.support.servers import E2E_REDIS, eventually, start_daphne
+from tests.support.receivers import Receiver
+from tests.support.servers import E2E_REDIS, eventually, start_as_make_run, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "scrape-token"
@@ -157,3 +160,42 @@ def test_every_metric_the_alert_rules_and_the_dashboard_name_is_on_a_real_scrape
     named = names_in_rules_and_dashboard()
     assert {"mq_delivery_latency_seconds_bucket", "process_cpu_seconds_total", "mq_webhook_disabled"} <= named
     assert named - scraped == set()
+
+
+def test_a_webhook_worker_s_acks_are_counted_on_the_web_process_s_scrape(tmp_path, settings):
+    # Given a webhook subscriber, and the webhook worker as make run starts it, beside a web
+    # process, both on one folder
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    receiver = Receiver(default=(200, 0))
+    queue = Queue.objects.create(name="db")
+    hooked, _ = create_subscriber("monitor", subscribe=["db"], webhook_url=receiver.url)
+    subscribing.subscribe(hooked, queue)
+    _, token = create_subscriber("app", publish=["db"])
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    env = {
+        "REDIS_URL": "",
+        "MQ_WEBHOOK_ALLOW_PRIVATE": "true",
+        "PROMETHEUS_MULTIPROC_DIR": str(folder),
+        "MQ_METRICS_TOKEN": TOKEN,
+    }
+    worker = start_as_make_run("worker", env)
+    web = start_daphne(env)
+    try:
+        # When a message is published, and posted by the worker with success
+        r = httpx.post(
+            f"{web.http}/api/queues/db/messages",
+            json={"event": "create", "payload": {}},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 201
+
+        # Then the web process's scrape counts the worker's ack, and shows the worker's figures
+        acks = lambda: value(scrape(web), "mq_delivery_latency_seconds_count", queue="db")  # noqa: E731
+        assert eventually(lambda: acks() == 1, timeout=30), worker.output()[-3000:]
+        roles = pids_of(scrape(web), "process_resident_memory_bytes")
+        assert roles == {str(web.proc.pid): "web", str(worker.proc.pid): "webhooks"}
+    finally:
+        worker.stop(signal.SIGKILL)
+        web.stop()
+        receiver.close()

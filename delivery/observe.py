@@ -17,6 +17,7 @@ observation is a bucket search and two writes to a memory-mapped file (mqsite.pr
 about a microsecond or two in-process (bench/observe_cost.py).
 """
 
+import functools
 import time
 from contextlib import contextmanager
 
@@ -81,6 +82,11 @@ def publishing(transport):
 
 
 def ack_returning():
+    return _ack_returning(connection.vendor)
+
+
+@functools.cache
+def _ack_returning(vendor):
     """The ack statement's RETURNING columns for acked_statement(): the queue, and the seconds
     from when the wait began to the ack (acked_at, the row's new value), as a float computed by
     the database (a timestamp per row cost the ack of 100 deliveries 10 % more, converted in
@@ -92,7 +98,7 @@ def ack_returning():
     since = f"""CASE WHEN next_attempt_at > created_at
         THEN COALESCE((SELECT deliver_at FROM {message} WHERE {message}.id = message_id), created_at)
         ELSE created_at END"""
-    if connection.vendor == "postgresql":
+    if vendor == "postgresql":
         return f"queue_id, EXTRACT(EPOCH FROM acked_at - {since})::float8"
     return f"queue_id, (julianday(acked_at) - julianday({since})) * 86400.0"  # SQLite: UTC text
 

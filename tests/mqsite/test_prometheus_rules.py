@@ -4,6 +4,7 @@ prometheus-rules.test.yml (the p95 latency above 2 s for 5 minutes, no live work
 letters, a disabled webhook scraped on two machines). That every metric they name is on a real
 scrape is tests/e2e/test_metrics_histograms.py's."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +28,7 @@ def run(promtool, *args):
 
 
 def test_the_rules_file_is_valid(promtool):
-    assert "SUCCESS: 7 rules found" in run(promtool, "check", "rules", "prometheus-rules.yml")
+    assert re.search(r"SUCCESS: \d+ rules found", run(promtool, "check", "rules", "prometheus-rules.yml"))
 
 
 def test_the_alerts_fire_when_they_should_and_not_before(promtool):

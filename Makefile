@@ -40,13 +40,15 @@ run: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap
 	mkdir -p $(RUN_DIR)
+	@# The processes' latency histograms (PROMETHEUS_MULTIPROC_DIR, mqsite/prometheus.py): a new start counts from zero.
+	rm -rf $(RUN_DIR)/metrics && mkdir $(RUN_DIR)/metrics
 	@# exec: make's SIGTERM goes to supervisord itself, not to a shell that would leave it running;
 	@# --pdeathsig: supervisord stops everything should make be killed outright (supervisord.conf).
 	@# supervisord reads the web processes' count and address from the settings, as checked there.
 	web=$$($(BIN)/python manage.py shell -v 0 -c 'from django.conf import settings as s; print(s.MQ_WEB_PROCESSES, s.MQ_BIND_ADDRESS)') && \
 	read -r processes address <<< "$$web" && \
-	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) \
-	MQ_WEB_PROCESSES=$$processes MQ_BIND_ADDRESS=$$address \
+	PORT=$(PORT) MQ_RUN_DIR=$(abspath $(RUN_DIR)) PROMETHEUS_MULTIPROC_DIR=$(abspath $(RUN_DIR))/metrics \
+	MQ_DEMO_AUTOSTART=$(if $(DEMO),true,false) MQ_WEB_PROCESSES=$$processes MQ_BIND_ADDRESS=$$address \
 	exec setpriv --pdeathsig TERM $(BIN)/supervisord -c mqsite/supervisord.conf
 
 demo: install
@@ -87,9 +89,15 @@ NGINX := /usr/sbin/nginx
 $(NGINX):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light
 
+# promtool checks and unit-tests the manual's alert rules (docs/operations/prometheus-rules.yml):
+# Debian ships it in the prometheus package (on a machine with systemd, its service starts too).
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
 # server itself is the machine's (docs/development.md).
-TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(NGINX)
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(NGINX) $(PROMTOOL)
 
 lint: install-dev
 	$(BIN)/ruff check .

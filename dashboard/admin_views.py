@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from delivery import ledger, publishing, reports
+from delivery import ledger, observe, publishing, reports
 from delivery.models import Delivery, Status
 from queues.headers import BadHeaders, headers_of_pairs
 from queues.models import Message, Queue
@@ -176,9 +176,10 @@ def publish_test_message(request):
     form = PublishForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         queue = form.cleaned_data["queue"]
-        [(answer, created)] = publishing.publish(
-            queue, [form.cleaned_data["outgoing"]], publisher=None, checked=True
-        )
+        with observe.publishing("admin"):
+            [(answer, created)] = publishing.publish(
+                queue, [form.cleaned_data["outgoing"]], publisher=None, checked=True
+            )
         message = Message.objects.get(pk=answer["id"])
         url = reverse("admin:queues_message_change", args=[message.pk])
         if created:

@@ -1,10 +1,12 @@
-"""Prometheus metrics at /metrics, from the deployment's shared snapshot (dashboard.shared).
+"""Prometheus metrics at /metrics, from the deployment's shared snapshot (dashboard.shared),
+then what the processes count themselves (mqsite.prometheus).
 
-The figures are the dashboard's, from the same reads (dashboard.snapshot): any process (every
-Daphne of a scaled-out deployment) answers with the same numbers, nothing is counted in memory,
-and a scrape costs the database nothing while the snapshot is at most MQ_METRICS_MAX_AGE_SECS
-old; an open dashboard keeps it about a second old anyway. Rendering the exposition from it is
-a few loops over queues, events and subscribers.
+The snapshot's figures are the dashboard's, from the same reads (dashboard.snapshot): any
+process (every Daphne of a scaled-out deployment) answers with the same numbers, and a scrape
+costs the database nothing while the snapshot is at most MQ_METRICS_MAX_AGE_SECS old; an open
+dashboard keeps it about a second old anyway. Rendering the exposition from it is a few loops
+over queues, events and subscribers. The latency histograms (delivery.observe) and the
+process_* figures are read at every scrape, from the processes' files, not the database.
 
 What is a counter and what is a gauge:
 - `mq_messages_published_total{queue}` is a true counter: the queue's last seq, which only
@@ -25,6 +27,7 @@ from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from mqsite import prometheus
 from mqsite.errors import error_json
 from subscribers.auth import operator_may
 
@@ -110,8 +113,51 @@ def families(taken_at, data):
         connected.add_metric([subscriber], n)
     yield connected
 
+    yield from webhook_families(part.get("webhooks", ()))  # .get: as analytics, below
+    if part.get("processes"):
+        yield from process_families(part["processes"])
+
     if part.get("analytics"):  # .get: a snapshot cached by a server before this one has none
         yield from analytics_families(part["analytics"])
+
+
+def webhook_families(webhooks):
+    """Each webhook that ever failed: its failures in a row, and whether it is disabled."""
+    in_a_row = GaugeMetricFamily(
+        "mq_webhook_consecutive_failures",
+        "Webhook attempts failed in a row since its last success (0 once one succeeds).",
+        labels=["subscriber"],
+    )
+    disabled = GaugeMetricFamily(
+        "mq_webhook_disabled",
+        "1 while the subscriber's webhook is disabled for failing (MQ_WEBHOOK_DISABLE_AFTER_SECS).",
+        labels=["subscriber"],
+    )
+    for subscriber, failures, is_disabled in webhooks:
+        in_a_row.add_metric([subscriber], failures)
+        disabled.add_metric([subscriber], 1 if is_disabled else 0)
+    yield in_a_row
+    yield disabled
+
+
+def process_families(processes):
+    """The processes that do the work, from their beats in the database (all machines'), as
+    /healthz counts them, and how long ago the sweep ran."""
+    alive = GaugeMetricFamily(
+        "mq_processes_alive",
+        "Processes whose beats are current, by kind: web (Daphne) and worker (Celery), every machine's.",
+        labels=["kind"],
+    )
+    for kind in ("web", "worker"):
+        alive.add_metric([kind], processes[kind]["alive"])
+    yield alive
+    age = processes["sweep"]["last_run_s"]
+    if age is not None:  # never swept: no figure (an alert on its absence says so)
+        swept = GaugeMetricFamily(
+            "mq_sweep_last_run_age_seconds", "Seconds since the sweeper last ran (every second on beat)."
+        )
+        swept.add_metric([], age)
+        yield swept
 
 
 QUANTILES = ("0.5", "0.95", "0.99")
@@ -216,6 +262,9 @@ def metrics(request):
     if refused is not None:
         return refused
     taken_at, data = shared.current(max_age=settings.MQ_METRICS_MAX_AGE_SECS)
-    response = HttpResponse(exposition(taken_at, data), content_type=CONTENT_TYPE_LATEST)
+    # The snapshot's families, then what the processes count (read at every scrape: the
+    # histograms are counted in memory, unlike everything above).
+    body = exposition(taken_at, data) + prometheus.exposition()
+    response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
     response["Age"] = str(max(int(time.time() - taken_at), 0))
     return response

@@ -20,7 +20,7 @@ from django.db.models import Count, Min, OuterRef
 from django.db.models.functions import Coalesce, Substr
 from django.utils import timezone
 
-from delivery import tallies
+from delivery import health, tallies
 from delivery.models import Delivery, Status, TallyActivity, WebhookHealth
 from delivery.reports import first_pending_at, queue_stats
 from mqsite import readers
@@ -62,7 +62,8 @@ def overview(now=None):
     totals["ack_rate"] = round(sum(a for _, a in rates.values()) / rate_secs, 3)
     totals.update(series.pop("latency_now"))
     oldest = oldest_pending_by_subscription()
-    subscribers, connections = subscribers_with_backlog(now, kept, oldest, activity)
+    webhooks = list(WebhookHealth.objects.order_by())  # the webhooks that ever failed
+    subscribers, connections = subscribers_with_backlog(now, kept, oldest, activity, webhooks)
     totals["connections"] = sum(connections.values())
     return {
         "at": now,
@@ -72,7 +73,7 @@ def overview(now=None):
         "subscribers": subscribers,
         "dead_letters": newest_dead_letters(),
         "history": analytics_history(),
-        "metrics": _metrics_part(now, kept, oldest, (rates, rate_secs), connections),
+        "metrics": _metrics_part(now, kept, oldest, (rates, rate_secs), connections, webhooks),
     }
 
 
@@ -225,13 +226,14 @@ def oldest_pending_by_subscription():
     return {sid: (subscriber_id, queue_id, oldest) for sid, subscriber_id, queue_id, oldest in rows}
 
 
-def subscribers_with_backlog(now, kept, oldest, activity):
+def subscribers_with_backlog(now, kept, oldest, activity, webhooks):
     """Subscribers that are connected or hold a subscription, the most owed first: their open
     websockets, what they subscribe to, their backlog and their acks per second; and
     {subscriber id: open websockets} of all of them.
 
     `kept`: the kept counts by full key; `oldest`: oldest_pending_by_subscription();
-    `activity`: _activity(). Two more queries: subscriptions, connections.
+    `activity`: _activity(); `webhooks`: the WebhookHealth rows. Two more queries:
+    subscriptions, connections.
     """
     subscriptions = {}
     names = {}
@@ -260,7 +262,8 @@ def subscribers_with_backlog(now, kept, oldest, activity):
             "failures": h.disabled_after if h.disabled_after is not None else h.failures,
             "last_error": h.last_error[:300],
         }
-        for h in WebhookHealth.objects.filter(disabled_since__isnull=False)
+        for h in webhooks
+        if h.disabled_since is not None
     }
     for sid in disabled:  # a disabled webhook is shown even with nothing subscribed
         names.setdefault(sid, None)
@@ -295,7 +298,7 @@ def subscribers_with_backlog(now, kept, oldest, activity):
     return out[:SUBSCRIBERS_LIMIT], {sid: c["n"] for sid, c in connections.items()}
 
 
-def _metrics_part(now, kept, oldest, rated, connections):
+def _metrics_part(now, kept, oldest, rated, connections, webhooks):
     """What /metrics exposes beyond the dashboard's figures, by name (dashboard.metrics):
     `rated` as _rates() gives it, unrounded."""
     rates, rate_secs = rated
@@ -337,8 +340,21 @@ def _metrics_part(now, kept, oldest, rated, connections):
             (subscriber_names[sid], n) for sid, n in connections.items() if sid in subscriber_names
         ),
         "webhook_attempts": webhook_attempts(kept, subscriber_names),
+        "webhooks": webhook_states(webhooks, subscriber_names),
+        # The beats of the processes that do the work and the sweep's age, as /healthz reads them.
+        "processes": health.process_checks()[0],
         "analytics": analytics_metrics(),
     }
+
+
+def webhook_states(webhooks, names):
+    """[(subscriber, failed attempts in a row, disabled)] of the webhooks that ever failed (a
+    healthy webhook's subscriber has no WebhookHealth row until its first failure)."""
+    return sorted(
+        (names[h.subscriber_id], h.failures, h.disabled_since is not None)
+        for h in webhooks
+        if h.subscriber_id in names
+    )
 
 
 def analytics_metrics():

@@ -28,7 +28,7 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from delivery import group_commit, presence, publishing, subscribing
+from delivery import group_commit, observe, presence, publishing, subscribing
 from mqsite import limits, log_context
 from mqsite.client_address import scope_client_address
 from mqsite.values import is_db_id
@@ -892,12 +892,13 @@ class DeliveryConsumer(AsyncWebsocketConsumer):
                 # Each frame against its schemas alone, before the run goes together: a frame
                 # that fails is refused whole, and fails none of the others.
                 refused = await _schema_refusals(queue, run)
-                published = await group_commit.apublish(
-                    queue,
-                    [o for p in run if id(p) not in refused for o in p.outgoing],
-                    publisher=self.subscriber,
-                    checked=True,
-                )
+                with observe.publishing("websocket"):
+                    published = await group_commit.apublish(
+                        queue,
+                        [o for p in run if id(p) not in refused for o in p.outgoing],
+                        publisher=self.subscriber,
+                        checked=True,
+                    )
             except FrameError as exc:
                 error = exc
             except limits.LimitExceeded as exc:

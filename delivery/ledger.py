@@ -33,7 +33,7 @@ from queues.models import Event, Message, Queue
 from subscribers.filters import filter_holds, filter_source
 from subscribers.models import Subscriber, Subscription, may_subscribe_q, may_subscribe_sql
 
-from . import lines, operational, receipts, spans
+from . import lines, observe, operational, receipts, spans
 from .bounds import MAX_EXTEND_SECS
 from .frame_sql import message_frame_sql
 from .models import Delivery, DeliveryAttempt, Status
@@ -1104,11 +1104,12 @@ def _ack(subscriber_id, ids, now, lead=None):
         UPDATE {table} SET status = %s, acked_at = %s, {UNLEASED_SQL}
         {_no_flush_wait("FROM ")}
         WHERE {of_ids} AND subscriber_id = %s AND status <> %s
-        RETURNING id, CASE WHEN receipt THEN message_id END
+        RETURNING id, CASE WHEN receipt THEN message_id END, {observe.ack_returning()}
         """,
         [*lead_params, Status.ACKED, at, *id_params, subscriber_id, Status.ACKED],
     )
     acked = {row[0] for row in returned}
+    yield from observe.acked_statement(returned)  # their latency (/metrics)
     # Logged by the statement right after (delivery.receipts.recheck), only when it moved
     # receipt rows: an ack is one statement and no transaction of its own, which an ack
     # without receipts keeps. Lost in between (the process died), the recheck's full pass

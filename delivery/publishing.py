@@ -20,7 +20,7 @@ from queues import timing as timings
 from queues.headers import BadHeaders, encode_headers
 from queues.models import Event, Message, Queue
 
-from . import inline, ledger
+from . import inline, ledger, observe
 
 MAX_BATCH = 1000
 MAX_KEY_LENGTH = 255
@@ -187,6 +187,7 @@ def publish(queue, outgoing, publisher=None, checked=False):
     """
     if not outgoing:
         return []
+    observe.name_queue(queue)
     if not checked:
         check_schemas(queue, outgoing)
     try:
@@ -320,6 +321,7 @@ async def apublish(queue, outgoing, publisher=None, checked=False):
     itself (delivery.inline): sent after the commit, and woken by no wake-up."""
     if not outgoing:
         return []
+    observe.name_queue(queue)
     if not checked:
         await acheck_schemas(queue, outgoing)
     events = _remembered_events(queue, {o.event for o in outgoing})

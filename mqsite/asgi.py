@@ -58,7 +58,8 @@ application = ProtocolTypeRouter(
 if "twisted.internet.reactor" in sys.modules:
     from twisted.internet import reactor
 
-    from delivery import liveness
+    from delivery import liveness, observe
+    from mqsite import prometheus
     from mqsite.workarounds import autobahn_quiet, daphne_bodies, daphne_headers
 
     daphne_shutdown.install(reactor, stopping.stop, stopping.drain, stopping.describe)
@@ -68,6 +69,9 @@ if "twisted.internet.reactor" in sys.modules:
     # What this process holds is handed back within seconds if it is killed (delivery.liveness).
     # Once the reactor runs: a test process that merely imported Daphne never beats.
     reactor.callWhenRunning(liveness.start, "web")
+    prometheus.register_process("web")  # its process_* on /metrics (mqsite.prometheus)
+    reactor.addSystemEventTrigger("during", "shutdown", prometheus.exiting)  # before the os._exit
+    observe.start_serving()
     # A publish's answer waits for no Redis round trip or webhook query (mqsite.bus).
     bus.send_from_a_thread()
     # The other processes' wake-ups and announcements, heard from the start (not from the

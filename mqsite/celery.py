@@ -6,9 +6,9 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import setup_logging, task_prerun, worker_init, worker_ready
+from celery.signals import celeryd_init, setup_logging, task_prerun, worker_init, worker_ready, worker_shutdown
 
-from mqsite import heap, log_context, tracing
+from mqsite import heap, log_context, prometheus, tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
@@ -28,6 +28,18 @@ def _trace(**kwargs):
 def _freeze_startup_heap(**kwargs):
     """Once the worker is ready (its tasks imported, its pool started): mqsite.heap."""
     heap.freeze()
+
+
+@celeryd_init.connect
+def _serving(sender=None, **kwargs):
+    """A worker's process_* figures on /metrics, as its node name's role (webhooks@host: webhooks)."""
+    prometheus.register_process(str(sender or "celery").partition("@")[0])
+
+
+@worker_shutdown.connect
+def _not_serving(**kwargs):
+    """Stopping (a cold shutdown may skip the interpreter's exit hooks): its process_* go."""
+    prometheus.exiting()
 
 
 @setup_logging.connect

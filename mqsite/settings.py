@@ -495,6 +495,15 @@ MQ_METRICS_PUBLIC = env.bool("MQ_METRICS_PUBLIC", default=False)
 MQ_METRICS_MAX_AGE_SECS = env.float("MQ_METRICS_MAX_AGE_SECS", default=5.0)
 if MQ_METRICS_MAX_AGE_SECS < 0:
     raise ImproperlyConfigured(f"MQ_METRICS_MAX_AGE_SECS must be 0 or more, not {MQ_METRICS_MAX_AGE_SECS}")
+# A folder where every serving process of this machine keeps its latency histograms, for
+# /metrics to add up (prometheus-client's multiprocess mode, read by it from the environment;
+# mqsite/prometheus.py says why). `make run` sets it to RUN_DIR/metrics and empties it at each
+# start; elsewhere, empty it before the processes start. Unset: each process counts alone.
+PROMETHEUS_MULTIPROC_DIR = env.str("PROMETHEUS_MULTIPROC_DIR", default="")
+if PROMETHEUS_MULTIPROC_DIR and not os.access(PROMETHEUS_MULTIPROC_DIR, os.W_OK | os.X_OK):
+    raise ImproperlyConfigured(
+        f"PROMETHEUS_MULTIPROC_DIR must name a writable folder, not {PROMETHEUS_MULTIPROC_DIR!r}"
+    )
 
 # --- Tracing --------------------------------------------------------------------------------------
 # OpenTelemetry's own variables, read by its SDK (docs/tracing.md): tracing is on when

@@ -2,7 +2,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from delivery import group_commit, publishing, routing
+from delivery import group_commit, observe, publishing, routing
 from mqsite.api import BodyRequiredSchema, errors
 from mqsite.names import NAME_HELP, SCHEMA_PATTERN
 from queues.models import Queue
@@ -80,7 +80,8 @@ class MessagesView(CallerView):
             raise exceptions.PermissionDenied(f"{subscriber.name} may not publish to {queue.name}.")
         outgoing, batch = publish_body(request.data)
         try:
-            answers = group_commit.publish(queue, outgoing, publisher=subscriber)
+            with observe.publishing("rest"):
+                answers = group_commit.publish(queue, outgoing, publisher=subscriber)
         except publishing.SchemaMismatch as exc:
             return Response(schema_mismatch_body(exc), status=status.HTTP_400_BAD_REQUEST)
         created = any(new for _, new in answers)

@@ -6,7 +6,14 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_init, setup_logging, task_prerun, worker_init, worker_ready, worker_shutdown
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    task_prerun,
+    worker_init,
+    worker_ready,
+    worker_shutdown,
+)
 
 from mqsite import heap, log_context, prometheus, tracing
 

@@ -1,5 +1,7 @@
 # make run  : serve everything at http://127.0.0.1:$(PORT)/ (embedded mode: SQLite, no services)
 # make test : lint and the docs, then the whole suite on SQLite and on the machine's PostgreSQL at once
+# make migrate: the release step (make run refuses a PostgreSQL database that lacks migrations)
+# make ctl ARGS="restart workers:worker": restart one process of a running make run
 # make demo : demo traffic for the dashboard (or `DEMO=1 make run` runs it beside the server)
 # make faults: the long fault-injection run (about 30 minutes; make test runs a short one)
 SHELL := /bin/bash
@@ -10,7 +12,7 @@ PORT ?= 8000
 # Where `make run` keeps supervisord's log, pid file and beat schedule.
 RUN_DIR ?= var
 
-.PHONY: run install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
+.PHONY: run migrate ctl install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
 	test-postgres-e2e test-postgres-rest bench clean demo
 # The browser test drives Debian's Chromium (never a browser download); we run as root.
 CHROMIUM := /usr/bin/chromium
@@ -37,7 +39,9 @@ $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
 install-dev: install $(VENV)/.dev-installed
 
 run: install
-	$(BIN)/python manage.py migrate --noinput
+	@# A database that lacks migrations is refused (make migrate first), except the embedded
+	@# mode's SQLite file, migrated here (MQ_MIGRATE_ON_RUN; docs/operations.md, Upgrading).
+	$(BIN)/python manage.py ensuremigrated
 	$(BIN)/python manage.py bootstrap
 	mkdir -p $(RUN_DIR)
 	@# exec: make's SIGTERM goes to supervisord itself, not to a shell that would leave it running;
@@ -48,6 +52,16 @@ run: install
 
 demo: install
 	$(BIN)/python manage.py demo
+
+# The release step: the database's schema up to the code (back it up first in production).
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+# supervisorctl on a running `make run` (same RUN_DIR), through its control socket: e.g.
+# make ctl ARGS="restart workers:worker", ARGS=status (the default), ARGS="tail -f workers:beat".
+ARGS ?= status
+ctl:
+	MQ_RUN_DIR=$(abspath $(RUN_DIR)) $(BIN)/supervisorctl -c mqsite/supervisord.conf $(ARGS)
 
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium

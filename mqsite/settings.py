@@ -184,6 +184,12 @@ else:
         "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
         "timeout": 10,
     }
+# `make run` migrates the database before it serves (manage.py ensuremigrated) only where this
+# is on: by default the embedded mode's SQLite file, so that a fresh clone just runs. Elsewhere
+# migrations are a release step (`make migrate`), and a database that lacks one is refused.
+MQ_MIGRATE_ON_RUN = env.bool(
+    "MQ_MIGRATE_ON_RUN", default=DATABASES["default"]["ENGINE"] == "mqsite.workarounds.sqlite"
+)
 # The socket's publishes, leases, acks and nacks run on an async pool of their own, on the
 # event loop (mqsite/adb.py); MQ_ASYNC_DB=false runs them in threads as the rest of the code
 # (for comparison). SQLite always does. The pool opens connections only as they are needed

@@ -93,9 +93,14 @@ REDIS_SERVER := /usr/bin/redis-server
 $(REDIS_SERVER):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
 
+# The PgBouncer test (tests/e2e/test_pgbouncer.py) starts a private one in transaction mode.
+PGBOUNCER := /usr/sbin/pgbouncer
+$(PGBOUNCER):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer
+
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
 # server itself is the machine's (docs/development.md).
-TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER)
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(PGBOUNCER)
 
 lint: install-dev
 	$(BIN)/ruff check .

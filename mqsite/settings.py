@@ -147,6 +147,15 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------------
 # The database: a SQLite file by default (the embedded mode), or postgres://user@host:5432/name.
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mqsite.sqlite3'}")}
+# PostgreSQL is reached through a pooler in transaction mode (PgBouncer's pool_mode=transaction):
+# nothing may rely on a server session lasting from one transaction to the next (docs/operations.md,
+# PgBouncer). It turns off the startup option setting plan_cache_mode, server-side cursors and,
+# unless MQ_DB_PREPARE says otherwise, prepared statements.
+MQ_DB_TRANSACTION_POOLER = env.bool("MQ_DB_TRANSACTION_POOLER", default=False)
+# The hot statements prepared on the server (mqsite/adb.py). A prepared statement belongs to a
+# server session: behind a transaction pooler only PgBouncer 1.22+ with max_prepared_statements
+# keeps track of them (then set it true); off, each statement is planned at every run.
+MQ_DB_PREPARE = env.bool("MQ_DB_PREPARE", default=not MQ_DB_TRANSACTION_POOLER)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
@@ -177,7 +186,11 @@ else:
     # generic plan's estimate looked worse than the custom plans it had tried; measured in
     # process, one publish: 1.52 ms left to choose, 1.13 ms generic, 1.90 ms custom.
     _options = DATABASES["default"].setdefault("OPTIONS", {})
-    _options["options"] = f"{_options.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
+    if not MQ_DB_TRANSACTION_POOLER:  # a pooler refuses the startup option: set it on the role
+        _options["options"] = f"{_options.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
+    else:
+        # A server-side cursor (QuerySet.iterator()) lives in a session between transactions.
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 2,
         # PostgreSQL connections per process in the pool of sync Django code.

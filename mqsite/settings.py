@@ -14,8 +14,10 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from mqsite import db_budget
 from mqsite.private_files import read_or_create_private
 from mqsite.rates import parse_rate
+from mqsite.version import VERSION
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -193,7 +195,8 @@ else:
         DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 2,
-        # PostgreSQL connections per process in the pool of sync Django code.
+        # PostgreSQL connections per process in the pool of sync Django code (a web process's:
+        # MQ_WEB_DB_POOL_MAX_SIZE). 20: a webhook worker's 16 threads and its own two.
         "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
         "timeout": 10,
     }
@@ -205,13 +208,8 @@ MQ_MIGRATE_ON_RUN = env.bool(
 )
 # The socket's publishes, leases, acks and nacks run on an async pool of their own, on the
 # event loop (mqsite/adb.py); MQ_ASYNC_DB=false runs them in threads as the rest of the code
-# (for comparison). SQLite always does. The pool opens connections only as they are needed
-# at once; 10 starved a fan-out to 10 socket subscribers (W2: 1,900/s against 4,500 to 5,000
-# with 20 and 4,500 to 7,700 on threads, bench/PROFILE.md section 10). Mind PostgreSQL's
-# max_connections (100 by default): each web process may open both pools in full.
+# (for comparison). SQLite always does. Its size: MQ_ASYNC_DB_POOL_MAX_SIZE, below.
 MQ_ASYNC_DB = env.bool("MQ_ASYNC_DB", default=True)
-# Connections of that async pool per web process, opened as needed.
-MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", 20)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -232,6 +230,28 @@ if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
         "MQ_WEB_PROCESSES above 1 needs the services mode (a PostgreSQL DATABASE_URL and "
         "REDIS_URL); the embedded mode (SQLite) serves from one process"
     )
+
+# PostgreSQL connections (mqsite/db_budget.py; docs/operations.md, "PostgreSQL connections"): the
+# workers and beat open what their threads need (DB_POOL_MAX_SIZE caps each process's sync
+# pool); each web process's two pools share what is left, at most 20 each (fewer async ones
+# starved a fan-out to 10 socket subscribers: W2 1,900/s with 10 against 4,500 to 5,000 with
+# 20, bench/PROFILE.md section 10). The connections of PostgreSQL's max_connections these
+# processes may use together (on one machine; with more machines or other clients, give each its part).
+MQ_DB_MAX_CONNECTIONS = _positive_int("MQ_DB_MAX_CONNECTIONS", 100)
+# Of those, left to others: PostgreSQL's superuser_reserved_connections (3), manage.py commands
+# (an archive, an analysis, a migration), psql, a monitoring agent.
+MQ_DB_RESERVED_CONNECTIONS = _whole_number("MQ_DB_RESERVED_CONNECTIONS", 10)
+_web_sync, _web_async = db_budget.web_share(
+    MQ_DB_MAX_CONNECTIONS - MQ_DB_RESERVED_CONNECTIONS, MQ_WEB_PROCESSES
+)
+# Connections of the sync pool of each web process (in place of DB_POOL_MAX_SIZE there, but never
+# more); by default its share of the budget above.
+MQ_WEB_DB_POOL_MAX_SIZE = _positive_int(
+    "MQ_WEB_DB_POOL_MAX_SIZE",
+    min(_web_sync, (DATABASES["default"].get("OPTIONS", {}).get("pool") or {}).get("max_size", 20)),
+)
+# Connections of the async pool of each web process, opened as needed; by default its share.
+MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", _web_async)
 
 # The channel layer serves the operators' dashboard socket: Redis between processes (services
 # mode), in memory in one process (embedded mode). Wake-ups do not use it (mqsite/bus.py).
@@ -577,7 +597,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "mqsite queue server",
     "DESCRIPTION": "Publish, subscribe, pull and acknowledge messages. The manual: docs/rest-api.md.",
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,  # mqsite/version.py: one version for the server, the schemas, the clients
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],

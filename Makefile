@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
-# Where `make run` keeps supervisord's log, pid file and beat schedule.
+# Where `make run` keeps supervisord's log, pid file, control socket (make ctl) and beat schedule.
 RUN_DIR ?= var
 
 .PHONY: run migrate ctl install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \

@@ -231,27 +231,27 @@ if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
         "REDIS_URL); the embedded mode (SQLite) serves from one process"
     )
 
-# PostgreSQL connections (mqsite/db_budget.py; docs/operations.md, "PostgreSQL connections"): the
-# workers and beat open what their threads need (DB_POOL_MAX_SIZE caps each process's sync
-# pool); each web process's two pools share what is left, at most 20 each (fewer async ones
-# starved a fan-out to 10 socket subscribers: W2 1,900/s with 10 against 4,500 to 5,000 with
-# 20, bench/PROFILE.md section 10). The connections of PostgreSQL's max_connections these
-# processes may use together (on one machine; with more machines or other clients, give each its part).
+# The PostgreSQL connections of PostgreSQL's max_connections that these processes may use
+# together (on one machine; when several machines or other clients share the server, give each
+# its part). docs/operations.md, "PostgreSQL connections".
 MQ_DB_MAX_CONNECTIONS = _positive_int("MQ_DB_MAX_CONNECTIONS", 100)
 # Of those, left to others: PostgreSQL's superuser_reserved_connections (3), manage.py commands
 # (an archive, an analysis, a migration), psql, a monitoring agent.
 MQ_DB_RESERVED_CONNECTIONS = _whole_number("MQ_DB_RESERVED_CONNECTIONS", 10)
-_web_sync, _web_async = db_budget.web_share(
+# The budget (mqsite/db_budget.py): the workers and beat open what their threads need
+# (DB_POOL_MAX_SIZE caps each process's sync pool); each web process's two pools share what is
+# left, at most 20 each (fewer async ones starved a fan-out to 10 socket subscribers: W2
+# 1,900/s with 10 against 4,500 to 5,000 with 20, bench/PROFILE.md section 10).
+_budget_sync, _budget_async = db_budget.web_share(
     MQ_DB_MAX_CONNECTIONS - MQ_DB_RESERVED_CONNECTIONS, MQ_WEB_PROCESSES
 )
-# Connections of the sync pool of each web process (in place of DB_POOL_MAX_SIZE there, but never
-# more); by default its share of the budget above.
-MQ_WEB_DB_POOL_MAX_SIZE = _positive_int(
-    "MQ_WEB_DB_POOL_MAX_SIZE",
-    min(_web_sync, (DATABASES["default"].get("OPTIONS", {}).get("pool") or {}).get("max_size", 20)),
-)
-# Connections of the async pool of each web process, opened as needed; by default its share.
-MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", _web_async)
+_DB_POOL_MAX_SIZE = (DATABASES["default"].get("OPTIONS", {}).get("pool") or {}).get("max_size", 20)
+# Connections of the sync pool of each web process, in place of DB_POOL_MAX_SIZE there: by
+# default its share of the budget (2 web processes: 15; 4: 7), and no more than DB_POOL_MAX_SIZE.
+MQ_WEB_DB_POOL_MAX_SIZE = _positive_int("MQ_WEB_DB_POOL_MAX_SIZE", min(_budget_sync, _DB_POOL_MAX_SIZE))
+# Connections of the async pool of each web process, opened as needed: by default its share of
+# the budget (2 web processes: 15; 4: 8).
+MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", _budget_async)
 
 # The channel layer serves the operators' dashboard socket: Redis between processes (services
 # mode), in memory in one process (embedded mode). Wake-ups do not use it (mqsite/bus.py).

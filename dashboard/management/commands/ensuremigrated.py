@@ -7,7 +7,7 @@ default there) is migrated here, so that a fresh clone's `make run` just works."
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 # The exit status of a refusal (CommandError's), which `make run` stops on.
@@ -28,7 +28,12 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args, **options):
-        missing = unapplied()
+        try:
+            missing = unapplied()
+        except OperationalError as exc:  # not a traceback: what is wrong, in one line
+            raise CommandError(
+                f"cannot read the database's migrations (DATABASE_URL): {exc}".strip()
+            ) from exc
         if not missing:
             return
         if settings.MQ_MIGRATE_ON_RUN:

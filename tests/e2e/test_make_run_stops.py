@@ -1,8 +1,8 @@
 """`make run` stops whole: stopped by Ctrl-C or SIGTERM, every process it started is gone within
 10 s, an analysis in the middle of its Spark run included; and none outlives supervisord being
 killed outright (mqsite/supervisord.conf says how). One of its processes restarts alone
-(`make ctl`). Each run is the real `make run`, on free
-ports and the test database, in the embedded mode on SQLite and the services mode on PostgreSQL.
+(`make ctl`), the others going on. Each run is the real `make run`, on free ports and the test
+database, in the embedded mode on SQLite and the services mode on PostgreSQL.
 
 Its processes are found by a mark in their environment, which every child inherits (the Spark
 JVM too), so a process reparented to init is found as well as one still under supervisord."""
@@ -164,9 +164,9 @@ embedded_pass_only = pytest.mark.skipif(
 @embedded_pass_only
 def test_one_process_restarts_alone_and_ctrl_c_stops_every_process_it_started(make_run):
     run = make_run()
-    before = run.pids()
     programs = {"workers:worker", "workers:maintenance", "workers:analytics", "workers:beat", "web:web0"}
-    assert programs <= set(before), before
+    assert eventually(lambda: programs <= set(run.pids()), 30), run.ctl("status")  # all RUNNING
+    before = run.pids()
     restarted = run.ctl("restart workers:worker")
     assert "workers:worker: started" in restarted, restarted
     assert eventually(lambda: run.pids().get("workers:worker") not in (None, before["workers:worker"]), 15)

@@ -22,6 +22,10 @@ WORKER_OVERHEAD = 2
 # (analytics.archive.exclusive: the archive run, compaction, the analysis).
 LOCKING_QUEUES = {"maintenance", "analytics"}
 
+# The default number of web processes (the CPU count) stops here: 8 of them fit PostgreSQL's
+# default max_connections with their pools at 3 + 4 connections; 16 would not, at 2 + 2.
+MAX_DEFAULT_WEB_PROCESSES = 8
+
 # What a web process's two pools are never given more than (the defaults measured in
 # bench/PROFILE.md: fewer async connections starved a fan-out to socket subscribers).
 WEB_POOL_CAP = 20

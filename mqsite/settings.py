@@ -224,7 +224,11 @@ SERVICES_MODE = bool(REDIS_URL) and DATABASES["default"]["ENGINE"] != "mqsite.wo
 # announcements, throttles and long-poll slots cross processes through Redis, and PostgreSQL
 # takes writers from many. The embedded mode keeps one, since SQLite's writer lock is this
 # process's (mqsite/workarounds/sqlite): several would fight over the file's lock instead of queueing.
-MQ_WEB_PROCESSES = _positive_int("MQ_WEB_PROCESSES", (os.cpu_count() or 1) if SERVICES_MODE else 1)
+# By default the CPU count, at most 8: more would not fit PostgreSQL's default max_connections
+# (MQ_DB_MAX_CONNECTIONS, below).
+MQ_WEB_PROCESSES = _positive_int(
+    "MQ_WEB_PROCESSES", min(os.cpu_count() or 1, db_budget.MAX_DEFAULT_WEB_PROCESSES) if SERVICES_MODE else 1
+)
 if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
     raise ImproperlyConfigured(
         "MQ_WEB_PROCESSES above 1 needs the services mode (a PostgreSQL DATABASE_URL and "
@@ -252,6 +256,19 @@ MQ_WEB_DB_POOL_MAX_SIZE = _positive_int("MQ_WEB_DB_POOL_MAX_SIZE", min(_budget_s
 # Connections of the async pool of each web process, opened as needed: by default its share of
 # the budget (2 web processes: 15; 4: 8).
 MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", _budget_async)
+if not DATABASES["default"]["ENGINE"].startswith("mqsite.workarounds.sqlite"):
+    _web_async = MQ_ASYNC_DB_POOL_MAX_SIZE if MQ_ASYNC_DB else 0
+    _rows, _total = db_budget.table(MQ_WEB_PROCESSES, MQ_WEB_DB_POOL_MAX_SIZE, _web_async)
+    if _total > MQ_DB_MAX_CONNECTIONS - MQ_DB_RESERVED_CONNECTIONS:
+        # Refused at start rather than PostgreSQL refusing connections ("too many clients") under load.
+        raise ImproperlyConfigured(
+            f"the processes of make run may open {_total} PostgreSQL connections "
+            f"({', '.join(f'{n} x {name}: {each}' for name, n, each in _rows)}), more than "
+            f"MQ_DB_MAX_CONNECTIONS ({MQ_DB_MAX_CONNECTIONS}) less MQ_DB_RESERVED_CONNECTIONS "
+            f"({MQ_DB_RESERVED_CONNECTIONS}): raise PostgreSQL's max_connections and "
+            "MQ_DB_MAX_CONNECTIONS with it, lower MQ_WEB_PROCESSES, or the pools' sizes "
+            "(docs/operations.md, PostgreSQL connections)"
+        )
 
 # The channel layer serves the operators' dashboard socket: Redis between processes (services
 # mode), in memory in one process (embedded mode). Wake-ups do not use it (mqsite/bus.py).

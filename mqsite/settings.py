@@ -256,7 +256,12 @@ MQ_WEB_DB_POOL_MAX_SIZE = _positive_int("MQ_WEB_DB_POOL_MAX_SIZE", min(_budget_s
 # Connections of the async pool of each web process, opened as needed: by default its share of
 # the budget (2 web processes: 15; 4: 8).
 MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", _budget_async)
-if not DATABASES["default"]["ENGINE"].startswith("mqsite.workarounds.sqlite"):
+# Behind a transaction pooler the processes' connections are the pooler's clients, and
+# PostgreSQL sees only its default_pool_size.
+if (
+    not DATABASES["default"]["ENGINE"].startswith("mqsite.workarounds.sqlite")
+    and not MQ_DB_TRANSACTION_POOLER
+):
     _web_async = MQ_ASYNC_DB_POOL_MAX_SIZE if MQ_ASYNC_DB else 0
     _rows, _total = db_budget.table(MQ_WEB_PROCESSES, MQ_WEB_DB_POOL_MAX_SIZE, _web_async)
     if _total > MQ_DB_MAX_CONNECTIONS - MQ_DB_RESERVED_CONNECTIONS:

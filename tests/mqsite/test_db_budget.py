@@ -83,6 +83,8 @@ def test_processes_that_would_not_fit_are_refused_at_start_with_the_figures():
     assert "ImproperlyConfigured: the processes of make run may open 93 PostgreSQL connections" in error
     assert "16 x web (Daphne): 4" in error and "MQ_DB_MAX_CONNECTIONS (100)" in error
     assert settings_of(MQ_WEB_PROCESSES="16", MQ_DB_MAX_CONNECTIONS="200")[0] == 16  # raised: fits
+    # behind PgBouncer the connections are its clients: PostgreSQL sees its pool
+    assert settings_of(MQ_WEB_PROCESSES="16", MQ_DB_TRANSACTION_POOLER="true")[0] == 16
 
 
 def test_the_default_number_of_web_processes_fits():

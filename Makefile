@@ -1,5 +1,7 @@
 # make run  : serve everything at http://127.0.0.1:$(PORT)/ (embedded mode: SQLite, no services)
 # make test : lint and the docs, then the whole suite on SQLite and on the machine's PostgreSQL at once
+# make migrate: the release step (make run refuses a PostgreSQL database that lacks migrations)
+# make ctl ARGS="restart workers:worker": restart one process of a running make run
 # make demo : demo traffic for the dashboard (or `DEMO=1 make run` runs it beside the server)
 # make faults: the long fault-injection run (about 30 minutes; make test runs a short one)
 SHELL := /bin/bash
@@ -7,10 +9,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
-# Where `make run` keeps supervisord's log, pid file and beat schedule.
+# Where `make run` keeps supervisord's log, pid file, control socket (make ctl) and beat schedule.
 RUN_DIR ?= var
 
-.PHONY: run install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
+.PHONY: run migrate ctl install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
 	test-postgres-e2e test-postgres-rest bench clean demo
 # The browser test drives Debian's Chromium (never a browser download); we run as root.
 CHROMIUM := /usr/bin/chromium
@@ -37,7 +39,9 @@ $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
 install-dev: install $(VENV)/.dev-installed
 
 run: install
-	$(BIN)/python manage.py migrate --noinput
+	@# A database that lacks migrations is refused (make migrate first), except the embedded
+	@# mode's SQLite file, migrated here (MQ_MIGRATE_ON_RUN; docs/operations/index.md, Upgrading).
+	$(BIN)/python manage.py ensuremigrated
 	$(BIN)/python manage.py bootstrap
 	mkdir -p $(RUN_DIR)
 	@# The processes' latency histograms (PROMETHEUS_MULTIPROC_DIR, mqsite/prometheus.py): a new start counts from zero.
@@ -53,6 +57,16 @@ run: install
 
 demo: install
 	$(BIN)/python manage.py demo
+
+# The release step: the database's schema up to the code (back it up first in production).
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+# supervisorctl on a running `make run` (same RUN_DIR), through its control socket: e.g.
+# make ctl ARGS="restart workers:worker", ARGS=status (the default), ARGS="tail -f workers:beat".
+ARGS ?= status
+ctl:
+	MQ_RUN_DIR=$(abspath $(RUN_DIR)) $(BIN)/supervisorctl -c mqsite/supervisord.conf $(ARGS)
 
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
@@ -95,9 +109,14 @@ PROMTOOL := /usr/bin/promtool
 $(PROMTOOL):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
 
+# The PgBouncer test (tests/e2e/test_pgbouncer.py) starts a private one in transaction mode.
+PGBOUNCER := /usr/sbin/pgbouncer
+$(PGBOUNCER):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer
+
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
 # server itself is the machine's (docs/development.md).
-TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(NGINX) $(PROMTOOL)
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(NGINX) $(PROMTOOL) $(PGBOUNCER)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -283,9 +283,9 @@ def exclusive(root, wait_secs=0):
     Two archive runs at once could each write a file of the same name with different rows in
     it (their batches read at different moments), the second rename winning while both delete:
     rows would go that no file holds. Compaction swaps a partition's files for one, and a
-    reader that listed them before must not find them gone. PostgreSQL: a session advisory
-    lock (any host; re-entrant in one connection); otherwise a file lock beside the database
-    (SQLite is one machine's anyway; not re-entrant).
+    reader that listed them before must not find them gone. PostgreSQL: a transaction-level
+    advisory lock (any host; _held_in_a_transaction says why); otherwise a file lock beside the
+    database (SQLite is one machine's anyway). Neither is re-entrant.
     """
     root = str(root or settings.MQ_ARCHIVE_DIR)
     # One place, one lock, however it is named: "var/archive", its absolute path, a slash more.
@@ -293,17 +293,8 @@ def exclusive(root, wait_secs=0):
     key = int.from_bytes(hashlib.sha256(f"mqsite.archive:{place}".encode()).digest()[:8], "big", signed=True)
     deadline = time.monotonic() + wait_secs
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            while True:
-                cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-                if cursor.fetchone()[0]:
-                    break
-                _wait_or_give_up(root, deadline)
-        try:
+        with _held_in_a_transaction(key, root, deadline):
             yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
         return
     lock_dir = os.path.dirname(os.path.abspath(str(connection.settings_dict["NAME"])))
     path = os.path.join(lock_dir, f".archive-{key & 0xFFFFFFFF:08x}.lock")
@@ -318,6 +309,37 @@ def exclusive(root, wait_secs=0):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _held_in_a_transaction(key, root, deadline):
+    """pg_try_advisory_xact_lock in a transaction kept open, on a connection of its own, for as
+    long as the block runs (its batches commit on the caller's connection meanwhile).
+
+    Not a session lock (pg_advisory_lock): behind a pooler in transaction mode (PgBouncer's
+    default) a session is not the client's between transactions, so the lock could be taken on
+    one server connection and released on another (never, then), or another client's
+    transaction could find it held. An open transaction keeps its server connection for
+    itself, and its lock goes with it when it ends or its connection drops (a killed run holds
+    nothing). Idle in a transaction at READ COMMITTED, it holds no snapshot and no transaction
+    id: vacuum is not held back. idle_in_transaction_session_timeout, if an operator set one,
+    is lifted for this transaction alone (SET LOCAL), which would otherwise end it mid-run."""
+    holder = connections.create_connection(connection.alias)
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+            while True:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key])
+                if cursor.fetchone()[0]:
+                    break
+                _wait_or_give_up(root, deadline)
+        yield
+    finally:
+        try:
+            holder.rollback()  # ends the transaction: the lock goes
+        finally:
+            holder.close()
 
 
 def _wait_or_give_up(root, deadline):

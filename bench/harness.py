@@ -171,11 +171,11 @@ def server_process(env, log_path, processes=1):
 
 
 def celery_commands(workdir):
-    """The Celery workers `make run` starts, as supervisord.conf names them ([program:worker],
-    [program:maintenance]): read from there (mqsite.run_programs), so a benchmark runs what
-    production runs. Beat's schedule file goes into `workdir` rather than the tree's var/, and
-    `celery` is the one beside this Python (as DAPHNE is): a worktree of the repository has no
-    .venv of its own."""
+    """The Celery programs `make run` starts, as supervisord.conf names them ([program:worker],
+    [program:maintenance], [program:beat], ...): read from there (mqsite.run_programs), so a
+    benchmark runs what production runs. Beat's schedule file goes into `workdir` rather than
+    the tree's var/, and `celery` is the one beside this Python (as DAPHNE is): a worktree of
+    the repository has no .venv of its own."""
     out = {}
     for name, args in run_programs.programs().items():
         if not args or Path(args[0]).name != "celery":
@@ -190,7 +190,7 @@ def celery_commands(workdir):
 @contextlib.contextmanager
 def celery_workers(env, workdir, programs=None):
     """The Celery workers of the services mode (celery_commands; only those named in `programs`
-    if given), each in a session of its own (beat is a child of its worker); TERM to each group
+    if given), each in a session of its own (a prefork worker's pool child goes with it); TERM to each group
     at the end, then KILL."""
     procs = []
     try:

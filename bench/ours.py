@@ -35,9 +35,9 @@ SAME_OVER_BATCH = {"ws-batch": {"W1a", "W7"}}
 # Runs whose queues are ordered (W7), and W7's webhook queue (its consumer is not a transport).
 ORDERED_RUNS = ("w7",)
 WEBHOOK_QUEUE = "w7-webhook"
-# The Celery programs of mqsite/supervisord.conf that W7's webhook needs: the posts and the
-# sweeper (the analytics worker would only take CPU).
-WEBHOOK_PROGRAMS = ("worker", "maintenance")
+# The Celery programs of mqsite/supervisord.conf that W7's webhook needs: the posts, the
+# sweeper and beat, which sends the sweeps (the analytics worker would only take CPU).
+WEBHOOK_PROGRAMS = ("worker", "maintenance", "beat")
 
 
 class Ours:

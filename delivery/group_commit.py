@@ -65,6 +65,7 @@ def publish(queue, outgoing, publisher=None, checked=False):
         lead = queue.pk not in _busy
         _busy.add(queue.pk)
     if not lead:
+        _give_back_connection()
         job.done.wait()
         lead = job.lead
     if lead:
@@ -72,6 +73,17 @@ def publish(queue, outgoing, publisher=None, checked=False):
     if job.error is not None:
         raise job.error
     return job.result
+
+
+def _give_back_connection():
+    """A caller that waits for the leader holds no pooled connection meanwhile: the leader may
+    need the pool's last one (a socket's publish comes in a thread that has none yet, its
+    schemas checked on the event loop), and with every other connection held by callers
+    waiting for it, it waited out the pool's timeout and failed them all (seen with a web
+    process's sync pool of 3 to 7, and of 20 under more load). A SQLite connection stays: there
+    is no pool, and opening one costs more than most queries."""
+    if connection.settings_dict.get("OPTIONS", {}).get("pool") and connection.connection is not None:
+        connection.close()  # back to the pool; taken again if this caller leads or queries
 
 
 def _lead(queue):

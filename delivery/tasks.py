@@ -389,7 +389,14 @@ def post_one(subscriber, delivery, client):
     )
 
 
-@shared_task
+# A sweep not started within this long is dropped by the worker: beat is a process of its own
+# and sends one every second whether or not the maintenance worker is up, and a worker back
+# after a minute away would otherwise run the sixty it missed, one after the other (the next
+# sweep does what they would have done).
+SWEEP_EXPIRES_SECS = 5
+
+
+@shared_task(expires=SWEEP_EXPIRES_SECS)
 def sweep():
     """On beat, every second: expire overdue leases (back to pending with backoff, or dead
     after the last attempt), remove connections whose server died, finish the replays and

@@ -120,11 +120,12 @@ def _prepared_cursor():
     0.8 ms a statement). Only the operations written for both drivers run on this cursor, whose
     texts are fit for it (the module's docstring); the rest of the code keeps Django's cursors,
     which never prepare (client-side binding), whatever the connection's threshold. The
-    prepared statements belong to the pooled connection's server session, as the async pool's
-    (no transaction-mode pooler in between). While queries are logged (DEBUG, a test that
-    captures them), Django's own cursor: its log shows a statement with its values, which
-    Django cannot compose from a server-binding cursor's prepared statement."""
-    if connection.vendor != "postgresql" or connection.queries_logged:
+    prepared statements belong to the pooled connection's server session, as the async pool's;
+    with MQ_DB_PREPARE off (a transaction-mode pooler in between), Django's own cursor. While
+    queries are logged (DEBUG, a test that captures them), Django's own cursor: its log shows a
+    statement with its values, which Django cannot compose from a server-binding cursor's
+    prepared statement."""
+    if connection.vendor != "postgresql" or connection.queries_logged or not settings.MQ_DB_PREPARE:
         return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()
@@ -242,13 +243,13 @@ class _Pool:
         # run on (a text run once, like the time zone's, is not), PostgreSQL plans each once per
         # connection, and after five runs settles on a generic plan where it is as good, which
         # the partial indexes still serve: their statuses are literals (querysets.status_is).
-        # Prepared statements belong to the server session of one connection: no PgBouncer (or
-        # another pooler in transaction mode) stands between this pool and PostgreSQL; one that
-        # did would need prepare_threshold None here (or its protocol-level prepared statements).
+        # Prepared statements belong to the server session of one connection: behind a pooler
+        # in transaction mode MQ_DB_PREPARE is off (None: never prepared), unless the pooler
+        # keeps track of them (PgBouncer 1.22+, max_prepared_statements).
         self.kwargs = {
             **wrapper.get_connection_params(),
             "cursor_factory": psycopg.AsyncCursor,
-            "prepare_threshold": PREPARE_THRESHOLD,
+            "prepare_threshold": PREPARE_THRESHOLD if settings.MQ_DB_PREPARE else None,
             "autocommit": True,
         }
         self.timezone_name, self.set_time_zone = wrapper.timezone_name, wrapper.ops.set_time_zone_sql()

@@ -5,6 +5,11 @@ import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
+from mqsite import db_budget  # noqa: E402
+
+if "twisted.internet.reactor" in sys.modules:  # served by Daphne: a web process's pool size
+    db_budget.size_web_pool()
+
 import django  # noqa: E402
 
 django.setup(set_prefix=False)  # as get_asgi_application() does, before the consumers are imported

@@ -14,8 +14,10 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from mqsite import db_budget
 from mqsite.private_files import read_or_create_private
 from mqsite.rates import parse_rate
+from mqsite.version import VERSION
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -165,6 +167,15 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------------
 # The database: a SQLite file by default (the embedded mode), or postgres://user@host:5432/name.
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mqsite.sqlite3'}")}
+# PostgreSQL is reached through a pooler in transaction mode (PgBouncer's pool_mode=transaction):
+# nothing may rely on a server session lasting from one transaction to the next (docs/operations/index.md,
+# PgBouncer). It turns off the startup option setting plan_cache_mode, server-side cursors and,
+# unless MQ_DB_PREPARE says otherwise, prepared statements.
+MQ_DB_TRANSACTION_POOLER = env.bool("MQ_DB_TRANSACTION_POOLER", default=False)
+# The hot statements prepared on the server (mqsite/adb.py). A prepared statement belongs to a
+# server session: behind a transaction pooler only PgBouncer 1.22+ with max_prepared_statements
+# keeps track of them (then set it true); off, each statement is planned at every run.
+MQ_DB_PREPARE = env.bool("MQ_DB_PREPARE", default=not MQ_DB_TRANSACTION_POOLER)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
@@ -195,22 +206,28 @@ else:
     # generic plan's estimate looked worse than the custom plans it had tried; measured in
     # process, one publish: 1.52 ms left to choose, 1.13 ms generic, 1.90 ms custom.
     _options = DATABASES["default"].setdefault("OPTIONS", {})
-    _options["options"] = f"{_options.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
+    if not MQ_DB_TRANSACTION_POOLER:  # a pooler refuses the startup option: set it on the role
+        _options["options"] = f"{_options.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
+    else:
+        # A server-side cursor (QuerySet.iterator()) lives in a session between transactions.
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 2,
-        # PostgreSQL connections per process in the pool of sync Django code.
+        # PostgreSQL connections per process in the pool of sync Django code (a web process's:
+        # MQ_WEB_DB_POOL_MAX_SIZE). 20: a webhook worker's 16 threads and its own two.
         "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
         "timeout": 10,
     }
+# `make run` migrates the database before it serves (manage.py ensuremigrated) only where this
+# is on: by default the embedded mode's SQLite file, so that a fresh clone just runs. Elsewhere
+# migrations are a release step (`make migrate`), and a database that lacks one is refused.
+MQ_MIGRATE_ON_RUN = env.bool(
+    "MQ_MIGRATE_ON_RUN", default=DATABASES["default"]["ENGINE"] == "mqsite.workarounds.sqlite"
+)
 # The socket's publishes, leases, acks and nacks run on an async pool of their own, on the
 # event loop (mqsite/adb.py); MQ_ASYNC_DB=false runs them in threads as the rest of the code
-# (for comparison). SQLite always does. The pool opens connections only as they are needed
-# at once; 10 starved a fan-out to 10 socket subscribers (W2: 1,900/s against 4,500 to 5,000
-# with 20 and 4,500 to 7,700 on threads, bench/PROFILE.md section 10). Mind PostgreSQL's
-# max_connections (100 by default): each web process may open both pools in full.
+# (for comparison). SQLite always does. Its size: MQ_ASYNC_DB_POOL_MAX_SIZE, below.
 MQ_ASYNC_DB = env.bool("MQ_ASYNC_DB", default=True)
-# Connections of that async pool per web process, opened as needed.
-MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", 20)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -225,12 +242,56 @@ SERVICES_MODE = bool(REDIS_URL) and DATABASES["default"]["ENGINE"] != "mqsite.wo
 # announcements, throttles and long-poll slots cross processes through Redis, and PostgreSQL
 # takes writers from many. The embedded mode keeps one, since SQLite's writer lock is this
 # process's (mqsite/workarounds/sqlite): several would fight over the file's lock instead of queueing.
-MQ_WEB_PROCESSES = _positive_int("MQ_WEB_PROCESSES", (os.cpu_count() or 1) if SERVICES_MODE else 1)
+# By default the CPU count, at most 8: more would not fit PostgreSQL's default max_connections
+# (MQ_DB_MAX_CONNECTIONS, below).
+MQ_WEB_PROCESSES = _positive_int(
+    "MQ_WEB_PROCESSES", min(os.cpu_count() or 1, db_budget.MAX_DEFAULT_WEB_PROCESSES) if SERVICES_MODE else 1
+)
 if MQ_WEB_PROCESSES > 1 and not SERVICES_MODE:
     raise ImproperlyConfigured(
         "MQ_WEB_PROCESSES above 1 needs the services mode (a PostgreSQL DATABASE_URL and "
         "REDIS_URL); the embedded mode (SQLite) serves from one process"
     )
+
+# The PostgreSQL connections of PostgreSQL's max_connections that these processes may use
+# together (on one machine; when several machines or other clients share the server, give each
+# its part). docs/operations/index.md, "PostgreSQL connections".
+MQ_DB_MAX_CONNECTIONS = _positive_int("MQ_DB_MAX_CONNECTIONS", 100)
+# Of those, left to others: PostgreSQL's superuser_reserved_connections (3), manage.py commands
+# (an archive, an analysis, a migration), psql, a monitoring agent.
+MQ_DB_RESERVED_CONNECTIONS = _whole_number("MQ_DB_RESERVED_CONNECTIONS", 10)
+# The budget (mqsite/db_budget.py): the workers and beat open what their threads need
+# (DB_POOL_MAX_SIZE caps each process's sync pool); each web process's two pools share what is
+# left, at most 20 each (fewer async ones starved a fan-out to 10 socket subscribers: W2
+# 1,900/s with 10 against 4,500 to 5,000 with 20, bench/PROFILE.md section 10).
+_budget_sync, _budget_async = db_budget.web_share(
+    MQ_DB_MAX_CONNECTIONS - MQ_DB_RESERVED_CONNECTIONS, MQ_WEB_PROCESSES
+)
+_DB_POOL_MAX_SIZE = (DATABASES["default"].get("OPTIONS", {}).get("pool") or {}).get("max_size", 20)
+# Connections of the sync pool of each web process, in place of DB_POOL_MAX_SIZE there: by
+# default its share of the budget (2 web processes: 15; 4: 7), and no more than DB_POOL_MAX_SIZE.
+MQ_WEB_DB_POOL_MAX_SIZE = _positive_int("MQ_WEB_DB_POOL_MAX_SIZE", min(_budget_sync, _DB_POOL_MAX_SIZE))
+# Connections of the async pool of each web process, opened as needed: by default its share of
+# the budget (2 web processes: 15; 4: 8).
+MQ_ASYNC_DB_POOL_MAX_SIZE = _positive_int("MQ_ASYNC_DB_POOL_MAX_SIZE", _budget_async)
+# Behind a transaction pooler the processes' connections are the pooler's clients, and
+# PostgreSQL sees only its default_pool_size.
+if (
+    not DATABASES["default"]["ENGINE"].startswith("mqsite.workarounds.sqlite")
+    and not MQ_DB_TRANSACTION_POOLER
+):
+    _web_async = MQ_ASYNC_DB_POOL_MAX_SIZE if MQ_ASYNC_DB else 0
+    _rows, _total = db_budget.table(MQ_WEB_PROCESSES, MQ_WEB_DB_POOL_MAX_SIZE, _web_async)
+    if _total > MQ_DB_MAX_CONNECTIONS - MQ_DB_RESERVED_CONNECTIONS:
+        # Refused at start rather than PostgreSQL refusing connections ("too many clients") under load.
+        raise ImproperlyConfigured(
+            f"the processes of make run may open {_total} PostgreSQL connections "
+            f"({', '.join(f'{n} x {name}: {each}' for name, n, each in _rows)}), more than "
+            f"MQ_DB_MAX_CONNECTIONS ({MQ_DB_MAX_CONNECTIONS}) less MQ_DB_RESERVED_CONNECTIONS "
+            f"({MQ_DB_RESERVED_CONNECTIONS}): raise PostgreSQL's max_connections and "
+            "MQ_DB_MAX_CONNECTIONS with it, lower MQ_WEB_PROCESSES, or the pools' sizes "
+            "(docs/operations/index.md, PostgreSQL connections)"
+        )
 
 # The channel layer serves the operators' dashboard socket: Redis between processes (services
 # mode), in memory in one process (embedded mode). Wake-ups do not use it (mqsite/bus.py).
@@ -591,7 +652,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "mqsite queue server",
     "DESCRIPTION": "Publish, subscribe, pull and acknowledge messages. The manual: docs/rest-api.md.",
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,  # mqsite/version.py: one version for the server, the schemas, the clients
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],

@@ -1,7 +1,8 @@
 """`make run` stops whole: stopped by Ctrl-C or SIGTERM, every process it started is gone within
 10 s, an analysis in the middle of its Spark run included; and none outlives supervisord being
-killed outright (mqsite/supervisord.conf says how). Each run is the real `make run`, on free
-ports and the test database, in the embedded mode on SQLite and the services mode on PostgreSQL.
+killed outright (mqsite/supervisord.conf says how). One of its processes restarts alone
+(`make ctl`), the others going on. Each run is the real `make run`, on free ports and the test
+database, in the embedded mode on SQLite and the services mode on PostgreSQL.
 
 Its processes are found by a mark in their environment, which every child inherits (the Spark
 JVM too), so a process reparented to init is found as well as one still under supervisord."""
@@ -66,9 +67,10 @@ class MakeRun:
             env["REDIS_URL"] = ""
             env["MQ_CELERY_DIR"] = tempfile.mkdtemp(prefix="celery-", dir=tmp_path)
         self.env = {**env, **extra_env}
+        self.run_dir = tmp_path / "run"
         self.log = (tmp_path / "make-run.log").open("wb")
         self.make = subprocess.Popen(
-            ["make", "--no-print-directory", "run", f"PORT={self.port}", f"RUN_DIR={tmp_path / 'run'}"],
+            ["make", "--no-print-directory", "run", f"PORT={self.port}", f"RUN_DIR={self.run_dir}"],
             cwd=ROOT,
             env=self.env,
             stdout=self.log,
@@ -85,6 +87,27 @@ class MakeRun:
                 return r.status == 200
         except OSError:
             return False
+
+    def ctl(self, args):
+        """`make ctl ARGS=...` against this run; its output."""
+        done = subprocess.run(
+            ["make", "--no-print-directory", "ctl", f"ARGS={args}", f"RUN_DIR={self.run_dir}"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return done.stdout + done.stderr
+
+    def pids(self):
+        """{program: pid} of the running programs, as `make ctl ARGS=status` lists them."""
+        out = {}
+        for line in self.ctl("status").splitlines():
+            fields = line.replace(",", " ").split()
+            if len(fields) > 3 and fields[1] == "RUNNING" and fields[2] == "pid":
+                out[fields[0]] = int(fields[3])
+        return out
 
     def supervisord(self):
         return next(pid for pid, cmd in tagged(self.tag).items() if "supervisord" in cmd)
@@ -139,8 +162,18 @@ embedded_pass_only = pytest.mark.skipif(
 
 
 @embedded_pass_only
-def test_ctrl_c_stops_every_process_it_started(make_run):
+def test_one_process_restarts_alone_and_ctrl_c_stops_every_process_it_started(make_run):
     run = make_run()
+    programs = {"workers:worker", "workers:maintenance", "workers:analytics", "workers:beat", "web:web0"}
+    assert eventually(lambda: programs <= set(run.pids()), 30), run.ctl("status")  # all RUNNING
+    before = run.pids()
+    restarted = run.ctl("restart workers:worker")
+    assert "workers:worker: started" in restarted, restarted
+    assert eventually(lambda: run.pids().get("workers:worker") not in (None, before["workers:worker"]), 15)
+    after = run.pids()
+    assert {k: v for k, v in after.items() if k != "workers:worker"} == {
+        k: v for k, v in before.items() if k != "workers:worker"
+    }  # the others kept running
     os.killpg(run.make.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group
     took = run.wait_until_gone(STOPPED_WITHIN_SECS)
     assert took is not None, (tagged(run.tag), run.output())

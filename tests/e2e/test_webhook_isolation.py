@@ -44,6 +44,10 @@ def cluster(settings):
             self.procs.append(self.daphne)
 
         def worker(self, program):
+            """A worker as `make run` starts it; the maintenance worker with beat beside it,
+            which sends its sweeps (a program of its own, as in `make run`)."""
+            if program == "maintenance":
+                self.procs.append(start_as_make_run("beat", self.env))
             proc = start_as_make_run(program, self.env)
             self.procs.append(proc)
             return proc

@@ -194,8 +194,8 @@ class Process:
     """A child process with its log in a file, stopped with a signal (SIGKILL for faults).
 
     It leads a process group of its own and signals go to the whole group: a worker's
-    embedded beat is a child process, which a SIGKILL of the worker alone would leave running
-    (sweeping the test database of a later test)."""
+    embedded beat (start_worker's -B) or pool child is a child process, which a SIGKILL of the
+    worker alone would leave running (sweeping the test database of a later test)."""
 
     def __init__(self, args, env, name):
         self.log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)  # noqa: SIM115
@@ -267,9 +267,10 @@ def run_command(program):
 
 
 def start_as_make_run(program, extra_env, log_level="info"):
-    """A worker started as `make run` starts `program`, on the test database: the same queues,
-    pool, concurrency and beat; only its log level (the tests read its log) and its beat
-    schedule file (a fresh one) differ."""
+    """A worker (or beat) started as `make run` starts `program`, on the test database: the
+    same queues, pool and concurrency; only its log level (the tests read its log) and beat's
+    schedule file (a fresh one) differ. Beat is a program of its own: start "beat" beside
+    "maintenance" where sweeps must run."""
     env = {**os.environ, "DATABASE_URL": test_database_url(), **extra_env}
     env.pop("PYTEST_CURRENT_TEST", None)
     args = run_command(program)

@@ -31,4 +31,4 @@ __all__ = [
     "MQSchemaMismatch",
     "MQThrottled",
 ]
-__version__ = "0.1.0"
+__version__ = "1.1.0"

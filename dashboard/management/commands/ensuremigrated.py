@@ -1,0 +1,49 @@
+"""ensuremigrated: run by `make run` before anything serves. Migrations are a release step
+(`make migrate`): a database whose schema is behind the code is refused with the list of what
+is missing, rather than migrated behind the operator's back (a migration may lock a table for
+minutes, and wants a backup first). The embedded mode's SQLite file (MQ_MIGRATE_ON_RUN, on by
+default there) is migrated here, so that a fresh clone's `make run` just works."""
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
+from django.db.migrations.executor import MigrationExecutor
+
+# The exit status of a refusal (CommandError's), which `make run` stops on.
+REFUSED = 3
+
+
+def unapplied(alias=DEFAULT_DB_ALIAS):
+    """The migrations the database lacks, in the order `migrate` would apply them."""
+    executor = MigrationExecutor(connections[alias])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [migration for migration, backwards in plan if not backwards]
+
+
+class Command(BaseCommand):
+    help = (
+        "Refuse (exit 3) when the database lacks migrations, naming them; migrate instead where "
+        "MQ_MIGRATE_ON_RUN is on (the embedded SQLite default)."
+    )
+
+    def handle(self, *args, **options):
+        try:
+            missing = unapplied()
+        except OperationalError as exc:  # not a traceback: what is wrong, in one line
+            raise CommandError(
+                f"cannot read the database's migrations (DATABASE_URL): {exc}".strip()
+            ) from exc
+        if not missing:
+            return
+        if settings.MQ_MIGRATE_ON_RUN:
+            call_command("migrate", interactive=False, verbosity=max(0, options["verbosity"] - 1))
+            return
+        names = ", ".join(f"{m.app_label}.{m.name}" for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CommandError(
+            f"the database lacks {len(missing)} migration(s) ({names}{more}). Migrations are a release "
+            "step: back the database up, run `make migrate` (manage.py migrate), then start again "
+            "(docs/operations/index.md, Upgrading). MQ_MIGRATE_ON_RUN=true migrates at every start instead.",
+            returncode=REFUSED,
+        )

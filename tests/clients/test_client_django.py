@@ -1,0 +1,297 @@
+"""mqclient.django (clients/python/mqclient/django) in a Django project of its own
+(tests/support/mqshop, on a SQLite file of the test's), beside a real Daphne on the test
+database: a message is published if and only if the transaction that wrote it commits, once
+each, in order, through relays SIGKILLed mid-batch; and the webhook view runs a delivery's
+handler once however often the server posts it, and refuses what the server did not sign."""
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import urllib.request
+import uuid
+
+import pytest
+from django.db import connection
+
+from delivery import webhooks
+from queues.models import Message
+from tests.support.servers import ROOT, eventually, free_port
+
+SHOP = ROOT / "tests" / "support" / "mqshop"
+
+# The project's behaviour does not depend on the server's database: the SQLite pass runs these
+# (the project's own database is SQLite in both).
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "sqlite",
+        reason="the Django project, whatever the server's database: the SQLite pass of make test runs it",
+    ),
+]
+
+
+class Shop:
+    """The project: its environment, its database file, and ways to run it."""
+
+    def __init__(self, tmp_path, server, token, secret="whsec_" + "c2VjcmV0LW9mLXRoZS1zaG9w"):
+        self.db = tmp_path / "shop.sqlite3"
+        self.secret = secret
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "clients" / "python"), str(SHOP)]),
+            "DJANGO_SETTINGS_MODULE": "mqshop.settings",
+            "SHOP_DB": str(self.db),
+            "MQ_URL": server.http,
+            "MQ_TOKEN": token,
+            "MQ_WEBHOOK_SECRET": secret,
+        }
+        self.env.pop("DATABASE_URL", None)
+        self.env.pop("PYTEST_CURRENT_TEST", None)
+        self.manage("migrate", "-v0")
+
+    def manage(self, *args, **env):
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=SHOP,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+
+    def python(self, code, **env):
+        """Run `code` in the project (django set up): its stdout."""
+        script = "import django\ndjango.setup()\n" + textwrap.dedent(code)
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=SHOP,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def rows(self, sql, *params):
+        with sqlite3.connect(self.db) as db:
+            return db.execute(sql, params).fetchall()
+
+    def waiting(self):
+        return self.rows("SELECT id, key FROM mqclient_outboxmessage WHERE status = 'waiting' ORDER BY id")
+
+
+@pytest.fixture
+def shop(tmp_path, server, logger):
+    return Shop(tmp_path, server, logger.token)
+
+
+def published():
+    """(event, payload, key) of the db queue's messages on the server, in seq order."""
+    return [
+        (m.event.name, json.loads(m.payload_json), m.key)
+        for m in Message.objects.filter(queue__name="db").select_related("event").order_by("seq")
+    ]
+
+
+# Orders made in a loop: every third transaction rolls back, after writing its order (a model
+# event) and a publish() of its own.
+MAKE_ORDERS = """
+    import sys
+    from django.db import transaction
+    import mqclient.django
+    from shop.models import Order
+
+    for i in range({count}):
+        try:
+            with transaction.atomic():
+                Order.objects.create(item=f"item-{{i}}")
+                mqclient.django.publish("db", "paid", {{"i": i}})
+                if i % 3 == 2:
+                    raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+"""
+
+
+def committed(count, pks=None):
+    """What MAKE_ORDERS(count) publishes, in order; `pks`: each item's order pk (i + 1 if not
+    named)."""
+    out = []
+    for i in range(count):
+        if i % 3 != 2:
+            item = f"item-{i}"
+            pk = pks[item] if pks else i + 1
+            out.append(("create", {"model": "shop.order", "pk": pk, "fields": {"item": item, "quantity": 1}}))
+            out.append(("paid", {"i": i}))
+    return out
+
+
+def test_it_publishes_what_commits_once_right_after_the_commit_and_nothing_rolled_back(shop):
+    # when the project commits and rolls back orders, then updates and deletes one, inside a
+    # span of OpenTelemetry
+    out = shop.python(
+        MAKE_ORDERS.format(count=3)
+        + """
+        from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from mqclient.django.models import OutboxMessage
+
+    trace.set_tracer_provider(TracerProvider())
+    with trace.get_tracer("shop").start_as_current_span("checkout") as span:
+        order = Order.objects.get(pk=1)
+        order.quantity = 2
+        order.save()
+        print(format(span.get_span_context().trace_id, "032x"))
+    Order.objects.get(pk=2).delete()
+    # the process's relay thread sends after each commit: no mqrelay runs in this test
+    deadline = time.monotonic() + 10
+    while OutboxMessage.objects.filter(status="waiting").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    """
+    )
+    trace_id = out.split()[-1]
+    # then the server has each committed message once, in order, and none of the rolled-back one
+    messages = published()
+    assert [(event, payload) for event, payload, _ in messages] == committed(3) + [
+        ("update", {"model": "shop.order", "pk": 1, "fields": {"item": "item-0", "quantity": 2}}),
+        ("delete", {"model": "shop.order", "pk": 2, "fields": {"item": "item-1", "quantity": 1}}),
+    ]
+    keys = [key for _, _, key in messages]
+    assert len(set(keys)) == len(keys) and all(key.startswith("outbox-") for key in keys)
+    # the update carries the trace it was made in
+    update = Message.objects.get(queue__name="db", event__name="update")
+    assert json.loads(update.headers_json)["traceparent"].split("-")[1] == trace_id
+    # and the outbox marks each row sent with the server's message id
+    rows = shop.rows("SELECT status, message_id FROM mqclient_outboxmessage ORDER BY id")
+    ids = list(Message.objects.filter(queue__name="db").order_by("seq").values_list("id", flat=True))
+    assert rows == [("sent", message_id) for message_id in ids]
+
+
+def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(shop):
+    # given 30 orders written with no relay thread (as by processes that died after commit)
+    count = 30
+    shop.python(MAKE_ORDERS.format(count=count), SHOP_RELAY_ON_COMMIT="0")
+    assert len(shop.waiting()) == 2 * 20
+    assert published() == []
+    # when relays (batches of 4) are SIGKILLed the moment the server has confirmed a batch,
+    # before they mark it sent
+    rng = random.Random(31)
+    killed_between = 0
+    for _ in range(3):
+        relay = subprocess.Popen(
+            [sys.executable, "manage.py", "mqrelay"],
+            cwd=SHOP,
+            env={**shop.env, "SHOP_RELAY_BATCH": "4", "SHOP_LOG_LEVEL": "DEBUG", "SHOP_RELAY_ON_COMMIT": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        batches = rng.randint(1, 2)
+        for line in relay.stderr:
+            if "marking them sent" in line:
+                batches -= 1
+                if batches == 0:
+                    relay.send_signal(signal.SIGKILL)
+                    break
+        relay.wait(10)
+        relay.stderr.close()
+        # a row the server has but the outbox still holds: the window the key makes harmless
+        waiting_keys = {f"outbox-{uuid.UUID(key)}" for _, key in shop.waiting()}
+        killed_between += Message.objects.filter(key__in=waiting_keys).exists()
+    # and two relays then finish the rest at once
+    env = {**shop.env, "SHOP_RELAY_BATCH": "4", "SHOP_RELAY_ON_COMMIT": "0"}
+    relays = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "mqrelay"], cwd=SHOP, env=env, stdout=subprocess.DEVNULL
+        )
+        for _ in range(2)
+    ]
+    try:
+        assert eventually(lambda: not shop.waiting(), timeout=30)
+    finally:
+        for relay in relays:
+            relay.send_signal(signal.SIGTERM)
+        for relay in relays:
+            assert relay.wait(10) == 0
+    # then the server has every committed message once, in the order written
+    messages = published()
+    assert [(event, payload) for event, payload, _ in messages] == committed(
+        count, dict(shop.rows("SELECT item, id FROM shop_order"))
+    )
+    assert len({key for _, _, key in messages}) == len(messages)
+    # and at least one kill fell between the server's answer and the marking (else this test
+    # proved nothing about that window)
+    assert killed_between >= 1
+
+
+@pytest.fixture
+def shop_site(shop, settings):
+    """The project served over HTTP (Django's runserver) for the server's webhook posts, which
+    the test makes with the server's own code (delivery/webhooks.post) to loopback."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    port = free_port()
+    site = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=SHOP,
+        env=shop.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def up():
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=1)  # noqa: S310
+            return True
+        except OSError:
+            return False
+
+    assert eventually(up, timeout=20)
+    shop.url = f"http://127.0.0.1:{port}/mq/webhook/"
+    yield shop
+    site.terminate()
+    site.wait(10)
+
+
+def frame(delivery_id, payload):
+    """The body the server posts (docs/webhooks.md: the websocket's message frame)."""
+    return {
+        "type": "message",
+        "id": delivery_id,
+        "message_id": delivery_id + 1000,
+        "queue": "db",
+        "event": "create",
+        "seq": 1,
+        "payload": payload,
+        "attempt": 1,
+        "published_at": "2026-11-28T12:00:00Z",
+        "deliver_at": None,
+        "expires_at": None,
+        "group": None,
+    }
+
+
+def test_it_runs_a_webhook_handler_once_however_often_the_delivery_is_posted(shop_site):
+    shop = shop_site
+    shipments = "SELECT order_pk, delivery_id FROM shop_shipment ORDER BY id"
+    # when the server posts a delivery, and posts it again (its answer was lost)
+    first = webhooks.post(shop.url, shop.secret, frame(41, {"model": "shop.order", "pk": 7}))
+    again = webhooks.post(shop.url, shop.secret, frame(41, {"model": "shop.order", "pk": 7}))
+    # then both are acked and the handler ran once
+    assert (first.ok, first.status, again.ok, again.status) == (True, 200, True, 200)
+    assert shop.rows(shipments) == [(7, 41)]
+    # a post signed with another secret is refused, and runs nothing
+    forged = webhooks.post(shop.url, "whsec_" + "b3RoZXItc2VjcmV0", frame(42, {"pk": 8}))
+    assert (forged.ok, forged.status) == (False, 401)
+    # a handler that raises: 500, its transaction rolled back (no delivery recorded), so the
+    # server's retry runs it again
+    failing = webhooks.post(shop.url, shop.secret, frame(43, {"pk": 9, "fail": True}))
+    assert (failing.ok, failing.status) == (False, 500)
+    assert shop.rows(shipments) == [(7, 41)]
+    assert shop.rows("SELECT id FROM mqclient_receiveddelivery ORDER BY id") == [(41,)]

@@ -38,7 +38,7 @@ pytestmark = [
 class Shop:
     """The project: its environment, its database file, and ways to run it."""
 
-    def __init__(self, tmp_path, server, token, secret="whsec_" + "c2VjcmV0LW9mLXRoZS1zaG9w"):
+    def __init__(self, tmp_path, url, token, secret="whsec_" + "c2VjcmV0LW9mLXRoZS1zaG9w"):
         self.db = tmp_path / "shop.sqlite3"
         self.secret = secret
         self.env = {
@@ -46,7 +46,7 @@ class Shop:
             "PYTHONPATH": os.pathsep.join([str(ROOT / "clients" / "python"), str(SHOP)]),
             "DJANGO_SETTINGS_MODULE": "mqshop.settings",
             "SHOP_DB": str(self.db),
-            "MQ_URL": server.http,
+            "MQ_URL": url,
             "MQ_TOKEN": token,
             "MQ_WEBHOOK_SECRET": secret,
         }
@@ -89,7 +89,7 @@ class Shop:
 
 @pytest.fixture
 def shop(tmp_path, server, logger):
-    return Shop(tmp_path, server, logger.token)
+    return Shop(tmp_path, server.http, logger.token)
 
 
 def published():
@@ -295,3 +295,61 @@ def test_it_runs_a_webhook_handler_once_however_often_the_delivery_is_posted(sho
     assert (failing.ok, failing.status) == (False, 500)
     assert shop.rows(shipments) == [(7, 41)]
     assert shop.rows("SELECT id FROM mqclient_receiveddelivery ORDER BY id") == [(41,)]
+
+
+def test_its_test_kit_captures_the_outbox_and_delivers_to_handlers_and_the_view(tmp_path):
+    """mqclient.django.testing and the admin, in the project's own process (no server: nothing
+    is sent)."""
+    shop = Shop(tmp_path, "http://127.0.0.1:9", "no-token")
+    out = shop.python(
+        """
+    from django.contrib.auth.models import User
+    from django.db import transaction
+    from django.test import Client
+    import mqclient.django
+    from mqclient.django.testing import captured, deliver
+    from shop.models import Order, Shipment
+    from shop.mq_handlers import ship
+
+    # captured(): what committed, and not what rolled back
+    with captured() as sent:
+        Order.objects.create(item="kit")
+        try:
+            with transaction.atomic():
+                mqclient.django.publish("db", "paid", {"x": 1}, headers={"tenant": "acme"})
+                raise RuntimeError
+        except RuntimeError:
+            pass
+        mqclient.django.publish("db", "paid", {"x": 2}, headers={"tenant": "acme"}, group="g")
+    print([(m["event"], m["headers"], m["group"]) for m in sent.messages])
+    # deliver(): to the view, signed (twice: the handler runs once), and to a handler
+    view = mqclient.django.webhook_view
+    five = {"id": 5, "queue": "db", "event": "create", "payload": {"pk": 5}}
+    first, again = deliver(view, five), deliver(view, five)
+    forged = deliver(view, {"queue": "db", "event": "create"}, secret="whsec_b3RoZXI=")
+    deliver(ship, {"queue": "db", "event": "create", "payload": {"pk": 6}})
+    print(first.status_code, again.status_code, forged.status_code)
+    print(sorted(Shipment.objects.values_list("order_pk", flat=True)))
+    # the admin: the outbox for staff, read only; nobody else
+    User.objects.create_superuser("boss", password="pw")
+    User.objects.create_user("clerk", password="pw")
+    staff, clerk = Client(), Client()
+    staff.login(username="boss", password="pw")
+    clerk.login(username="clerk", password="pw")
+    page = staff.get("/admin/mqclient/outboxmessage/")
+    row = staff.get("/admin/mqclient/outboxmessage/1/change/")
+    print(page.status_code, b"waiting" in page.content, row.status_code, b"Save" in row.content)
+    print(clerk.get("/admin/mqclient/outboxmessage/").status_code)
+    print(staff.post("/admin/mqclient/outboxmessage/1/change/", {"queue": "x"}).status_code)
+    """
+    )
+    assert out.splitlines() == [
+        "[('create', {}, None), ('paid', {'tenant': 'acme'}, 'g')]",
+        "200 200 401",
+        "[5, 6]",
+        "200 True 200 False",
+        "302",
+        "403",
+    ]
+    # nothing was sent: the rows wait for a relay
+    assert [status for (status,) in shop.rows("SELECT status FROM mqclient_outboxmessage")] == ["waiting"] * 2

@@ -14,7 +14,7 @@ from django.utils import timezone
 from . import tracing
 
 # testing.captured() collects here instead of letting the relay send (a list per capture).
-_captures: list[list[tuple[str, int]]] = []
+_captures: list[list[tuple[str, Any]]] = []
 _captures_lock = threading.Lock()
 
 
@@ -50,7 +50,7 @@ def publish(
     with _captures_lock:
         capturing = bool(_captures)
         for capture in _captures:
-            capture.append((using, row.id))
+            capture.append((using, row.key))
     if not capturing:
         from . import relay
 

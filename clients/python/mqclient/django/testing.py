@@ -18,15 +18,15 @@ class Captured:
     headers, group, ...): read when asked, so the rows of a rolled-back transaction are gone."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, int]] = []
+        self.rows: list[tuple[str, Any]] = []  # (database, key): ids of rolled-back rows are reused
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         from .models import OutboxMessage
 
         found = []
-        for using, row_id in self.rows:
-            row = OutboxMessage.objects.using(using).filter(id=row_id).first()
+        for using, key in self.rows:
+            row = OutboxMessage.objects.using(using).filter(key=key).first()
             if row is not None:
                 found.append(
                     {

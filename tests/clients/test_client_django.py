@@ -4,6 +4,7 @@ database: a message is published if and only if the transaction that wrote it co
 each, in order, through relays SIGKILLed mid-batch; and the webhook view runs a delivery's
 handler once however often the server posts it, and refuses what the server did not sign."""
 
+import contextlib
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import textwrap
 import urllib.request
 import uuid
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -36,10 +38,12 @@ pytestmark = [
 
 
 class Shop:
-    """The project: its environment, its database file, and ways to run it."""
+    """The project: its environment, its database (a SQLite file, or `pg_name` on the machine's
+    PostgreSQL), and ways to run it."""
 
-    def __init__(self, tmp_path, url, token, secret="whsec_" + "c2VjcmV0LW9mLXRoZS1zaG9w"):
+    def __init__(self, tmp_path, url, token, secret="whsec_" + "c2VjcmV0LW9mLXRoZS1zaG9w", pg_name=None):
         self.db = tmp_path / "shop.sqlite3"
+        self.pg_name = pg_name
         self.secret = secret
         self.env = {
             **os.environ,
@@ -49,6 +53,7 @@ class Shop:
             "MQ_URL": url,
             "MQ_TOKEN": token,
             "MQ_WEBHOOK_SECRET": secret,
+            **({"SHOP_PG": pg_name} if pg_name else {}),
         }
         self.env.pop("DATABASE_URL", None)
         self.env.pop("PYTEST_CURRENT_TEST", None)
@@ -80,6 +85,9 @@ class Shop:
         return done.stdout
 
     def rows(self, sql, *params):
+        if self.pg_name:
+            with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={self.pg_name}") as db:
+                return db.execute(sql.replace("?", "%s"), params).fetchall()
         with sqlite3.connect(self.db) as db:
             return db.execute(sql, params).fetchall()
 
@@ -90,6 +98,29 @@ class Shop:
 @pytest.fixture
 def shop(tmp_path, server, logger):
     return Shop(tmp_path, server.http, logger.token)
+
+
+@contextlib.contextmanager
+def postgres_database():
+    """A database of the project's own on the machine's PostgreSQL, dropped after."""
+    name = f"mqshop_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield name
+    finally:
+        with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_shop(request, tmp_path, server, logger):
+    """The project on SQLite (a file lock orders its relays) and on PostgreSQL (a row lock)."""
+    if request.param == "sqlite":
+        yield Shop(tmp_path, server.http, logger.token)
+        return
+    with postgres_database() as name:
+        yield Shop(tmp_path, server.http, logger.token, pg_name=name)
 
 
 def published():
@@ -174,7 +205,8 @@ def test_it_publishes_what_commits_once_right_after_the_commit_and_nothing_rolle
     assert rows == [("sent", message_id) for message_id in ids]
 
 
-def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(shop):
+def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(any_shop):
+    shop = any_shop
     # given 30 orders written with no relay thread (as by processes that died after commit)
     count = 30
     shop.python(MAKE_ORDERS.format(count=count), SHOP_RELAY_ON_COMMIT="0")
@@ -203,7 +235,7 @@ def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(sh
         relay.wait(10)
         relay.stderr.close()
         # a row the server has but the outbox still holds: the window the key makes harmless
-        waiting_keys = {f"outbox-{uuid.UUID(key)}" for _, key in shop.waiting()}
+        waiting_keys = {f"outbox-{uuid.UUID(str(key))}" for _, key in shop.waiting()}
         killed_between += Message.objects.filter(key__in=waiting_keys).exists()
     # and two relays then finish the rest at once
     env = {**shop.env, "SHOP_RELAY_BATCH": "4", "SHOP_RELAY_ON_COMMIT": "0"}

@@ -362,6 +362,23 @@ def test_its_test_kit_captures_the_outbox_and_delivers_to_handlers_and_the_view(
     deliver(ship, {"queue": "db", "event": "create", "payload": {"pk": 6}})
     print(first.status_code, again.status_code, forged.status_code)
     print(sorted(Shipment.objects.values_list("order_pk", flat=True)))
+    # signed, but not a message frame: 400; an hour old (a replay): 401
+
+    def signed_post(body, age_secs=0):
+        import datetime, time
+        from django.conf import settings
+        from standardwebhooks import Webhook
+
+        at = int(time.time()) - age_secs
+        signature = Webhook(settings.MQ["WEBHOOK_SECRET"]).sign(
+            "77", datetime.datetime.fromtimestamp(at, datetime.UTC), body
+        )
+        headers = {"webhook-id": "77", "webhook-timestamp": str(at), "webhook-signature": signature}
+        return Client().post("/mq/webhook/", body, content_type="application/json", headers=headers)
+
+    frame = '{"id": 77, "queue": "db", "event": "create", "payload": {"pk": 77}}'
+    answers = signed_post("not json"), signed_post('{"id": 77}'), signed_post(frame, age_secs=3600)
+    print(*(answer.status_code for answer in answers))
     # the admin: the outbox for staff, read only; nobody else
     User.objects.create_superuser("boss", password="pw")
     User.objects.create_user("clerk", password="pw")
@@ -379,6 +396,7 @@ def test_its_test_kit_captures_the_outbox_and_delivers_to_handlers_and_the_view(
         "[('create', {}, None), ('paid', {'tenant': 'acme'}, 'g')]",
         "200 200 401",
         "[5, 6]",
+        "400 400 401",
         "200 True 200 False",
         "302",
         "403",

@@ -170,7 +170,8 @@ def test_it_publishes_what_commits_once_right_after_the_commit_and_nothing_rolle
     out = shop.python(
         MAKE_ORDERS.format(count=3)
         + """
-        from opentelemetry import trace
+    import time
+    from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from mqclient.django.models import OutboxMessage
 
@@ -241,17 +242,20 @@ def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(an
     env = {**shop.env, "SHOP_RELAY_BATCH": "4", "SHOP_RELAY_ON_COMMIT": "0"}
     relays = [
         subprocess.Popen(
-            [sys.executable, "manage.py", "mqrelay"], cwd=SHOP, env=env, stdout=subprocess.DEVNULL
+            [sys.executable, "manage.py", "mqrelay"], cwd=SHOP, env=env, stdout=subprocess.PIPE, text=True
         )
         for _ in range(2)
     ]
     try:
+        # each says it is running (its SIGTERM handler set) before it looks at the outbox
+        assert all("relaying the outbox" in relay.stdout.readline() for relay in relays)
         assert eventually(lambda: not shop.waiting(), timeout=30)
     finally:
         for relay in relays:
             relay.send_signal(signal.SIGTERM)
         for relay in relays:
             assert relay.wait(10) == 0
+            relay.stdout.close()
     # then the server has every committed message once, in the order written
     messages = published()
     assert [(event, payload) for event, payload, _ in messages] == committed(

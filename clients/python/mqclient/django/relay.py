@@ -19,6 +19,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -242,6 +243,11 @@ class _Sender:
         self.thread = threading.Thread(target=self.run, name="mqclient-relay", daemon=True)
         self.thread.start()
 
+    def add_all(self, aliases: set[str]) -> None:
+        with self.lock:
+            self.pending |= aliases
+        self.wake.set()
+
     def add(self, using: str) -> None:
         with self.lock:
             self.pending.add(using)
@@ -254,10 +260,11 @@ class _Sender:
             self.wake.clear()
             with self.lock:
                 aliases, self.pending = set(self.pending), set()
-            failed = set()
+            failed, busy = set(), set()
             for using in aliases:
                 try:
-                    drain(using)
+                    if drain(using).busy:
+                        busy.add(using)
                 except RelayFailed:
                     failed.add(using)
                 except Exception:  # a bug or a database error: logged, the mqrelay command retries
@@ -268,7 +275,15 @@ class _Sender:
             if failed:
                 with self.lock:
                     self.pending |= failed
+            elif busy:
+                # Another relay holds the lock; it may have looked before this commit's rows
+                # were there, so look again shortly rather than leave them to mqrelay.
+                time.sleep(BUSY_RECHECK_SECS)
+                self.add_all(busy)
 
+
+# How soon a relay thread that found the lock held looks again.
+BUSY_RECHECK_SECS = 0.5
 
 _sender: _Sender | None = None
 _sender_lock = threading.Lock()

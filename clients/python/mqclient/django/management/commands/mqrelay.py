@@ -37,6 +37,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
+        self.stdout.write(f"mqrelay: relaying the outbox of database {using!r} until SIGTERM")
+        self.stdout.flush()
         failures, purged_at = 0, 0.0
         while not stop.is_set():
             try:

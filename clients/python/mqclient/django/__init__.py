@@ -14,11 +14,31 @@ from typing import Any
 __all__ = ["handler", "publish", "webhook_view"]
 
 
-def publish(queue: str, event: str, payload: Any, **kw: Any) -> Any:
-    """Write a message to the outbox in the caller's transaction (outbox.publish)."""
+def publish(
+    queue: str,
+    event: str,
+    payload: Any,
+    *,
+    headers: dict[str, str] | None = None,
+    group: str | None = None,
+    delay_secs: float | None = None,
+    ttl_secs: float | None = None,
+    using: str | None = None,
+) -> Any:
+    """Write a message to the outbox of database `using` in the caller's transaction and return
+    its row at once; the relay publishes it after the commit (outbox.publish)."""
     from .outbox import publish as write
 
-    return write(queue, event, payload, **kw)
+    return write(
+        queue,
+        event,
+        payload,
+        headers=headers,
+        group=group,
+        delay_secs=delay_secs,
+        ttl_secs=ttl_secs,
+        using=using,
+    )
 
 
 def handler(queue: str, event: str | None = None) -> Any:

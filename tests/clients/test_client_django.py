@@ -19,9 +19,12 @@ import uuid
 import psycopg
 import pytest
 from django.db import connection
+from mqclient import Client
 
 from delivery import webhooks
+from delivery.models import Delivery, Status
 from queues.models import Message
+from subscribers.models import Subscription
 from tests.support.servers import ROOT, eventually, free_port
 
 SHOP = ROOT / "tests" / "support" / "mqshop"
@@ -331,6 +334,30 @@ def test_it_runs_a_webhook_handler_once_however_often_the_delivery_is_posted(sho
     assert (failing.ok, failing.status) == (False, 500)
     assert shop.rows(shipments) == [(7, 41)]
     assert shop.rows("SELECT id FROM mqclient_receiveddelivery ORDER BY id") == [(41,)]
+
+
+def test_it_runs_the_handlers_over_the_websocket_with_mqlisten(shop, logger):
+    listener = subprocess.Popen(
+        [sys.executable, "manage.py", "mqlisten"], cwd=SHOP, env=shop.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert "mqlisten: 1 subscription(s)" in listener.stdout.readline()
+        # given its subscription made (by listen's subscribe frame)
+        assert eventually(lambda: Subscription.objects.filter(subscriber=logger).exists(), timeout=10)
+        # when an order is published
+        with Client(shop.env["MQ_URL"], logger.token) as mq:
+            sent = mq.publish("db", "create", {"model": "shop.order", "pk": 12})
+        # then the handler ran once for its delivery, and the delivery is recorded and acked
+        delivery = Delivery.objects.get(message_id=sent["id"])
+        assert eventually(
+            lambda: shop.rows("SELECT order_pk, delivery_id FROM shop_shipment") == [(12, delivery.id)]
+        )
+        assert eventually(lambda: Delivery.objects.get(id=delivery.id).status == Status.ACKED)
+        assert shop.rows("SELECT id FROM mqclient_receiveddelivery") == [(delivery.id,)]
+    finally:
+        listener.send_signal(signal.SIGTERM)
+        assert listener.wait(15) == 0
+        listener.stdout.close()
 
 
 def test_its_test_kit_captures_the_outbox_and_delivers_to_handlers_and_the_view(tmp_path):

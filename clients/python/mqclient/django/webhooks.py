@@ -40,6 +40,15 @@ def handlers_for(queue: str, event: str) -> list[Handler]:
     return [fn for q, e, fn in _handlers if q == queue and e in (None, event)]
 
 
+def subscriptions() -> list[tuple[str, str | None]]:
+    """(queue, event) of the registered handlers, each once, for listen()."""
+    return list(dict.fromkeys((q, e) for q, e, _ in _handlers))
+
+
+class _Nacked(Exception):
+    """A handler nacked its delivery (listen): its transaction is rolled back."""
+
+
 class _NackedByHandler(Exception):
     pass
 
@@ -99,9 +108,9 @@ def delivery_of(frame: Any, webhook_id: str | None = None) -> Delivery:
 
 
 def handle(delivery: Delivery) -> bool:
-    """Run the delivery's handlers in one transaction with its record: False when it was
-    handled before (nothing runs), True when they ran now. A handler's exception rolls all
-    of it back and goes up."""
+    """Run the delivery's handlers in one transaction with its record: True when they ran now,
+    False when it was handled before (nothing runs) or a handler nacked it (rolled back). A
+    handler's exception rolls all of it back and goes up."""
     from .models import ReceivedDelivery
 
     using = router.db_for_write(ReceivedDelivery)
@@ -114,6 +123,10 @@ def handle(delivery: Delivery) -> bool:
             )
             for fn in handlers_for(delivery.queue, delivery.event):
                 fn(delivery)
+                if delivery.settled == "nacked":  # over the socket: it comes again, so undo
+                    raise _Nacked
+    except _Nacked:
+        return False
     except IntegrityError:
         if ReceivedDelivery.objects.using(using).filter(id=delivery.id).exists():
             return False

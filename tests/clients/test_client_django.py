@@ -270,6 +270,50 @@ def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(an
     assert killed_between >= 1
 
 
+def test_it_keeps_rows_while_the_server_is_away_and_refuses_a_bad_one_alone(shop):
+    # given three rows, the middle one with an event name the server refuses
+    shop.python(
+        """
+    import mqclient.django
+
+    for event in ("paid", "not a name!", "shipped"):
+        mqclient.django.publish("db", event, {"event": event})
+    """,
+        SHOP_RELAY_ON_COMMIT="0",
+    )
+    # when the relay cannot reach the server: it fails (for cron), says so at WARNING, and the
+    # rows wait with the error
+    away = subprocess.run(
+        [sys.executable, "manage.py", "mqrelay", "--once"],
+        cwd=SHOP,
+        env={**shop.env, "MQ_URL": f"http://127.0.0.1:{free_port()}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert away.returncode == 1 and "not sent, will retry" in away.stderr
+    rows = shop.rows("SELECT status, attempts, last_error FROM mqclient_outboxmessage ORDER BY id")
+    assert [(status, attempts) for status, attempts, _ in rows] == [("waiting", 1)] * 3
+    assert all("connection_error" in error for _, _, error in rows)
+    assert published() == []
+    # then, with the server back, the good rows are sent in order and the bad one is refused alone
+    assert shop.manage("mqrelay", "--once").stdout.strip() == "sent 2, refused 1"
+    assert [(event, payload) for event, payload, _ in published()] == [
+        ("paid", {"event": "paid"}),
+        ("shipped", {"event": "shipped"}),
+    ]
+    rows = shop.rows("SELECT event, status, last_error FROM mqclient_outboxmessage ORDER BY id")
+    assert [(event, status) for event, status, _ in rows] == [
+        ("paid", "sent"),
+        ("not a name!", "refused"),
+        ("shipped", "sent"),
+    ]
+    assert rows[1][2].startswith("400 ")
+    # and sent rows past their retention are deleted (the refused one is kept)
+    shop.manage("mqrelay", "--once", SHOP_RETENTION_SECS="0")
+    assert shop.rows("SELECT event FROM mqclient_outboxmessage") == [("not a name!",)]
+
+
 @pytest.fixture
 def shop_site(shop, settings):
     """The project served over HTTP (Django's runserver) for the server's webhook posts, which

@@ -58,6 +58,7 @@ MQ = {
     "RELAY_ON_COMMIT": os.environ.get("SHOP_RELAY_ON_COMMIT", "1") == "1",
     "RELAY_BATCH": int(os.environ.get("SHOP_RELAY_BATCH", "100")),
     "RELAY_INTERVAL_SECS": 0.1,
+    "OUTBOX_RETENTION_SECS": float(os.environ.get("SHOP_RETENTION_SECS", 7 * 24 * 3600)),
 }
 LOGGING = {
     "version": 1,

@@ -17,6 +17,8 @@ DEFAULTS: dict[str, Any] = {
     # Send right after each commit from a thread of the committing process (False: only
     # `manage.py mqrelay` sends).
     "RELAY_ON_COMMIT": True,
+    # How long a process that is exiting waits for its relay thread to send what it committed.
+    "RELAY_EXIT_WAIT_SECS": 5,
     "RELAY_BATCH": 100,  # rows per publish (the server takes up to 1000)
     "RELAY_INTERVAL_SECS": 1.0,  # how often `mqrelay` looks for rows nobody sent
     "RELAY_MAX_BACKOFF_SECS": 60.0,

@@ -13,6 +13,7 @@ What each crash leaves:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import fcntl
@@ -233,11 +234,13 @@ def backoff_secs(failures: int) -> float:
 class _Sender:
     """One daemon thread a process (made again after a fork): woken by each commit that wrote
     outbox rows, it drains those databases; while the server fails it retries with backoff.
-    A process that dies with rows unsent leaves them to `manage.py mqrelay`."""
+    At exit the process waits a little for it (a management command or a script commits and
+    ends at once); a process that dies with rows unsent leaves them to `manage.py mqrelay`."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.wake = threading.Event()
+        self.idle = threading.Event()  # nothing pending, nothing failing
         self.pending: set[str] = set()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.run, name="mqclient-relay", daemon=True)
@@ -246,12 +249,11 @@ class _Sender:
     def add_all(self, aliases: set[str]) -> None:
         with self.lock:
             self.pending |= aliases
+            self.idle.clear()
         self.wake.set()
 
     def add(self, using: str) -> None:
-        with self.lock:
-            self.pending.add(using)
-        self.wake.set()
+        self.add_all({using})
 
     def run(self) -> None:
         failures = 0
@@ -272,14 +274,18 @@ class _Sender:
                 finally:
                     connections[using].close()
             failures = failures + 1 if failed else 0
-            if failed:
-                with self.lock:
-                    self.pending |= failed
-            elif busy:
+            with self.lock:
+                self.pending |= failed
+                if not self.pending and not busy:
+                    self.idle.set()
+            if busy and not failed:
                 # Another relay holds the lock; it may have looked before this commit's rows
                 # were there, so look again shortly rather than leave them to mqrelay.
                 time.sleep(BUSY_RECHECK_SECS)
                 self.add_all(busy)
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self.idle.wait(timeout)
 
 
 # How soon a relay thread that found the lock held looks again.
@@ -298,3 +304,17 @@ def kick(using: str) -> None:
         if _sender is None or _sender.pid != os.getpid():
             _sender = _Sender()
     _sender.add(using)
+
+
+@atexit.register
+def _send_before_exit() -> None:
+    """Give the relay thread up to RELAY_EXIT_WAIT_SECS to send what this process committed:
+    daemon threads are stopped at exit, and a short-lived process would otherwise leave its
+    rows to mqrelay."""
+    sender = _sender
+    if sender is not None and sender.pid == os.getpid():
+        try:
+            wait = float(conf.get("RELAY_EXIT_WAIT_SECS"))
+        except Exception:  # settings gone at exit: do not wait
+            return
+        sender.wait_idle(wait)

@@ -28,6 +28,10 @@ from subscribers.models import Subscription
 from tests.support.servers import ROOT, eventually, free_port
 
 SHOP = ROOT / "tests" / "support" / "mqshop"
+# The project's interpreter: the suite's own, or MQ_TEST_DJANGO_PYTHON, a virtualenv's with
+# another Django (4.2 LTS: `pip install "Django<5" "./clients/python[django]" opentelemetry-sdk
+# psycopg[binary]`), to run these tests against it.
+PYTHON = os.environ.get("MQ_TEST_DJANGO_PYTHON", sys.executable)
 
 # The project's behaviour does not depend on the server's database: the SQLite pass runs these
 # (the project's own database is SQLite in both).
@@ -64,7 +68,7 @@ class Shop:
 
     def manage(self, *args, **env):
         return subprocess.run(
-            [sys.executable, "manage.py", *args],
+            [PYTHON, "manage.py", *args],
             cwd=SHOP,
             env={**self.env, **env},
             capture_output=True,
@@ -77,7 +81,7 @@ class Shop:
         """Run `code` in the project (django set up): its stdout."""
         script = "import django\ndjango.setup()\n" + textwrap.dedent(code)
         done = subprocess.run(
-            [sys.executable, "-c", script],
+            [PYTHON, "-c", script],
             cwd=SHOP,
             env={**self.env, **env},
             capture_output=True,
@@ -218,7 +222,7 @@ def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(an
     killed_between = 0
     for _ in range(3):
         relay = subprocess.Popen(
-            [sys.executable, "manage.py", "mqrelay"],
+            [PYTHON, "manage.py", "mqrelay"],
             cwd=SHOP,
             env={**shop.env, "SHOP_RELAY_BATCH": "4", "SHOP_LOG_LEVEL": "DEBUG", "SHOP_RELAY_ON_COMMIT": "0"},
             stdout=subprocess.DEVNULL,
@@ -241,7 +245,7 @@ def test_it_publishes_each_committed_row_once_through_relays_killed_mid_batch(an
     env = {**shop.env, "SHOP_RELAY_BATCH": "4", "SHOP_RELAY_ON_COMMIT": "0"}
     relays = [
         subprocess.Popen(
-            [sys.executable, "manage.py", "mqrelay"], cwd=SHOP, env=env, stdout=subprocess.PIPE, text=True
+            [PYTHON, "manage.py", "mqrelay"], cwd=SHOP, env=env, stdout=subprocess.PIPE, text=True
         )
         for _ in range(2)
     ]
@@ -280,7 +284,7 @@ def test_it_keeps_rows_while_the_server_is_away_and_refuses_a_bad_one_alone(shop
     # when the relay cannot reach the server: it fails (for cron), says so at WARNING, and the
     # rows wait with the error
     away = subprocess.run(
-        [sys.executable, "manage.py", "mqrelay", "--once"],
+        [PYTHON, "manage.py", "mqrelay", "--once"],
         cwd=SHOP,
         env={**shop.env, "MQ_URL": f"http://127.0.0.1:{free_port()}"},
         capture_output=True,
@@ -317,7 +321,7 @@ def shop_site(shop, settings):
     settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
     port = free_port()
     site = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        [PYTHON, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
         cwd=SHOP,
         env=shop.env,
         stdout=subprocess.DEVNULL,
@@ -378,7 +382,7 @@ def test_it_runs_a_webhook_handler_once_however_often_the_delivery_is_posted(sho
 
 def test_it_runs_the_handlers_over_the_websocket_with_mqlisten(shop, logger):
     listener = subprocess.Popen(
-        [sys.executable, "manage.py", "mqlisten"], cwd=SHOP, env=shop.env, stdout=subprocess.PIPE, text=True
+        [PYTHON, "manage.py", "mqlisten"], cwd=SHOP, env=shop.env, stdout=subprocess.PIPE, text=True
     )
     try:
         assert "mqlisten: 1 subscription(s)" in listener.stdout.readline()

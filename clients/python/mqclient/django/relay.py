@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import threading
@@ -29,6 +28,11 @@ from django.utils import timezone
 
 from .. import Client, MQBadRequest, MQError
 from . import conf
+
+try:
+    import fcntl
+except ImportError:  # Windows: SQLite's relays are kept apart within one process only
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("mqclient.django.relay")
 
@@ -174,7 +178,8 @@ def _relay_lock(using: str) -> Iterator[bool]:
 @contextlib.contextmanager
 def _sqlite_lock(name: object) -> Iterator[bool]:
     path = str(name)
-    if path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in path:
+    in_memory = path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in path
+    if in_memory or fcntl is None:
         lock = _memory_locks.setdefault(path, threading.Lock())
         held = lock.acquire(blocking=False)
         try:

@@ -206,6 +206,10 @@ def _sqlite_lock(name: object) -> Iterator[bool]:
 # --- retention --------------------------------------------------------------------------------
 
 
+# How often a relay (the command, or a process's thread) deletes what is past its retention.
+PURGE_EVERY_SECS = 60
+
+
 def purge(using: str = "default") -> tuple[int, int]:
     """Delete sent rows older than OUTBOX_RETENTION_SECS and handled delivery ids older than
     RECEIVED_RETENTION_SECS: (rows, ids) deleted."""
@@ -262,6 +266,7 @@ class _Sender:
 
     def run(self) -> None:
         failures = 0
+        purged_at: dict[str, float] = {}
         while True:
             self.wake.wait(backoff_secs(failures) if failures else None)
             self.wake.clear()
@@ -272,6 +277,9 @@ class _Sender:
                 try:
                     if drain(using).busy:
                         busy.add(using)
+                    if time.monotonic() - purged_at.get(using, float("-inf")) > PURGE_EVERY_SECS:
+                        purge(using)
+                        purged_at[using] = time.monotonic()
                 except RelayFailed:
                     failed.add(using)
                 except Exception:  # a bug or a database error: logged, the mqrelay command retries

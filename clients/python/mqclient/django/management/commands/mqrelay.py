@@ -12,8 +12,6 @@ from django.db import connections, router
 from mqclient.django import conf, relay
 from mqclient.django.models import OutboxMessage
 
-PURGE_EVERY_SECS = 60
-
 
 class Command(BaseCommand):
     help = "Send the message-queue outbox: a loop until SIGTERM, or --once."
@@ -39,7 +37,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         self.stdout.write(f"mqrelay: relaying the outbox of database {using!r} until SIGTERM")
         self.stdout.flush()
-        failures, purged_at = 0, 0.0
+        failures, purged_at = 0, float("-inf")
         while not stop.is_set():
             try:
                 done = relay.drain(using)
@@ -49,7 +47,7 @@ class Command(BaseCommand):
                     self.stdout.flush()
             except relay.RelayFailed:
                 failures += 1  # the relay logged it at WARNING
-            if time.monotonic() - purged_at > PURGE_EVERY_SECS:
+            if time.monotonic() - purged_at > relay.PURGE_EVERY_SECS:
                 relay.purge(using)
                 purged_at = time.monotonic()
             connections[using].close()

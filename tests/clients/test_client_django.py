@@ -21,11 +21,12 @@ import pytest
 from django.db import connection
 from mqclient import Client
 
-from delivery import webhooks
+from delivery import subscribing, webhooks
 from delivery.models import Delivery, Status
-from queues.models import Message
+from queues.models import Message, Queue
 from subscribers.models import Subscription
-from tests.support.servers import ROOT, eventually, free_port
+from subscribers.provisioning import create_subscriber
+from tests.support.servers import ROOT, eventually, free_port, start_daphne, start_redis, start_worker
 
 SHOP = ROOT / "tests" / "support" / "mqshop"
 # The project's interpreter: the suite's own, or MQ_TEST_DJANGO_PYTHON, a virtualenv's with
@@ -314,12 +315,10 @@ def test_it_keeps_rows_while_the_server_is_away_and_refuses_a_bad_one_alone(shop
     assert shop.rows("SELECT event FROM mqclient_outboxmessage") == [("not a name!",)]
 
 
-@pytest.fixture
-def shop_site(shop, settings):
-    """The project served over HTTP (Django's runserver) for the server's webhook posts, which
-    the test makes with the server's own code (delivery/webhooks.post) to loopback."""
-    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
-    port = free_port()
+@contextlib.contextmanager
+def served(shop, port):
+    """The project served over HTTP on `port` (Django's runserver), its webhook view at
+    shop.url."""
     site = subprocess.Popen(
         [PYTHON, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
         cwd=SHOP,
@@ -335,11 +334,22 @@ def shop_site(shop, settings):
         except OSError:
             return False
 
-    assert eventually(up, timeout=20)
-    shop.url = f"http://127.0.0.1:{port}/mq/webhook/"
-    yield shop
-    site.terminate()
-    site.wait(10)
+    try:
+        assert eventually(up, timeout=20)
+        shop.url = f"http://127.0.0.1:{port}/mq/webhook/"
+        yield shop
+    finally:
+        site.terminate()
+        site.wait(10)
+
+
+@pytest.fixture
+def shop_site(shop, settings):
+    """The project served, for the server's webhook posts, which the test makes with the
+    server's own code (delivery/webhooks.post) to loopback."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    with served(shop, free_port()) as site:
+        yield site
 
 
 def frame(delivery_id, payload):
@@ -478,3 +488,32 @@ def test_its_test_kit_captures_the_outbox_and_delivers_to_handlers_and_the_view(
     ]
     # nothing was sent: the rows wait for a relay
     assert [status for (status,) in shop.rows("SELECT status FROM mqclient_outboxmessage")] == ["waiting"] * 2
+
+
+def test_an_order_saved_in_the_project_reaches_its_own_webhook_handler_through_the_server(tmp_path, settings):
+    """The whole loop a user builds: a model event relayed to a real server, whose real worker
+    posts it to the project's webhook view, whose handler runs once."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    redis = start_redis()
+    env = {"REDIS_URL": redis.url, "MQ_WEBHOOK_ALLOW_PRIVATE": "true"}
+    port = free_port()
+    db = Queue.objects.create(name="db")
+    hook, _ = create_subscriber(
+        "shop-hook", subscribe=["db"], webhook_url=f"http://127.0.0.1:{port}/mq/webhook/"
+    )
+    subscribing.subscribe(hook, db, "create")
+    _, token = create_subscriber("shop", publish=["db"])
+    web, worker = start_daphne(env), start_worker(env)
+    try:
+        shop = Shop(tmp_path, web.http, token, secret=hook.webhook_secret)
+        with served(shop, port):
+            shop.python('from shop.models import Order\nOrder.objects.create(item="tea")')
+            # the handler ran, once, for the delivery the worker posted, which is acked
+            assert eventually(lambda: shop.rows("SELECT order_pk FROM shop_shipment") == [(1,)], timeout=30)
+            delivery = Delivery.objects.get(subscription__subscriber=hook)
+            assert eventually(lambda: Delivery.objects.get(id=delivery.id).status == Status.ACKED, timeout=10)
+            assert shop.rows("SELECT delivery_id FROM shop_shipment") == [(delivery.id,)]
+    finally:
+        worker.stop()
+        web.stop()
+        redis.stop(signal.SIGKILL)

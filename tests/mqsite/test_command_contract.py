@@ -64,6 +64,7 @@ DOCUMENTED_KEYS = {
     "analyze": {"events", "subscribers"},
     "sparkclasses": {"path", "made", "skipped"},
     "demo": {"published", "acked", "nacked", "via", "at"},
+    "ensuremigrated": {"missing", "migrated"},
 }
 
 INVOCATIONS = {
@@ -83,6 +84,7 @@ INVOCATIONS = {
     "analyze": [],
     "sparkclasses": [],
     "demo": ["--count", "3", "--rate", "200", "--server-wait", "0", "--poison-every", "0"],
+    "ensuremigrated": [],
 }
 
 

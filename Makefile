@@ -39,8 +39,8 @@ $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
 install-dev: install $(VENV)/.dev-installed
 
 run: install
-	@# A database that lacks migrations is refused (make migrate first), except the embedded
-	@# mode's SQLite file, migrated here (MQ_MIGRATE_ON_RUN; docs/operations/index.md, Upgrading).
+	@# Migrated here on a developer's machine; in production settings (MQ_HTTPS) a database that
+	@# lacks migrations is refused: make migrate first (MQ_MIGRATE_ON_RUN; docs/operations/index.md).
 	$(BIN)/python manage.py ensuremigrated
 	$(BIN)/python manage.py bootstrap
 	mkdir -p $(RUN_DIR)

@@ -218,12 +218,6 @@ else:
         "max_size": env.int("DB_POOL_MAX_SIZE", default=20),
         "timeout": 10,
     }
-# `make run` migrates the database before it serves (manage.py ensuremigrated) only where this
-# is on: by default the embedded mode's SQLite file, so that a fresh clone just runs. Elsewhere
-# migrations are a release step (`make migrate`), and a database that lacks one is refused.
-MQ_MIGRATE_ON_RUN = env.bool(
-    "MQ_MIGRATE_ON_RUN", default=DATABASES["default"]["ENGINE"] == "mqsite.workarounds.sqlite"
-)
 # The socket's publishes, leases, acks and nacks run on an async pool of their own, on the
 # event loop (mqsite/adb.py); MQ_ASYNC_DB=false runs them in threads as the rest of the code
 # (for comparison). SQLite always does. Its size: MQ_ASYNC_DB_POOL_MAX_SIZE, below.
@@ -376,6 +370,12 @@ MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 # so that `make run` serves plain http on 127.0.0.1. `manage.py check --deploy` is clean with
 # it on, SECRET_KEY set and DEBUG off.
 MQ_HTTPS = env.bool("MQ_HTTPS", default=False)
+# `make run` migrates the database before it serves (manage.py ensuremigrated) only where this
+# is on. In production settings (MQ_HTTPS: the server reached over TLS, as docs/deploy.md sets
+# it up) it is off by default: migrations are a release step there (`make migrate`, after a
+# backup; one may lock a table for minutes), and a database that lacks one is refused. On a
+# developer's machine (plain http on 127.0.0.1, either mode) `make run` migrates, as it always did.
+MQ_MIGRATE_ON_RUN = env.bool("MQ_MIGRATE_ON_RUN", default=not MQ_HTTPS)
 if MQ_HTTPS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True

@@ -1,6 +1,11 @@
-"""Migrations are a release step (`make migrate`): `make run` (manage.py ensuremigrated) refuses
-a database that lacks one, naming it, and migrates only where MQ_MIGRATE_ON_RUN says so (by
-default the embedded mode's SQLite file, so that a fresh clone just runs)."""
+"""Migrations are a release step (`make migrate`) in production settings: there `make run`
+(manage.py ensuremigrated) refuses a database that lacks one, naming it; it migrates where
+MQ_MIGRATE_ON_RUN says so (by default off with MQ_HTTPS, on otherwise, so that a fresh clone
+just runs in either mode)."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -8,6 +13,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from dashboard.management.commands.ensuremigrated import REFUSED, unapplied
+from tests.support.servers import ROOT
 
 
 @pytest.fixture
@@ -48,5 +54,10 @@ def test_a_migrated_database_passes_whatever_the_setting(transactional_db, setti
     call_command("ensuremigrated")  # no error
 
 
-def test_only_the_embedded_sqlite_default_migrates_at_start(settings):
-    assert settings.MQ_MIGRATE_ON_RUN == (connection.vendor == "sqlite")
+@pytest.mark.parametrize("https, migrates", [("", "True"), ("true", "False")])
+def test_make_run_migrates_by_default_except_in_production_settings(https, migrates):
+    env = {**os.environ, "MQ_HTTPS": https, "DJANGO_SETTINGS_MODULE": "mqsite.settings"}
+    env.pop("MQ_MIGRATE_ON_RUN", None)
+    read = "import django; django.setup(); from django.conf import settings as s; print(s.MQ_MIGRATE_ON_RUN)"
+    out = subprocess.run([sys.executable, "-c", read], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == migrates, out.stderr

@@ -1,8 +1,8 @@
-"""ensuremigrated: run by `make run` before anything serves. Migrations are a release step
-(`make migrate`): a database whose schema is behind the code is refused with the list of what
-is missing, rather than migrated behind the operator's back (a migration may lock a table for
-minutes, and wants a backup first). The embedded mode's SQLite file (MQ_MIGRATE_ON_RUN, on by
-default there) is migrated here, so that a fresh clone's `make run` just works."""
+"""ensuremigrated: run by `make run` before anything serves. In production settings migrations
+are a release step (`make migrate`): a database whose schema is behind the code is refused with
+the list of what is missing, rather than migrated behind the operator's back (a migration may
+lock a table for minutes, and wants a backup first). Elsewhere (MQ_MIGRATE_ON_RUN, on by default
+unless MQ_HTTPS) it is migrated here, so that a fresh clone's `make run` just works."""
 
 from django.conf import settings
 from django.core.management import call_command
@@ -28,7 +28,7 @@ class Command(ReportCommand):
     json_help = "print {missing: [app.migration, ...], migrated: true|false} as one JSON object"
     help = (
         "Refuse (exit 1) when the database lacks migrations, naming them; migrate instead where "
-        "MQ_MIGRATE_ON_RUN is on (the embedded SQLite default)."
+        "MQ_MIGRATE_ON_RUN is on (by default, unless MQ_HTTPS: production settings)."
     )
 
     def report(self, *args, **options):

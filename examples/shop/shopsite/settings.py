@@ -14,6 +14,7 @@ SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example-shop-not-for-production"
 DEBUG = os.environ.get("SHOP_DEBUG", "false").lower() == "true"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 USE_TZ = True
+TIME_ZONE = "UTC"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

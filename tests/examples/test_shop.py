@@ -1,6 +1,7 @@
 """examples/shop, the Django project the docs walk through, works as its README says: its checks
-and migrations run, and an order made through its API is an outbox row in the order's
-transaction, which `manage.py mqrelay --once` publishes to a real server, once."""
+and migrations run, an order made through its API is an outbox row in the order's transaction,
+which `manage.py mqrelay --once` publishes to a real server, once; and the server's post of it
+to the shop's webhook URL ships the order once, however often it is posted."""
 
 import json
 import os
@@ -30,7 +31,7 @@ def run(env, *args, check=True):
     )
 
 
-def test_an_order_made_through_the_example_api_is_published_once(tmp_path, server, logger):
+def test_an_order_made_through_the_example_api_is_published_once_and_shipped_once(tmp_path, server, logger):
     db = tmp_path / "shop.sqlite3"
     env = {
         **os.environ,
@@ -86,3 +87,44 @@ def test_an_order_made_through_the_example_api_is_published_once(tmp_path, serve
     assert message.publisher == logger
     with sqlite3.connect(db) as rows:
         assert rows.execute("SELECT status FROM mqclient_outboxmessage").fetchall() == [("sent",)]
+
+    # The message as the server posts it to mq/webhook/ (docs/webhooks.md), signed with the
+    # shop's secret, twice (the answer to the first was lost), then unsigned.
+    frame = {
+        "type": "message",
+        "id": 41,
+        "message_id": message.id,
+        "queue": "db",
+        "event": "create",
+        "seq": message.seq,
+        "payload": payload,
+        "attempt": 1,
+        "published_at": message.created_at.isoformat(),
+        "deliver_at": None,
+        "expires_at": None,
+        "group": None,
+    }
+    hook = textwrap.dedent(
+        """
+        import json, sys, time, django
+        django.setup()
+        from datetime import UTC, datetime
+        from django.conf import settings
+        from django.test import Client
+        from standardwebhooks import Webhook
+        from orders.models import Shipment
+        body, now = sys.argv[1], int(time.time())
+        signed = Webhook(settings.MQ["WEBHOOK_SECRET"]).sign("41", datetime.fromtimestamp(now, UTC), body)
+        headers = {"webhook-id": "41", "webhook-timestamp": str(now), "webhook-signature": signed}
+        api = Client(SERVER_NAME="localhost")
+        post = lambda h: api.post("/mq/webhook/", body, content_type="application/json", headers=h)
+        answers = [post(headers), post(headers), post({})]
+        shipped = list(Shipment.objects.values_list("order_id", "delivery_id"))
+        print(json.dumps([[a.status_code for a in answers], shipped]))
+        """
+    )
+    statuses, shipments = json.loads(
+        run({**env, "DJANGO_SETTINGS_MODULE": "shopsite.settings"}, "-c", hook, json.dumps(frame)).stdout
+    )
+    assert statuses == [200, 200, 401]
+    assert shipments == [[answer["id"], 41]]

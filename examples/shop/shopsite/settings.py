@@ -68,6 +68,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    # The relay says at WARNING when the server cannot be reached, and at INFO what it sent.
-    "loggers": {"mqclient": {"handlers": ["console"], "level": os.environ.get("SHOP_LOG_LEVEL", "INFO")}},
+    # The relay says at WARNING when the server cannot take its rows (at ERROR a row it refused
+    # for good), the webhook view a post it refused; DEBUG shows each batch it sent.
+    "loggers": {"mqclient": {"handlers": ["console"], "level": os.environ.get("SHOP_LOG_LEVEL", "WARNING")}},
 }

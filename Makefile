@@ -67,8 +67,9 @@ demo: install
 SHOP_PORT ?= 8001
 shop: install
 	$(BIN)/python manage.py createqueue db -v 0
-	@# the webhook is on loopback: the server allows that only when told so (make run too)
-	MQ_WEBHOOK_ALLOW_PRIVATE=true $(BIN)/python manage.py createsubscriber shop --publish db --subscribe db \
+	@# The webhook is on loopback, which the server allows only when told so (make run too); the
+	@# token and the webhook secret go to a file only its owner reads.
+	mkdir -p $(RUN_DIR) && umask 077 && MQ_WEBHOOK_ALLOW_PRIVATE=true $(BIN)/python manage.py createsubscriber shop --publish db --subscribe db \
 		--webhook http://127.0.0.1:$(SHOP_PORT)/mq/webhook/ --json > $(RUN_DIR)/shop.json
 	cd examples/shop && \
 	export MQ_URL=http://127.0.0.1:$(PORT) \

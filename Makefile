@@ -3,6 +3,8 @@
 # make migrate: the release step (make run refuses a PostgreSQL database that lacks migrations)
 # make ctl ARGS="restart workers:worker": restart one process of a running make run
 # make demo : demo traffic for the dashboard (or `DEMO=1 make run` runs it beside the server)
+# make shop : the example Django project (examples/shop) on SHOP_PORT, beside a running
+#             `MQ_WEBHOOK_ALLOW_PRIVATE=true make run`: its orders published, its webhook posted to
 # make faults: the long fault-injection run (about 30 minutes; make test runs a short one)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -13,7 +15,7 @@ PORT ?= 8000
 RUN_DIR ?= var
 
 .PHONY: run migrate ctl install install-dev test lint test-sqlite test-postgres test-sqlite-e2e test-sqlite-rest \
-	test-postgres-e2e test-postgres-rest bench clean demo
+	test-postgres-e2e test-postgres-rest bench clean demo shop
 # The browser test drives Debian's Chromium (never a browser download); we run as root.
 CHROMIUM := /usr/bin/chromium
 
@@ -57,6 +59,27 @@ run: install
 
 demo: install
 	$(BIN)/python manage.py demo
+
+# The example shop (examples/shop/README.md) beside the server a `make run` serves on PORT: the
+# server gets queue db and a subscriber `shop` that publishes to db and is posted db/create at
+# the shop's webhook (a new token each time: the old one stops working); the shop's SQLite
+# file is migrated, and its runserver and its relay (manage.py mqrelay) run until Ctrl-C.
+SHOP_PORT ?= 8001
+shop: install
+	$(BIN)/python manage.py createqueue db -v 0
+	@# The webhook is on loopback, which the server allows only when told so (make run too); the
+	@# token and the webhook secret go to a file only its owner reads.
+	mkdir -p $(RUN_DIR) && umask 077 && MQ_WEBHOOK_ALLOW_PRIVATE=true $(BIN)/python manage.py createsubscriber shop --publish db --subscribe db \
+		--webhook http://127.0.0.1:$(SHOP_PORT)/mq/webhook/ --json > $(RUN_DIR)/shop.json
+	cd examples/shop && \
+	export MQ_URL=http://127.0.0.1:$(PORT) \
+		MQ_TOKEN=$$($(abspath $(BIN))/python -c 'import json,sys; print(json.load(sys.stdin)["token"])' < $(abspath $(RUN_DIR))/shop.json) \
+		MQ_WEBHOOK_SECRET=$$($(abspath $(BIN))/python -c 'import json,sys; print(json.load(sys.stdin)["webhook_secret"])' < $(abspath $(RUN_DIR))/shop.json) && \
+	$(abspath $(BIN))/python -c 'import os, mqclient; mqclient.Client(os.environ["MQ_URL"], os.environ["MQ_TOKEN"]).subscribe("db", "create")' && \
+	$(abspath $(BIN))/python manage.py migrate --noinput -v 0 && \
+	{ $(abspath $(BIN))/python manage.py mqrelay & relay=$$!; trap 'kill $$relay 2>/dev/null' EXIT; \
+	  echo "the shop: http://127.0.0.1:$(SHOP_PORT)/orders/ (README: examples/shop/README.md)"; \
+	  $(abspath $(BIN))/python manage.py runserver --noreload 127.0.0.1:$(SHOP_PORT); }
 
 # The release step: the database's schema up to the code (back it up first in production).
 migrate: install

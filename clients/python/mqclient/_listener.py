@@ -77,6 +77,15 @@ LIMIT_WAIT_SECS = 5.0
 ADDRESS_WAIT_SECS = 60.0
 # Websocket close codes and handshake statuses that waiting cannot mend.
 FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest, MQRedirectError)
+# A handler still running keeps its delivery's lease (as Pub/Sub's clients do): the first
+# extension after FIRST_EXTEND_SECS (under the shortest ack timeout a queue may have, 1 s; a
+# quick handler sends none), then every third of `extend_secs`, each asking for `extend_secs`
+# more, until `max_extension_secs` from the handler's start: past that the lease runs out and
+# the server hands the delivery out again (a handler stuck for ever must not hold it for ever).
+DEFAULT_EXTEND_SECS = 30
+DEFAULT_MAX_EXTENSION_SECS = 3600.0
+FIRST_EXTEND_SECS = 0.5
+MAX_EXTEND_SECS = 43200  # the contract's cap on one extension
 # How a socket proves who it is: the `auth` frame (the protocol's extensions; no token in the
 # handshake at all, so no proxy's log keeps it), or the Authorization header for a server
 # older than that extension.
@@ -162,7 +171,15 @@ class Listener:
         rest_ack: Callable[[list[int]], Awaitable[Any]],
         handler_in_thread: bool,
         done: collections.OrderedDict[int, None] | None = None,
+        extend_secs: int = DEFAULT_EXTEND_SECS,
+        max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
+        if type(extend_secs) is not int or not 1 <= extend_secs <= MAX_EXTEND_SECS:
+            raise ValueError(f"extend_secs must be a whole number, 1 to {MAX_EXTEND_SECS}: {extend_secs!r}")
+        if max_extension_secs < 0:
+            raise ValueError(f"max_extension_secs must be 0 or more, not {max_extension_secs!r}")
+        self.extend_secs, self.max_extension_secs = extend_secs, float(max_extension_secs)
+        self.ws: ClientConnection | None = None  # the socket of the session under way
         self.socket_url, self.token, self.timeout = socket_url, token, timeout
         self.handler = handler
         self.subscriptions = subscriptions_of(subscriptions)
@@ -307,6 +324,7 @@ class Listener:
         ws = await self._open()
         if ws is None:
             return
+        self.ws = ws
         reader = asyncio.ensure_future(self._read(ws))
         tasks: list[asyncio.Future[Any]] = [reader]
         try:
@@ -350,6 +368,7 @@ class Listener:
             for task in tasks:
                 with contextlib.suppress(BaseException):
                     await task
+            self.ws = None
             self._drop_inbox()  # the server hands these out again once the socket is gone
             if self.nacks:
                 log.info(
@@ -487,6 +506,7 @@ class Listener:
                     self.idle.set()
 
     async def _handle(self, delivery: Delivery) -> None:
+        keeper = asyncio.ensure_future(self._keep_leased(delivery.id))
         try:
             if self.executor is not None:
                 result = await self.loop.run_in_executor(self.executor, self.handler, delivery)  # type: ignore[union-attr]
@@ -501,9 +521,35 @@ class Listener:
                 delivery.settled = "nacked"
                 self._nack(delivery.id, None, text)
             return
+        finally:
+            keeper.cancel()
         if delivery.settled is None:
             delivery.settled = "acked"
             self._ack(delivery.id)
+
+    async def _keep_leased(self, delivery_id: int) -> None:
+        """Extend the lease of the delivery under way until cancelled (its handler ended) or
+        max_extension_secs from now."""
+        clock = asyncio.get_running_loop().time
+        started, wait = clock(), FIRST_EXTEND_SECS
+        while True:
+            await asyncio.sleep(wait)
+            wait = self.extend_secs / 3
+            # whole seconds, as the contract takes them
+            seconds = int(min(self.extend_secs, self.max_extension_secs - (clock() - started)))
+            if seconds < 1:
+                log.warning(
+                    "mqclient: the handler of delivery %s still runs after max_extension_secs (%g s): "
+                    "its lease is no longer extended, and the server will hand it out again",
+                    delivery_id,
+                    self.max_extension_secs,
+                )
+                return
+            ws = self.ws
+            if ws is None:
+                continue  # between connections: the socket that leased it handed it back
+            with contextlib.suppress(ConnectionClosed, OSError):
+                await self._send(ws, {"type": "extend", "ids": [delivery_id], "seconds": seconds})
 
     # --- settling (on the loop's thread) ---------------------------------------------------
 

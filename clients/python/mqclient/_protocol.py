@@ -248,6 +248,12 @@ def ack(ids: Iterable[Any]) -> Call:
     return Call("POST", "deliveries/ack", _same, {"ids": ids_of(ids)}, has_body=True)
 
 
+def extend(ids: Iterable[Any], seconds: int) -> Call:
+    """Move the ack deadline of the caller's in-flight deliveries to now + `seconds` (1 to
+    43200): {"extended", "unknown"}."""
+    return Call("POST", "deliveries/extend", _same, {"ids": ids_of(ids), "seconds": seconds}, has_body=True)
+
+
 def nack(delivery_id: Any, retry_in: float | None = None, error: str | None = None) -> Call:
     body: dict[str, Any] = {}
     if retry_in is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from . import _protocol
-from ._listener import Listener
+from ._listener import DEFAULT_EXTEND_SECS, DEFAULT_MAX_EXTENSION_SECS, Listener
 from .delivery import AsyncDelivery, Delivery
 from .errors import InsecureURLWarning, MQConnectionError
 
@@ -174,6 +174,11 @@ class Client(_Base):
     ) -> dict[str, Any]:
         return self._do(_protocol.nack(delivery_id, retry_in, error))
 
+    def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> dict[str, Any]:
+        """Keep pulled deliveries leased: their ack deadline becomes now + `seconds` (1 to
+        43200). {"extended": n, "unknown": [ids not in flight or not the caller's]}."""
+        return self._do(_protocol.extend(ids, seconds))
+
     def settle_ack(self, delivery: Delivery) -> dict[str, Any]:
         return self.ack([delivery.id])
 
@@ -181,10 +186,18 @@ class Client(_Base):
         return self.nack(delivery.id, retry_in, error)
 
     def listen(
-        self, handler: Handler, subscriptions: Iterable[Any] | None = None, *, prefetch: int | None = None
+        self,
+        handler: Handler,
+        subscriptions: Iterable[Any] | None = None,
+        *,
+        prefetch: int | None = None,
+        extend_secs: int = DEFAULT_EXTEND_SECS,
+        max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
         """Hold the websocket and call `handler(delivery)` for each delivery, in a thread of its
         own, one at a time; ack when it returns, nack with its exception's text when it raises.
+        A handler still running keeps its lease: extended by `extend_secs` at a time, for at
+        most `max_extension_secs` in all (0: never extended).
         Blocks until stop(), SIGTERM (in the main thread), or a refusal waiting cannot mend
         (raised: MQAuthError, MQForbidden, ...). Reconnects by itself."""
 
@@ -198,6 +211,8 @@ class Client(_Base):
             make_delivery=Delivery,
             rest_ack=rest_ack,
             handler_in_thread=True,
+            extend_secs=extend_secs,
+            max_extension_secs=max_extension_secs,
         )
         self._listeners.add(listener)
         try:
@@ -315,6 +330,9 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:
         return await self._do(_protocol.nack(delivery_id, retry_in, error))
 
+    async def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> dict[str, Any]:
+        return await self._do(_protocol.extend(ids, seconds))
+
     def settle_ack(self, delivery: Delivery) -> Awaitable[dict[str, Any]]:
         return self.ack([delivery.id])
 
@@ -322,7 +340,13 @@ class AsyncClient(_Base):
         return self.nack(delivery.id, retry_in, error)
 
     async def listen(
-        self, handler: Handler, subscriptions: Iterable[Any] | None = None, *, prefetch: int | None = None
+        self,
+        handler: Handler,
+        subscriptions: Iterable[Any] | None = None,
+        *,
+        prefetch: int | None = None,
+        extend_secs: int = DEFAULT_EXTEND_SECS,
+        max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
         """As Client.listen; `handler` may be a coroutine function (awaited) or a plain one
         (called on the event loop: keep it quick, or hand slow work to a thread)."""
@@ -333,6 +357,8 @@ class AsyncClient(_Base):
             make_delivery=AsyncDelivery,
             rest_ack=self.ack,
             handler_in_thread=False,
+            extend_secs=extend_secs,
+            max_extension_secs=max_extension_secs,
         )
         self._listeners.add(listener)
         try:

@@ -186,12 +186,50 @@ def publish_many(queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]])
     )
 
 
-def subscribe(queue: str, event: str | None = None, filter: dict[str, list[Any]] | None = None) -> Call:  # noqa: A002
+def point(start: Any) -> Any:
+    """A replay's start as the contract takes it: "new", "all", a seq (an int) or a time (a
+    datetime, naive: UTC; or an ISO 8601 string), or already {"seq": N} / {"time": ...}."""
+    if isinstance(start, bool):
+        raise ValueError(f"a replay starts from 'new', 'all', a seq or a time, not {start!r}")
+    if isinstance(start, int):
+        return {"seq": start}
+    if isinstance(start, datetime):
+        return {"time": start.isoformat()}
+    if isinstance(start, str) and start not in ("new", "all"):
+        return {"time": start}
+    return start
+
+
+def subscribe(
+    queue: str,
+    event: str | None = None,
+    filter: dict[str, list[Any]] | None = None,  # noqa: A002
+    start: Any = None,
+) -> Call:
     """Without a filter the body names none: an existing subscription keeps its own."""
     body: dict[str, Any] = {"queue": queue, "event": event}
     if filter is not None:
         body["filter"] = filter
+    if start is not None:
+        body["from"] = point(start)
     return Call("POST", "subscriptions", _same, body, has_body=True)
+
+
+def seek(subscription_id: int | dict[str, Any], start: Any) -> Call:
+    """Owe again what the subscription's queue holds from `start` (a seq or a time)."""
+    if isinstance(subscription_id, dict):  # the answer of subscribe()
+        subscription_id = subscription_id["id"]
+    body = point(start)
+    if not isinstance(body, dict):
+        raise ValueError(f"seek goes to a seq or a time, not {start!r}")
+    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/seek", _same, body, has_body=True)
+
+
+def receipt(message_id: int | dict[str, Any]) -> Call:
+    """A message's deliveries counted by state (its publisher or an operator)."""
+    if isinstance(message_id, dict):  # the answer of publish()
+        message_id = message_id["id"]
+    return Call("GET", f"messages/{_name(str(message_id))}", _same)
 
 
 def set_filter(subscription_id: int | dict[str, Any], filter: dict[str, list[Any]] | None) -> Call:  # noqa: A002

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from . import _protocol
+from . import _protocol, _retry
 from ._listener import DEFAULT_EXTEND_SECS, DEFAULT_MAX_EXTENSION_SECS, Listener
 from .delivery import AsyncDelivery, Delivery
 from .errors import InsecureURLWarning, MQConnectionError
@@ -22,8 +22,17 @@ Handler = Callable[[Any], Any]
 
 
 class _Base:
-    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10,
+        publish_attempts: int = _retry.DEFAULT_PUBLISH_ATTEMPTS,
+    ) -> None:
         self.url, self.token, self.timeout = url, token, timeout
+        # A keyed publish is tried this many times on a connection error or a 503 (_retry).
+        self.publish_attempts = _retry.check_attempts(publish_attempts)
         self._rest_url, self._socket_url = _protocol.base_urls(url)
         self._listeners: set[Listener] = set()
         self._acked_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -78,8 +87,15 @@ def _unreachable(exc: httpx.TransportError) -> MQConnectionError:
 class Client(_Base):
     """A blocking client: `with Client("http://127.0.0.1:8000", token) as mq: ...`."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
-        super().__init__(url, token, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10,
+        publish_attempts: int = _retry.DEFAULT_PUBLISH_ATTEMPTS,
+    ) -> None:
+        super().__init__(url, token, timeout=timeout, publish_attempts=publish_attempts)
         self._http = httpx.Client(
             base_url=self._rest_url, headers=_protocol.headers(token), follow_redirects=False
         )
@@ -108,14 +124,18 @@ class Client(_Base):
         """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). `group`:
         its message group (in an ordered queue, order holds within each group). A delayed
         message: `delay_secs` or `deliver_at` (at most 7 days ahead); one that expires:
-        `ttl_secs` (from when it falls due) or `expires_at`."""
+        `ttl_secs` (from when it falls due) or `expires_at`. With a `key`, a connection error
+        or a 503 is tried again (publish_attempts in all, with backoff): the key makes it safe."""
         timing = {
             "delay_secs": delay_secs,
             "deliver_at": deliver_at,
             "ttl_secs": ttl_secs,
             "expires_at": expires_at,
         }
-        return self._do(_protocol.publish(queue, event, payload, key, headers, group, **timing))
+        call = _protocol.publish(queue, event, payload, key, headers, group, **timing)
+        if key is None:
+            return self._do(call)
+        return _retry.retrying(self.publish_attempts)(self._do, call)
 
     def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
@@ -129,11 +149,25 @@ class Client(_Base):
         event: str | None = None,
         *,
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
+        from_: str | int | datetime | dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Subscribe; with `filter` ({"payload.kind": ["red"], "headers.tenant": ["acme", None]}),
         only the messages that match are owed (an existing subscription's filter is changed).
-        Without one, an existing subscription keeps its own."""
-        return self._do(_protocol.subscribe(queue, event, filter))
+        Without one, an existing subscription keeps its own. `from_`: a new subscription also
+        owes what its queue still holds from "all", a seq (int) or a time (datetime)."""
+        return self._do(_protocol.subscribe(queue, event, filter, from_))
+
+    def seek(
+        self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
+    ) -> dict[str, Any]:
+        """Owe again what the queue holds from `to` (a seq or a time): the acked and dead
+        handed out again. The subscription, with its `replay`."""
+        return self._do(_protocol.seek(subscription_id, to))
+
+    def receipt(self, message_id: int | dict[str, Any]) -> dict[str, Any]:
+        """Did everyone get it: the message (an id, or publish()'s answer) with its
+        `deliveries` counted by state ({"pending", "inflight", "acked", "dead"})."""
+        return self._do(_protocol.receipt(message_id))
 
     def set_filter(
         self,
@@ -247,8 +281,15 @@ class _Stopped:
 class AsyncClient(_Base):
     """The asyncio client: `async with AsyncClient(url, token) as mq: await mq.publish(...)`."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
-        super().__init__(url, token, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10,
+        publish_attempts: int = _retry.DEFAULT_PUBLISH_ATTEMPTS,
+    ) -> None:
+        super().__init__(url, token, timeout=timeout, publish_attempts=publish_attempts)
         self._http = httpx.AsyncClient(
             base_url=self._rest_url, headers=_protocol.headers(token), follow_redirects=False
         )
@@ -280,7 +321,10 @@ class AsyncClient(_Base):
             "ttl_secs": ttl_secs,
             "expires_at": expires_at,
         }
-        return await self._do(_protocol.publish(queue, event, payload, key, headers, group, **timing))
+        call = _protocol.publish(queue, event, payload, key, headers, group, **timing)
+        if key is None:
+            return await self._do(call)
+        return await _retry.async_retrying(self.publish_attempts)(self._do, call)
 
     async def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
@@ -293,8 +337,17 @@ class AsyncClient(_Base):
         event: str | None = None,
         *,
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
+        from_: str | int | datetime | dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return await self._do(_protocol.subscribe(queue, event, filter))
+        return await self._do(_protocol.subscribe(queue, event, filter, from_))
+
+    async def seek(
+        self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
+    ) -> dict[str, Any]:
+        return await self._do(_protocol.seek(subscription_id, to))
+
+    async def receipt(self, message_id: int | dict[str, Any]) -> dict[str, Any]:
+        return await self._do(_protocol.receipt(message_id))
 
     async def set_filter(
         self,

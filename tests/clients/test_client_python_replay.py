@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from django.db import connection
-from mqclient import AsyncClient, Client, MQNotFound
+from mqclient import Acked, AsyncClient, Client, MQNotFound, Published, Receipt, Subscription
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -49,3 +49,27 @@ def test_the_asyncio_client_subscribes_from_all_and_reads_receipts(server, logge
             assert (await mq.receipt(first))["deliveries"]["acked"] == 1
 
     asyncio.run(main())
+
+
+def test_answers_are_typed_and_still_the_dicts_the_server_sent(server, logger):
+    with Client(server.http, logger.token) as mq:
+        sub = mq.subscribe("db", "create")
+        published = mq.publish("db", "create", {"n": 1}, key="k1")
+        assert isinstance(published, Published) and isinstance(published, dict)
+        assert (published.id, published.seq, published.deliveries) == (
+            published["id"],
+            published["seq"],
+            1,
+        )
+        assert published.created_at.tzinfo is not None  # an aware datetime; the dict keeps the text
+        assert isinstance(published["created_at"], str)
+        assert isinstance(sub, Subscription) and sub.queue == "db" and sub.paused is False
+        assert sub.replay is None  # a field the server did not send
+        (delivery,) = mq.pull("db")
+        receipt = mq.receipt(published)
+        assert isinstance(receipt, Receipt) and not receipt.settled
+        acked = mq.ack(delivery)
+        assert isinstance(acked, Acked) and acked == {"acked": 1, "unknown": []} and acked.acked == 1
+        assert mq.receipt(published).settled
+        assert mq.extend(delivery, 5).unknown == [delivery.id]
+        assert [m.seq for m in mq.publish_many("db", [("create", 2), ("create", 3)])] == [2, 3]

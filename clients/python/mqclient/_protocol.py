@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
+from .answers import Acked, Extended, Published, Receipt, Subscription
 from .errors import MQBadRequest, MQRedirectError, error_for_answer
 
 # A long poll may wait this long on the server (the contract's cap); the request's own timeout
@@ -162,7 +163,7 @@ def publish(
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
-        _same,
+        Published,
         _message(event, payload, key, headers, group, **timing),
         has_body=True,
     )
@@ -180,7 +181,7 @@ def publish_many(queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]])
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
-        lambda body: body["messages"],
+        lambda body: [Published(m) for m in body["messages"]],
         {"messages": items},
         has_body=True,
     )
@@ -212,7 +213,7 @@ def subscribe(
         body["filter"] = filter
     if start is not None:
         body["from"] = point(start)
-    return Call("POST", "subscriptions", _same, body, has_body=True)
+    return Call("POST", "subscriptions", Subscription, body, has_body=True)
 
 
 def seek(subscription_id: int | dict[str, Any], start: Any) -> Call:
@@ -222,14 +223,16 @@ def seek(subscription_id: int | dict[str, Any], start: Any) -> Call:
     body = point(start)
     if not isinstance(body, dict):
         raise ValueError(f"seek goes to a seq or a time, not {start!r}")
-    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/seek", _same, body, has_body=True)
+    return Call(
+        "POST", f"subscriptions/{_name(str(subscription_id))}/seek", Subscription, body, has_body=True
+    )
 
 
 def receipt(message_id: int | dict[str, Any]) -> Call:
     """A message's deliveries counted by state (its publisher or an operator)."""
     if isinstance(message_id, dict):  # the answer of publish()
         message_id = message_id["id"]
-    return Call("GET", f"messages/{_name(str(message_id))}", _same)
+    return Call("GET", f"messages/{_name(str(message_id))}", Receipt)
 
 
 def set_filter(subscription_id: int | dict[str, Any], filter: dict[str, list[Any]] | None) -> Call:  # noqa: A002
@@ -237,7 +240,11 @@ def set_filter(subscription_id: int | dict[str, Any], filter: dict[str, list[Any
     if isinstance(subscription_id, dict):  # the answer of subscribe()
         subscription_id = subscription_id["id"]
     return Call(
-        "PATCH", f"subscriptions/{_name(str(subscription_id))}", _same, {"filter": filter}, has_body=True
+        "PATCH",
+        f"subscriptions/{_name(str(subscription_id))}",
+        Subscription,
+        {"filter": filter},
+        has_body=True,
     )
 
 
@@ -262,7 +269,7 @@ def pause(subscription_id: int | dict[str, Any], paused: bool = True) -> Call:
     if isinstance(subscription_id, dict):  # the answer of subscribe()
         subscription_id = subscription_id["id"]
     verb = "pause" if paused else "resume"
-    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/{verb}", _same)
+    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/{verb}", Subscription)
 
 
 def pull(queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0) -> Call:
@@ -283,13 +290,15 @@ def ids_of(ids: Iterable[Any]) -> list[int]:
 
 
 def ack(ids: Iterable[Any]) -> Call:
-    return Call("POST", "deliveries/ack", _same, {"ids": ids_of(ids)}, has_body=True)
+    return Call("POST", "deliveries/ack", Acked, {"ids": ids_of(ids)}, has_body=True)
 
 
 def extend(ids: Iterable[Any], seconds: int) -> Call:
     """Move the ack deadline of the caller's in-flight deliveries to now + `seconds` (1 to
     43200): {"extended", "unknown"}."""
-    return Call("POST", "deliveries/extend", _same, {"ids": ids_of(ids), "seconds": seconds}, has_body=True)
+    return Call(
+        "POST", "deliveries/extend", Extended, {"ids": ids_of(ids), "seconds": seconds}, has_body=True
+    )
 
 
 def nack(delivery_id: Any, retry_in: float | None = None, error: str | None = None) -> Call:

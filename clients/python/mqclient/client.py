@@ -15,6 +15,7 @@ import httpx
 
 from . import _protocol, _retry
 from ._listener import DEFAULT_EXTEND_SECS, DEFAULT_MAX_EXTENSION_SECS, Listener
+from .answers import Acked, Extended, Published, Receipt, Subscription
 from .delivery import AsyncDelivery, Delivery
 from .errors import InsecureURLWarning, MQConnectionError
 
@@ -120,7 +121,7 @@ class Client(_Base):
         deliver_at: datetime | str | None = None,
         ttl_secs: float | None = None,
         expires_at: datetime | str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Published:
         """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). `group`:
         its message group (in an ordered queue, order holds within each group). A delayed
         message: `delay_secs` or `deliver_at` (at most 7 days ahead); one that expires:
@@ -137,9 +138,7 @@ class Client(_Base):
             return self._do(call)
         return _retry.retrying(self.publish_attempts)(self._do, call)
 
-    def publish_many(
-        self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    def publish_many(self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]) -> list[Published]:
         """Publish [(event, payload), ...] (or (event, payload, key)) at once, all or nothing."""
         return self._do(_protocol.publish_many(queue, messages))
 
@@ -150,7 +149,7 @@ class Client(_Base):
         *,
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
         from_: str | int | datetime | dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         """Subscribe; with `filter` ({"payload.kind": ["red"], "headers.tenant": ["acme", None]}),
         only the messages that match are owed (an existing subscription's filter is changed).
         Without one, an existing subscription keeps its own. `from_`: a new subscription also
@@ -159,12 +158,12 @@ class Client(_Base):
 
     def seek(
         self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         """Owe again what the queue holds from `to` (a seq or a time): the acked and dead
         handed out again. The subscription, with its `replay`."""
         return self._do(_protocol.seek(subscription_id, to))
 
-    def receipt(self, message_id: int | dict[str, Any]) -> dict[str, Any]:
+    def receipt(self, message_id: int | dict[str, Any]) -> Receipt:
         """Did everyone get it: the message (an id, or publish()'s answer) with its
         `deliveries` counted by state ({"pending", "inflight", "acked", "dead"})."""
         return self._do(_protocol.receipt(message_id))
@@ -173,7 +172,7 @@ class Client(_Base):
         self,
         subscription_id: int | dict[str, Any],
         filter: dict[str, list[Any]] | None,  # noqa: A002
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         """Set a subscription's filter (None: none, every message): the subscription."""
         return self._do(_protocol.set_filter(subscription_id, filter))
 
@@ -187,11 +186,11 @@ class Client(_Base):
     def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         self._do(_protocol.unsubscribe(subscription_id))
 
-    def pause(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    def pause(self, subscription_id: int | dict[str, Any]) -> Subscription:
         """Still owed what is published, handed nothing until resume(): the subscription."""
         return self._do(_protocol.pause(subscription_id))
 
-    def resume(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    def resume(self, subscription_id: int | dict[str, Any]) -> Subscription:
         return self._do(_protocol.pause(subscription_id, paused=False))
 
     def pull(
@@ -200,7 +199,7 @@ class Client(_Base):
         """Lease the caller's ready deliveries (long-polling up to `wait` seconds)."""
         return [Delivery(d, self) for d in self._do(_protocol.pull(queue, event, limit, wait))]
 
-    def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> dict[str, Any]:
+    def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> Acked:
         return self._do(_protocol.ack(ids))
 
     def nack(
@@ -208,7 +207,7 @@ class Client(_Base):
     ) -> dict[str, Any]:
         return self._do(_protocol.nack(delivery_id, retry_in, error))
 
-    def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> dict[str, Any]:
+    def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> Extended:
         """Keep pulled deliveries leased: their ack deadline becomes now + `seconds` (1 to
         43200). {"extended": n, "unknown": [ids not in flight or not the caller's]}."""
         return self._do(_protocol.extend(ids, seconds))
@@ -314,7 +313,7 @@ class AsyncClient(_Base):
         deliver_at: datetime | str | None = None,
         ttl_secs: float | None = None,
         expires_at: datetime | str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Published:
         timing = {
             "delay_secs": delay_secs,
             "deliver_at": deliver_at,
@@ -328,7 +327,7 @@ class AsyncClient(_Base):
 
     async def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Published]:
         return await self._do(_protocol.publish_many(queue, messages))
 
     async def subscribe(
@@ -338,22 +337,22 @@ class AsyncClient(_Base):
         *,
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
         from_: str | int | datetime | dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         return await self._do(_protocol.subscribe(queue, event, filter, from_))
 
     async def seek(
         self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         return await self._do(_protocol.seek(subscription_id, to))
 
-    async def receipt(self, message_id: int | dict[str, Any]) -> dict[str, Any]:
+    async def receipt(self, message_id: int | dict[str, Any]) -> Receipt:
         return await self._do(_protocol.receipt(message_id))
 
     async def set_filter(
         self,
         subscription_id: int | dict[str, Any],
         filter: dict[str, list[Any]] | None,  # noqa: A002
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         return await self._do(_protocol.set_filter(subscription_id, filter))
 
     async def route(
@@ -364,10 +363,10 @@ class AsyncClient(_Base):
     async def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         await self._do(_protocol.unsubscribe(subscription_id))
 
-    async def pause(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    async def pause(self, subscription_id: int | dict[str, Any]) -> Subscription:
         return await self._do(_protocol.pause(subscription_id))
 
-    async def resume(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    async def resume(self, subscription_id: int | dict[str, Any]) -> Subscription:
         return await self._do(_protocol.pause(subscription_id, paused=False))
 
     async def pull(
@@ -375,7 +374,7 @@ class AsyncClient(_Base):
     ) -> list[AsyncDelivery]:
         return [AsyncDelivery(d, self) for d in await self._do(_protocol.pull(queue, event, limit, wait))]
 
-    async def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> dict[str, Any]:
+    async def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> Acked:
         return await self._do(_protocol.ack(ids))
 
     async def nack(
@@ -383,7 +382,7 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:
         return await self._do(_protocol.nack(delivery_id, retry_in, error))
 
-    async def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> dict[str, Any]:
+    async def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> Extended:
         return await self._do(_protocol.extend(ids, seconds))
 
     def settle_ack(self, delivery: Delivery) -> Awaitable[dict[str, Any]]:

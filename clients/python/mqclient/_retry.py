@@ -40,7 +40,10 @@ def _policy(attempts: int) -> dict[str, Any]:
     return {
         "retry": retry_if_exception(is_transient),
         "stop": stop_after_attempt(attempts),
-        "wait": wait_exponential_jitter(initial=FIRST_WAIT_SECS, max=MAX_WAIT_SECS),
+        # FIRST_WAIT_SECS * 2**n, plus up to FIRST_WAIT_SECS of jitter, at most MAX_WAIT_SECS
+        "wait": wait_exponential_jitter(
+            multiplier=FIRST_WAIT_SECS, jitter=FIRST_WAIT_SECS, max=MAX_WAIT_SECS
+        ),
         "before_sleep": before_sleep_log(log, logging.INFO),
         "reraise": True,  # the caller sees the MQError, not tenacity's RetryError
     }

@@ -38,9 +38,12 @@ def test_a_listen_that_cannot_connect_says_so_on_stderr_with_no_logging_configur
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
     consumer = subprocess.Popen([sys.executable, str(program)], env=env, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(20, consumer.kill)  # a consumer that says nothing fails, not hangs
+    watchdog.start()
     try:
-        line = consumer.stderr.readline()  # blocks until the first warning (or the end)
+        line = consumer.stderr.readline()  # the first warning (or "" at its end)
     finally:
+        watchdog.cancel()
         consumer.kill()
         consumer.wait(10)
     assert f"cannot connect to ws://127.0.0.1:{port}/ws/" in line

@@ -836,7 +836,7 @@ def test_an_http_url_of_a_remote_host_warns_once_per_client_that_the_token_goes_
     assert caught[0].filename == __file__  # pointed at the line that made the client
 
 
-def readme_clients(server):
+def readme_clients():
     """The Python programs of the manual's "Three clients in fifteen lines" (docs/clients/index.md),
     for this server."""
     import re
@@ -845,16 +845,17 @@ def readme_clients(server):
     section = text[text.index("## Three clients in fifteen lines") : text.index("## From a Django project")]
     programs = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(programs) == 2 and all(len(p.splitlines()) <= 15 for p in programs)  # the issue's limit
-    return [p.replace("http://127.0.0.1:8000", server.http) for p in programs]
+    return programs
 
 
-def run_readme_program(program, token, tmp_path, name):
+def run_readme_program(program, url, token, tmp_path, name):
+    """As pasted: the server's URL comes from MQ_URL, the one place a program reads it."""
     path = tmp_path / f"{name}.py"
     path.write_text(program)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ALERT_URL")}
     return subprocess.Popen(
         [sys.executable, str(path)],
-        env={**env, "MQ_TOKEN": token},
+        env={**env, "MQ_URL": url, "MQ_TOKEN": token},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -871,10 +872,10 @@ def test_the_readme_logger_and_monitor_run_as_pasted(server, make_queue, make_su
     make_queue("network", max_attempts=2)
     logger = make_subscriber("mylogger", publish=("db", "filesystem"), subscribe=("db", "filesystem"))
     monitor = make_subscriber("mymonitor", publish=(), subscribe=("network",))
-    log_program, monitor_program = readme_clients(server)
+    log_program, monitor_program = readme_clients()
     procs = [
-        run_readme_program(log_program, logger.token, tmp_path, "logger"),
-        run_readme_program(monitor_program, monitor.token, tmp_path, "monitor"),
+        run_readme_program(log_program, server.http, logger.token, tmp_path, "logger"),
+        run_readme_program(monitor_program, server.http, monitor.token, tmp_path, "monitor"),
     ]
     try:
         assert eventually(lambda: Subscription.objects.count() == 3, timeout=15)

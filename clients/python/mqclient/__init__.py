@@ -1,5 +1,6 @@
 """mqclient: the Python client of the mqsite message queue (sync and asyncio)."""
 
+from .answers import Acked, Answer, Extended, Published, Receipt, Subscription
 from .client import AsyncClient, Client
 from .delivery import AsyncDelivery, Delivery
 from .errors import (
@@ -16,10 +17,13 @@ from .errors import (
 )
 
 __all__ = [
+    "Acked",
+    "Answer",
     "AsyncClient",
     "AsyncDelivery",
     "Client",
     "Delivery",
+    "Extended",
     "InsecureURLWarning",
     "MQAuthError",
     "MQBadRequest",
@@ -30,5 +34,8 @@ __all__ = [
     "MQRedirectError",
     "MQSchemaMismatch",
     "MQThrottled",
+    "Published",
+    "Receipt",
+    "Subscription",
 ]
 __version__ = "1.1.0"

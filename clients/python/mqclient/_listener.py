@@ -77,6 +77,21 @@ LIMIT_WAIT_SECS = 5.0
 ADDRESS_WAIT_SECS = 60.0
 # Websocket close codes and handshake statuses that waiting cannot mend.
 FATAL = (MQAuthError, MQForbidden, MQNotFound, MQBadRequest, MQRedirectError)
+# A handler still running keeps its delivery's lease (as Pub/Sub's clients do): the first
+# extension after FIRST_EXTEND_SECS (under the shortest ack timeout a queue may have, 1 s; a
+# quick handler sends none), then every third of `extend_secs`, each asking for `extend_secs`
+# more, until `max_extension_secs` from the handler's start: past that the lease runs out and
+# the server hands the delivery out again (a handler stuck for ever must not hold it for ever).
+DEFAULT_EXTEND_SECS = 30
+DEFAULT_MAX_EXTENSION_SECS = 3600.0
+FIRST_EXTEND_SECS = 0.5
+MAX_EXTEND_SECS = 43200  # the contract's cap on one extension
+# A listen() that cannot connect says so at WARNING from the first failed attempt (a wrong URL,
+# a server down), a handler that keeps raising from the HANDLER_WARN_AFTER-th failure in a row
+# (one failure is a retry, routine); either again at most once every WARN_EVERY_SECS.
+CONNECT_WARN_AFTER = 1
+HANDLER_WARN_AFTER = 3
+WARN_EVERY_SECS = 60.0
 # How a socket proves who it is: the `auth` frame (the protocol's extensions; no token in the
 # handshake at all, so no proxy's log keeps it), or the Authorization header for a server
 # older than that extension.
@@ -140,6 +155,27 @@ class Backoff:
         self.failures = 0
 
 
+class Streak:
+    """Failures in a row (connections, handler calls): `failed()` says whether this one is worth
+    a WARNING: the WARN_AFTER-th in a row, then at most one every WARN_EVERY_SECS while the
+    streak lasts, so a server down for an hour is a few lines, not thousands."""
+
+    def __init__(self, warn_after: int) -> None:
+        self.warn_after, self.count, self.warned_at = warn_after, 0, None
+
+    def failed(self, now: float) -> bool:
+        self.count += 1
+        if self.count < self.warn_after:
+            return False
+        if self.warned_at is not None and now - self.warned_at < WARN_EVERY_SECS:
+            return False
+        self.warned_at = now
+        return True
+
+    def ended(self) -> None:
+        self.count, self.warned_at = 0, None
+
+
 class _Fatal(Exception):
     """An error frame that ends listen() (a subscription refused)."""
 
@@ -162,7 +198,15 @@ class Listener:
         rest_ack: Callable[[list[int]], Awaitable[Any]],
         handler_in_thread: bool,
         done: collections.OrderedDict[int, None] | None = None,
+        extend_secs: int = DEFAULT_EXTEND_SECS,
+        max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
+        if type(extend_secs) is not int or not 1 <= extend_secs <= MAX_EXTEND_SECS:
+            raise ValueError(f"extend_secs must be a whole number, 1 to {MAX_EXTEND_SECS}: {extend_secs!r}")
+        if max_extension_secs < 0:
+            raise ValueError(f"max_extension_secs must be 0 or more, not {max_extension_secs!r}")
+        self.extend_secs, self.max_extension_secs = extend_secs, float(max_extension_secs)
+        self.ws: ClientConnection | None = None  # the socket of the session under way
         self.socket_url, self.token, self.timeout = socket_url, token, timeout
         self.handler = handler
         self.subscriptions = subscriptions_of(subscriptions)
@@ -175,6 +219,8 @@ class Listener:
             ThreadPoolExecutor(1, thread_name_prefix="mqclient-handler") if handler_in_thread else None
         )
         self.backoff = Backoff()
+        self.connect_failures = Streak(CONNECT_WARN_AFTER)
+        self.handler_failures = Streak(HANDLER_WARN_AFTER)
         # Ids handled and acked: the client's, so that they outlive one listen() call.
         self.done = done if done is not None else collections.OrderedDict()
         self.active: set[int] = set()  # ids waiting in the inbox or being handled
@@ -257,14 +303,37 @@ class Listener:
             except MQThrottled as exc:
                 wait, why = exc.retry_after or 0, exc.detail
             except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, MQError) as exc:
-                log.info("mqclient: connection lost (%s); connecting again", exc or type(exc).__name__)
+                why = str(exc) or type(exc).__name__
             if self.healthy or asyncio.get_running_loop().time() - started > STABLE_AFTER_SECS:
                 self.backoff.reset()
+                self.connect_failures.ended()
             delay = max(self.backoff.next(), (wait or 0) * random.uniform(1, 1.2))
+            if wait is None and why:
+                self._say_connection_failed(why, delay)
             if wait is not None:
                 log.warning("mqclient: throttled (%s); waiting %.1f s", why, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
+
+    def _say_connection_failed(self, why: str, delay: float) -> None:
+        """A connection that worked and went away is routine (INFO); one that never got its
+        subscriptions answered is a listener that cannot connect (WARNING, throttled)."""
+        if self.healthy:
+            log.info("mqclient: connection lost (%s); connecting again", why)
+            return
+        streak = self.connect_failures
+        if streak.failed(asyncio.get_running_loop().time()):
+            log.warning(
+                "mqclient: cannot connect to %s (%s); attempt %d failed, trying again in %.1f s",
+                self.socket_url,
+                why,
+                streak.count,
+                delay,
+            )
+        else:
+            log.info(
+                "mqclient: cannot connect to %s (%s); trying again in %.1f s", self.socket_url, why, delay
+            )
 
     async def _open(self) -> ClientConnection | None:
         """The socket, or None if stop() came first."""
@@ -307,6 +376,7 @@ class Listener:
         ws = await self._open()
         if ws is None:
             return
+        self.ws = ws
         reader = asyncio.ensure_future(self._read(ws))
         tasks: list[asyncio.Future[Any]] = [reader]
         try:
@@ -350,6 +420,7 @@ class Listener:
             for task in tasks:
                 with contextlib.suppress(BaseException):
                     await task
+            self.ws = None
             self._drop_inbox()  # the server hands these out again once the socket is gone
             if self.nacks:
                 log.info(
@@ -487,6 +558,7 @@ class Listener:
                     self.idle.set()
 
     async def _handle(self, delivery: Delivery) -> None:
+        keeper = asyncio.ensure_future(self._keep_leased(delivery.id))
         try:
             if self.executor is not None:
                 result = await self.loop.run_in_executor(self.executor, self.handler, delivery)  # type: ignore[union-attr]
@@ -497,13 +569,50 @@ class Listener:
         except Exception as exc:
             if delivery.settled is None:
                 text = str(exc) or type(exc).__name__
-                log.info("mqclient: handler failed on delivery %s: %s", delivery.id, text)
+                streak = self.handler_failures
+                if streak.failed(asyncio.get_running_loop().time()):
+                    log.warning(
+                        "mqclient: the handler failed %d times in a row; the last, on delivery %s: %s",
+                        streak.count,
+                        delivery.id,
+                        text,
+                        exc_info=exc,
+                    )
+                else:
+                    log.info("mqclient: handler failed on delivery %s: %s", delivery.id, text)
                 delivery.settled = "nacked"
                 self._nack(delivery.id, None, text)
             return
+        finally:
+            keeper.cancel()
+        self.handler_failures.ended()
         if delivery.settled is None:
             delivery.settled = "acked"
             self._ack(delivery.id)
+
+    async def _keep_leased(self, delivery_id: int) -> None:
+        """Extend the lease of the delivery under way until cancelled (its handler ended) or
+        max_extension_secs from now."""
+        clock = asyncio.get_running_loop().time
+        started, wait = clock(), FIRST_EXTEND_SECS
+        while True:
+            await asyncio.sleep(wait)
+            wait = self.extend_secs / 3
+            # whole seconds, as the contract takes them
+            seconds = int(min(self.extend_secs, self.max_extension_secs - (clock() - started)))
+            if seconds < 1:
+                log.warning(
+                    "mqclient: the handler of delivery %s still runs after max_extension_secs (%g s): "
+                    "its lease is no longer extended, and the server will hand it out again",
+                    delivery_id,
+                    self.max_extension_secs,
+                )
+                return
+            ws = self.ws
+            if ws is None:
+                continue  # between connections: the socket that leased it handed it back
+            with contextlib.suppress(ConnectionClosed, OSError):
+                await self._send(ws, {"type": "extend", "ids": [delivery_id], "seconds": seconds})
 
     # --- settling (on the loop's thread) ---------------------------------------------------
 

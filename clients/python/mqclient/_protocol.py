@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
+from .answers import Acked, Extended, Published, Receipt, Subscription
 from .errors import MQBadRequest, MQRedirectError, error_for_answer
 
 # A long poll may wait this long on the server (the contract's cap); the request's own timeout
@@ -162,7 +163,7 @@ def publish(
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
-        _same,
+        Published,
         _message(event, payload, key, headers, group, **timing),
         has_body=True,
     )
@@ -180,18 +181,58 @@ def publish_many(queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]])
     return Call(
         "POST",
         f"queues/{_name(queue)}/messages",
-        lambda body: body["messages"],
+        lambda body: [Published(m) for m in body["messages"]],
         {"messages": items},
         has_body=True,
     )
 
 
-def subscribe(queue: str, event: str | None = None, filter: dict[str, list[Any]] | None = None) -> Call:  # noqa: A002
+def point(start: Any) -> Any:
+    """A replay's start as the contract takes it: "new", "all", a seq (an int) or a time (a
+    datetime, naive: UTC; or an ISO 8601 string), or already {"seq": N} / {"time": ...}."""
+    if isinstance(start, bool):
+        raise ValueError(f"a replay starts from 'new', 'all', a seq or a time, not {start!r}")
+    if isinstance(start, int):
+        return {"seq": start}
+    if isinstance(start, datetime):
+        return {"time": start.isoformat()}
+    if isinstance(start, str) and start not in ("new", "all"):
+        return {"time": start}
+    return start
+
+
+def subscribe(
+    queue: str,
+    event: str | None = None,
+    filter: dict[str, list[Any]] | None = None,  # noqa: A002
+    start: Any = None,
+) -> Call:
     """Without a filter the body names none: an existing subscription keeps its own."""
     body: dict[str, Any] = {"queue": queue, "event": event}
     if filter is not None:
         body["filter"] = filter
-    return Call("POST", "subscriptions", _same, body, has_body=True)
+    if start is not None:
+        body["from"] = point(start)
+    return Call("POST", "subscriptions", Subscription, body, has_body=True)
+
+
+def seek(subscription_id: int | dict[str, Any], start: Any) -> Call:
+    """Owe again what the subscription's queue holds from `start` (a seq or a time)."""
+    if isinstance(subscription_id, dict):  # the answer of subscribe()
+        subscription_id = subscription_id["id"]
+    body = point(start)
+    if not isinstance(body, dict):
+        raise ValueError(f"seek goes to a seq or a time, not {start!r}")
+    return Call(
+        "POST", f"subscriptions/{_name(str(subscription_id))}/seek", Subscription, body, has_body=True
+    )
+
+
+def receipt(message_id: int | dict[str, Any]) -> Call:
+    """A message's deliveries counted by state (its publisher or an operator)."""
+    if isinstance(message_id, dict):  # the answer of publish()
+        message_id = message_id["id"]
+    return Call("GET", f"messages/{_name(str(message_id))}", Receipt)
 
 
 def set_filter(subscription_id: int | dict[str, Any], filter: dict[str, list[Any]] | None) -> Call:  # noqa: A002
@@ -199,7 +240,11 @@ def set_filter(subscription_id: int | dict[str, Any], filter: dict[str, list[Any
     if isinstance(subscription_id, dict):  # the answer of subscribe()
         subscription_id = subscription_id["id"]
     return Call(
-        "PATCH", f"subscriptions/{_name(str(subscription_id))}", _same, {"filter": filter}, has_body=True
+        "PATCH",
+        f"subscriptions/{_name(str(subscription_id))}",
+        Subscription,
+        {"filter": filter},
+        has_body=True,
     )
 
 
@@ -224,7 +269,7 @@ def pause(subscription_id: int | dict[str, Any], paused: bool = True) -> Call:
     if isinstance(subscription_id, dict):  # the answer of subscribe()
         subscription_id = subscription_id["id"]
     verb = "pause" if paused else "resume"
-    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/{verb}", _same)
+    return Call("POST", f"subscriptions/{_name(str(subscription_id))}/{verb}", Subscription)
 
 
 def pull(queue: str | None = None, event: str | None = None, limit: int = 100, wait: float = 0) -> Call:
@@ -245,7 +290,15 @@ def ids_of(ids: Iterable[Any]) -> list[int]:
 
 
 def ack(ids: Iterable[Any]) -> Call:
-    return Call("POST", "deliveries/ack", _same, {"ids": ids_of(ids)}, has_body=True)
+    return Call("POST", "deliveries/ack", Acked, {"ids": ids_of(ids)}, has_body=True)
+
+
+def extend(ids: Iterable[Any], seconds: int) -> Call:
+    """Move the ack deadline of the caller's in-flight deliveries to now + `seconds` (1 to
+    43200): {"extended", "unknown"}."""
+    return Call(
+        "POST", "deliveries/extend", Extended, {"ids": ids_of(ids), "seconds": seconds}, has_body=True
+    )
 
 
 def nack(delivery_id: Any, retry_in: float | None = None, error: str | None = None) -> Call:

@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 
-from . import _protocol
-from ._listener import Listener
+from . import _protocol, _retry
+from ._listener import DEFAULT_EXTEND_SECS, DEFAULT_MAX_EXTENSION_SECS, Listener
+from .answers import Acked, Extended, Published, Receipt, Subscription
 from .delivery import AsyncDelivery, Delivery
 from .errors import InsecureURLWarning, MQConnectionError
 
@@ -22,8 +23,17 @@ Handler = Callable[[Any], Any]
 
 
 class _Base:
-    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10,
+        publish_attempts: int = _retry.DEFAULT_PUBLISH_ATTEMPTS,
+    ) -> None:
         self.url, self.token, self.timeout = url, token, timeout
+        # A keyed publish is tried this many times on a connection error or a 503 (_retry).
+        self.publish_attempts = _retry.check_attempts(publish_attempts)
         self._rest_url, self._socket_url = _protocol.base_urls(url)
         self._listeners: set[Listener] = set()
         self._acked_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -78,8 +88,15 @@ def _unreachable(exc: httpx.TransportError) -> MQConnectionError:
 class Client(_Base):
     """A blocking client: `with Client("http://127.0.0.1:8000", token) as mq: ...`."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
-        super().__init__(url, token, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10,
+        publish_attempts: int = _retry.DEFAULT_PUBLISH_ATTEMPTS,
+    ) -> None:
+        super().__init__(url, token, timeout=timeout, publish_attempts=publish_attempts)
         self._http = httpx.Client(
             base_url=self._rest_url, headers=_protocol.headers(token), follow_redirects=False
         )
@@ -104,22 +121,24 @@ class Client(_Base):
         deliver_at: datetime | str | None = None,
         ttl_secs: float | None = None,
         expires_at: datetime | str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Published:
         """Publish one message; the server's answer (`id`, `seq`, `deliveries`, ...). `group`:
         its message group (in an ordered queue, order holds within each group). A delayed
         message: `delay_secs` or `deliver_at` (at most 7 days ahead); one that expires:
-        `ttl_secs` (from when it falls due) or `expires_at`."""
+        `ttl_secs` (from when it falls due) or `expires_at`. With a `key`, a connection error
+        or a 503 is tried again (publish_attempts in all, with backoff): the key makes it safe."""
         timing = {
             "delay_secs": delay_secs,
             "deliver_at": deliver_at,
             "ttl_secs": ttl_secs,
             "expires_at": expires_at,
         }
-        return self._do(_protocol.publish(queue, event, payload, key, headers, group, **timing))
+        call = _protocol.publish(queue, event, payload, key, headers, group, **timing)
+        if key is None:
+            return self._do(call)
+        return _retry.retrying(self.publish_attempts)(self._do, call)
 
-    def publish_many(
-        self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    def publish_many(self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]) -> list[Published]:
         """Publish [(event, payload), ...] (or (event, payload, key)) at once, all or nothing."""
         return self._do(_protocol.publish_many(queue, messages))
 
@@ -129,17 +148,31 @@ class Client(_Base):
         event: str | None = None,
         *,
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
-    ) -> dict[str, Any]:
+        from_: str | int | datetime | dict[str, Any] | None = None,
+    ) -> Subscription:
         """Subscribe; with `filter` ({"payload.kind": ["red"], "headers.tenant": ["acme", None]}),
         only the messages that match are owed (an existing subscription's filter is changed).
-        Without one, an existing subscription keeps its own."""
-        return self._do(_protocol.subscribe(queue, event, filter))
+        Without one, an existing subscription keeps its own. `from_`: a new subscription also
+        owes what its queue still holds from "all", a seq (int) or a time (datetime)."""
+        return self._do(_protocol.subscribe(queue, event, filter, from_))
+
+    def seek(
+        self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
+    ) -> Subscription:
+        """Owe again what the queue holds from `to` (a seq or a time): the acked and dead
+        handed out again. The subscription, with its `replay`."""
+        return self._do(_protocol.seek(subscription_id, to))
+
+    def receipt(self, message_id: int | dict[str, Any]) -> Receipt:
+        """Did everyone get it: the message (an id, or publish()'s answer) with its
+        `deliveries` counted by state ({"pending", "inflight", "acked", "dead"})."""
+        return self._do(_protocol.receipt(message_id))
 
     def set_filter(
         self,
         subscription_id: int | dict[str, Any],
         filter: dict[str, list[Any]] | None,  # noqa: A002
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         """Set a subscription's filter (None: none, every message): the subscription."""
         return self._do(_protocol.set_filter(subscription_id, filter))
 
@@ -153,11 +186,11 @@ class Client(_Base):
     def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         self._do(_protocol.unsubscribe(subscription_id))
 
-    def pause(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    def pause(self, subscription_id: int | dict[str, Any]) -> Subscription:
         """Still owed what is published, handed nothing until resume(): the subscription."""
         return self._do(_protocol.pause(subscription_id))
 
-    def resume(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    def resume(self, subscription_id: int | dict[str, Any]) -> Subscription:
         return self._do(_protocol.pause(subscription_id, paused=False))
 
     def pull(
@@ -166,13 +199,18 @@ class Client(_Base):
         """Lease the caller's ready deliveries (long-polling up to `wait` seconds)."""
         return [Delivery(d, self) for d in self._do(_protocol.pull(queue, event, limit, wait))]
 
-    def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> dict[str, Any]:
+    def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> Acked:
         return self._do(_protocol.ack(ids))
 
     def nack(
         self, delivery_id: int | Delivery, retry_in: float | None = None, error: str | None = None
     ) -> dict[str, Any]:
         return self._do(_protocol.nack(delivery_id, retry_in, error))
+
+    def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> Extended:
+        """Keep pulled deliveries leased: their ack deadline becomes now + `seconds` (1 to
+        43200). {"extended": n, "unknown": [ids not in flight or not the caller's]}."""
+        return self._do(_protocol.extend(ids, seconds))
 
     def settle_ack(self, delivery: Delivery) -> dict[str, Any]:
         return self.ack([delivery.id])
@@ -181,10 +219,18 @@ class Client(_Base):
         return self.nack(delivery.id, retry_in, error)
 
     def listen(
-        self, handler: Handler, subscriptions: Iterable[Any] | None = None, *, prefetch: int | None = None
+        self,
+        handler: Handler,
+        subscriptions: Iterable[Any] | None = None,
+        *,
+        prefetch: int | None = None,
+        extend_secs: int = DEFAULT_EXTEND_SECS,
+        max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
         """Hold the websocket and call `handler(delivery)` for each delivery, in a thread of its
         own, one at a time; ack when it returns, nack with its exception's text when it raises.
+        A handler still running keeps its lease: extended by `extend_secs` at a time, for at
+        most `max_extension_secs` in all (0: never extended).
         Blocks until stop(), SIGTERM (in the main thread), or a refusal waiting cannot mend
         (raised: MQAuthError, MQForbidden, ...). Reconnects by itself."""
 
@@ -198,6 +244,8 @@ class Client(_Base):
             make_delivery=Delivery,
             rest_ack=rest_ack,
             handler_in_thread=True,
+            extend_secs=extend_secs,
+            max_extension_secs=max_extension_secs,
         )
         self._listeners.add(listener)
         try:
@@ -232,8 +280,15 @@ class _Stopped:
 class AsyncClient(_Base):
     """The asyncio client: `async with AsyncClient(url, token) as mq: await mq.publish(...)`."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = 10) -> None:
-        super().__init__(url, token, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10,
+        publish_attempts: int = _retry.DEFAULT_PUBLISH_ATTEMPTS,
+    ) -> None:
+        super().__init__(url, token, timeout=timeout, publish_attempts=publish_attempts)
         self._http = httpx.AsyncClient(
             base_url=self._rest_url, headers=_protocol.headers(token), follow_redirects=False
         )
@@ -258,18 +313,21 @@ class AsyncClient(_Base):
         deliver_at: datetime | str | None = None,
         ttl_secs: float | None = None,
         expires_at: datetime | str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Published:
         timing = {
             "delay_secs": delay_secs,
             "deliver_at": deliver_at,
             "ttl_secs": ttl_secs,
             "expires_at": expires_at,
         }
-        return await self._do(_protocol.publish(queue, event, payload, key, headers, group, **timing))
+        call = _protocol.publish(queue, event, payload, key, headers, group, **timing)
+        if key is None:
+            return await self._do(call)
+        return await _retry.async_retrying(self.publish_attempts)(self._do, call)
 
     async def publish_many(
         self, queue: str, messages: Iterable[Sequence[Any] | dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Published]:
         return await self._do(_protocol.publish_many(queue, messages))
 
     async def subscribe(
@@ -278,14 +336,23 @@ class AsyncClient(_Base):
         event: str | None = None,
         *,
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
-    ) -> dict[str, Any]:
-        return await self._do(_protocol.subscribe(queue, event, filter))
+        from_: str | int | datetime | dict[str, Any] | None = None,
+    ) -> Subscription:
+        return await self._do(_protocol.subscribe(queue, event, filter, from_))
+
+    async def seek(
+        self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
+    ) -> Subscription:
+        return await self._do(_protocol.seek(subscription_id, to))
+
+    async def receipt(self, message_id: int | dict[str, Any]) -> Receipt:
+        return await self._do(_protocol.receipt(message_id))
 
     async def set_filter(
         self,
         subscription_id: int | dict[str, Any],
         filter: dict[str, list[Any]] | None,  # noqa: A002
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         return await self._do(_protocol.set_filter(subscription_id, filter))
 
     async def route(
@@ -296,10 +363,10 @@ class AsyncClient(_Base):
     async def unsubscribe(self, subscription_id: int | dict[str, Any]) -> None:
         await self._do(_protocol.unsubscribe(subscription_id))
 
-    async def pause(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    async def pause(self, subscription_id: int | dict[str, Any]) -> Subscription:
         return await self._do(_protocol.pause(subscription_id))
 
-    async def resume(self, subscription_id: int | dict[str, Any]) -> dict[str, Any]:
+    async def resume(self, subscription_id: int | dict[str, Any]) -> Subscription:
         return await self._do(_protocol.pause(subscription_id, paused=False))
 
     async def pull(
@@ -307,13 +374,16 @@ class AsyncClient(_Base):
     ) -> list[AsyncDelivery]:
         return [AsyncDelivery(d, self) for d in await self._do(_protocol.pull(queue, event, limit, wait))]
 
-    async def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> dict[str, Any]:
+    async def ack(self, ids: Iterable[int | Delivery] | int | Delivery) -> Acked:
         return await self._do(_protocol.ack(ids))
 
     async def nack(
         self, delivery_id: int | Delivery, retry_in: float | None = None, error: str | None = None
     ) -> dict[str, Any]:
         return await self._do(_protocol.nack(delivery_id, retry_in, error))
+
+    async def extend(self, ids: Iterable[int | Delivery] | int | Delivery, seconds: int) -> Extended:
+        return await self._do(_protocol.extend(ids, seconds))
 
     def settle_ack(self, delivery: Delivery) -> Awaitable[dict[str, Any]]:
         return self.ack([delivery.id])
@@ -322,7 +392,13 @@ class AsyncClient(_Base):
         return self.nack(delivery.id, retry_in, error)
 
     async def listen(
-        self, handler: Handler, subscriptions: Iterable[Any] | None = None, *, prefetch: int | None = None
+        self,
+        handler: Handler,
+        subscriptions: Iterable[Any] | None = None,
+        *,
+        prefetch: int | None = None,
+        extend_secs: int = DEFAULT_EXTEND_SECS,
+        max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
         """As Client.listen; `handler` may be a coroutine function (awaited) or a plain one
         (called on the event loop: keep it quick, or hand slow work to a thread)."""
@@ -333,6 +409,8 @@ class AsyncClient(_Base):
             make_delivery=AsyncDelivery,
             rest_ack=self.ack,
             handler_in_thread=False,
+            extend_secs=extend_secs,
+            max_extension_secs=max_extension_secs,
         )
         self._listeners.add(listener)
         try:

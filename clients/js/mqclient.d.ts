@@ -90,6 +90,8 @@ export interface PublishOptions {
   key?: string;
   headers?: Record<string, string>;
   group?: string;
+  /** Ask for a receipt: the answer's `receipt` resolves once every delivery is acked or dead. */
+  receipt?: boolean;
   delay_secs?: number;
   deliver_at?: Date | string;
   ttl_secs?: number;
@@ -103,7 +105,14 @@ export interface Published {
   seq: number;
   /** Deliveries it made (subscriptions that match). */
   deliveries: number;
+  /** With `receipt: true`; rejects with `connection_lost` if the socket drops first. */
+  receipt?: Promise<Receipt>;
   [field: string]: unknown;
+}
+
+export interface Receipt {
+  id: number;
+  deliveries: { pending: number; inflight: number; acked: number; dead: number };
 }
 
 export interface Seeked {

@@ -1,5 +1,6 @@
 /**
- * mqclient.js: the JavaScript client of this queue server, served at /static/mq/mqclient.js.
+ * mqclient.js: the JavaScript client of this queue server: the npm package in clients/js
+ * (types in mqclient.d.ts), and the file the server serves at /static/mq/mqclient.js.
  * An ES module with no build step and no dependencies; it runs in browsers and in Node 22+
  * (their global WebSocket; Node 20 needs `--experimental-websocket`, or pass `WebSocket`).
  *
@@ -10,7 +11,7 @@
  *   const answer = await mq.publish("db", "create", { id: 7 }, { key: "user-7" });
  *   await mq.close();
  *
- * What it does for its user (docs/clients/index.md, "The JavaScript client"):
+ * What it does for its user (docs/clients/javascript.md and docs/clients/index.md):
  * - One websocket at `url` + /ws/, authenticated by the `auth` frame: a page never puts its
  *   long-lived token in a URL that access logs keep.
  * - A handler is called with the delivery (id, message_id, queue, event, seq, payload, attempt,
@@ -35,6 +36,9 @@
  *   WebSocket of browsers and Node fails a handshake answered with a redirect rather than
  *   following it. An http:// url of a host that is not loopback is warned about (console.warn,
  *   once per client): the token would cross the network in clear text.
+ * - A handler still running as its lease nears its end gets it extended (leaseSecs, up to
+ *   maxExtension); a client that cannot connect, or whose handler keeps failing, says so with
+ *   console.warn (warnAfterFailures in a row).
  */
 
 const CLOSE_BAD_TOKEN = 4401;
@@ -161,6 +165,7 @@ class Client {
     this._ackIds = new Set();
     this._nacks = [];
     this._extends = []; // {ids, seconds} waiting for the socket
+    this._receipts = new Map(); // ref -> the receipt promise of a published answer
     this._handlerFailures = 0; // consecutive
     this._connectFailures = 0; // consecutive, since the last time it got in
     this._ws = null;
@@ -186,8 +191,9 @@ class Client {
 
   /** Handle the deliveries of the subscriber's subscription to `queue` (and `event`, or every
    * event when null). Makes or reuses the durable subscription; resolves to the server's
-   * answer {subscription, queue, event}. Calling it again for the same pair replaces the
-   * handler. */
+   * answer {subscription, queue, event, ...}. Calling it again for the same pair replaces the
+   * handler. `from` ("new", "all", {seq}, {time} or a Date) is where a new subscription starts;
+   * `filter` the server's subscription filter (null: none). */
   subscribe(queue, event, handler, { from, filter } = {}) {
     if (typeof handler !== "function") throw new TypeError("subscribe() needs a handler function");
     if (this._closing) return Promise.reject(new MQError("closed", "This client is closed."));
@@ -211,13 +217,16 @@ class Client {
    * answer {id, queue, event, seq, deliveries}. With `key`, the same key again in the same
    * queue gives back the first message, and the client may send it again after a reconnect.
    * `delay_secs` or `deliver_at` (a Date or ISO 8601 text) delay it; `ttl_secs` or `expires_at`
-   * make it expire (the server checks them: an `error` frame bad_delay or bad_expiry). */
-  publish(queue, event, payload, { key, headers, group, delay_secs, deliver_at, ttl_secs, expires_at } = {}) {
+   * make it expire (the server checks them: an `error` frame bad_delay or bad_expiry).
+   * `headers` and `group` go with the message; with `receipt: true` the answer's `receipt` is a
+   * promise of the receipt frame ({id, deliveries}). */
+  publish(queue, event, payload, { key, headers, group, receipt, delay_secs, deliver_at, ttl_secs, expires_at } = {}) {
     if (this._closing) return Promise.reject(new MQError("closed", "This client is closed."));
     const frame = { type: "publish", queue, event, payload: payload === undefined ? null : payload };
     if (key != null) frame.key = String(key);
     if (headers != null) frame.headers = headers;
     if (group != null) frame.group = String(group);
+    if (receipt) frame.receipt = true;
     const timing = { delay_secs, deliver_at, ttl_secs, expires_at };
     for (const [name, value] of Object.entries(timing)) {
       if (value != null) frame[name] = value instanceof Date ? value.toISOString() : value;
@@ -354,6 +363,8 @@ class Client {
     this._pausedUntil = 0;
     this._dropQueued(); // the server hands them back with the socket
     this._extends = []; // those leases went with the socket
+    // A socket's receipts go with it (the server owes them to that socket).
+    this._rejectReceipts(new MQError("connection_lost", "The connection dropped before the receipt came."));
     for (const [ref, req] of this._requests) {
       if (req.kind === "subscribe") this._requests.delete(ref); // sent again on the next open
       else if (req.sent && req.frame.key != null) req.sent = false; // the same key: no twice
@@ -431,6 +442,7 @@ class Client {
   _rejectAll(error) {
     for (const req of this._requests.values()) if (req.kind === "publish") req.reject(error);
     this._requests.clear();
+    this._rejectReceipts(error);
     for (const sub of this._subs.values()) for (const w of sub.waiters.splice(0)) w.reject(error);
   }
 
@@ -471,7 +483,10 @@ class Client {
       case "error":
         this._onError(frame);
         break;
-      default: // pong, receipts and what later servers add
+      case "receipt":
+        this._onReceipt(frame);
+        break;
+      default: // pong, and what later servers add
     }
   }
 
@@ -521,7 +536,25 @@ class Client {
     if (!req || req.kind !== "publish") return;
     this._requests.delete(frame.ref);
     const { type, ref, ...answer } = frame;
+    if (req.frame.receipt) {
+      // The server sends it on this socket once every delivery is acked or dead.
+      answer.receipt = new Promise((resolve, reject) => this._receipts.set(ref, { resolve, reject }));
+      answer.receipt.catch(() => {}); // not an unhandled rejection if the caller never awaits it
+    }
     req.resolve(answer);
+  }
+
+  _onReceipt(frame) {
+    const waiter = this._receipts.get(frame.ref);
+    if (!waiter) return;
+    this._receipts.delete(frame.ref);
+    const { type, ref, ...receipt } = frame;
+    waiter.resolve(receipt);
+  }
+
+  _rejectReceipts(error) {
+    for (const waiter of this._receipts.values()) waiter.reject(error);
+    this._receipts.clear();
   }
 
   _onError(frame) {

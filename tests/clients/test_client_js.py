@@ -703,10 +703,17 @@ def test_node_publishes_headers_and_a_group_and_its_filter_picks_what_it_gets(se
     client.send(cmd="subscribe", queue="db", event="create", options={"filter": {"headers.kind": ["a"]}})
     client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
     for tag, kind in (("a", "a"), ("b", "b")):
-        options = {"headers": {"kind": kind}, "group": f"order-{tag}", "delay_secs": 0, "ttl_secs": 60}
+        options = {"headers": {"kind": kind}, "group": f"order-{tag}", "ttl_secs": 60, "receipt": True}
         client.send(cmd="publish", tag=tag, queue="db", event="create", payload={"n": tag}, options=options)
     client.wait_for(lambda events: len(client.of("published")) == 2)
-    assert {e["tag"]: e["answer"]["deliveries"] for e in client.of("published")} == {"a": 1, "b": 0}
+    answers = {e["tag"]: e["answer"] for e in client.of("published")}
+    assert {tag: answer["deliveries"] for tag, answer in answers.items()} == {"a": 1, "b": 0}
     client.wait_for(lambda events: len(client.calls()) == 1)
     (call,) = client.calls()
     assert (call["payload"], call["headers"], call["group"]) == ({"n": "a"}, {"kind": "a"}, "order-a")
+    # its receipt, once its one delivery is acked; and one for the message nobody was owed
+    client.wait_for(lambda events: len(client.of("receipt")) == 2)
+    receipts = {e["tag"]: e["receipt"] for e in client.of("receipt")}
+    assert receipts["a"]["deliveries"] == {"pending": 0, "inflight": 0, "acked": 1, "dead": 0}
+    assert receipts["a"]["id"] == answers["a"]["id"]
+    assert sum(receipts["b"]["deliveries"].values()) == 0

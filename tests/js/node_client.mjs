@@ -55,8 +55,12 @@ const commands = {
   },
   async publish(cmd) {
     try {
-      const answer = await client.publish(cmd.queue, cmd.event, cmd.payload, { key: cmd.key, ...cmd.options });
+      const { receipt, ...answer } = await client.publish(cmd.queue, cmd.event, cmd.payload, {
+        key: cmd.key,
+        ...cmd.options,
+      });
       out({ kind: "published", tag: cmd.tag, answer });
+      if (receipt) out({ kind: "receipt", tag: cmd.tag, receipt: await receipt });
     } catch (error) {
       out({ kind: "publish_error", tag: cmd.tag, code: error.code, detail: error.detail });
     }

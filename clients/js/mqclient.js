@@ -166,6 +166,7 @@ class Client {
     this._nacks = [];
     this._extends = []; // {ids, seconds} waiting for the socket
     this._receipts = new Map(); // ref -> the receipt promise of a published answer
+    this._receivedAt = new WeakMap(); // delivery -> when it came (not a field the handler sees)
     this._handlerFailures = 0; // consecutive
     this._connectFailures = 0; // consecutive, since the last time it got in
     this._ws = null;
@@ -604,7 +605,7 @@ class Client {
       }
       if (this._busy.has(delivery.id)) continue; // handled now: its outcome is sent when it ends
       this._busy.add(delivery.id);
-      delivery.receivedAt = Date.now(); // its lease runs from about now
+      this._receivedAt.set(delivery, Date.now()); // its lease runs from about now
       (this._handlerFor(delivery) ? this._queue : this._orphans).push(delivery);
     }
     this._scheduleFlush();
@@ -684,7 +685,8 @@ class Client {
    * receipt), up to maxExtension seconds after receipt. Returns the function that stops it. */
   _keepLeased(delivery) {
     const lease = this.options.leaseSecs * 1000;
-    const cap = delivery.receivedAt + this.options.maxExtension * 1000;
+    const receivedAt = this._receivedAt.get(delivery) ?? Date.now();
+    const cap = receivedAt + this.options.maxExtension * 1000;
     if (!(lease > 0)) return () => {};
     let timer = null;
     const tick = (due) => {
@@ -694,7 +696,7 @@ class Client {
         tick(Date.now() + lease * 0.6);
       }, Math.max(due - Date.now(), 0));
     };
-    tick(delivery.receivedAt + lease * 0.6);
+    tick(receivedAt + lease * 0.6);
     return () => clearTimeout(timer);
   }
 

@@ -38,10 +38,10 @@ export interface ConnectOptions {
   dedupe?: number;
   /** ms close() waits for a running handler and unanswered publishes. Default 5000. */
   closeTimeout?: number;
-  /** The ack timeout the client assumes (s): a running handler's lease is extended by this
-   * much at 60 % of it. 0 turns automatic extension off. Default 30. */
+  /** The ack timeout the client assumes (s): a delivery still held here (handled, or waiting
+   * for its turn) has its lease extended by this much at 60 % of it. 0: never. Default 30. */
   leaseSecs?: number;
-  /** Seconds after receipt past which a running handler's lease is no longer extended.
+  /** Seconds after receipt past which a held delivery's lease is no longer extended.
    * Default 3600. */
   maxExtension?: number;
   /** Consecutive handler failures, or failed connects, before a console.warn. Default 5. */

@@ -36,8 +36,8 @@
  *   WebSocket of browsers and Node fails a handshake answered with a redirect rather than
  *   following it. An http:// url of a host that is not loopback is warned about (console.warn,
  *   once per client): the token would cross the network in clear text.
- * - A handler still running as its lease nears its end gets it extended (leaseSecs, up to
- *   maxExtension); a client that cannot connect, or whose handler keeps failing, says so with
+ * - A delivery still held as its lease nears its end (handled, or waiting behind a slow
+ *   handler) gets it extended (leaseSecs, up to maxExtension); a client that cannot connect, or whose handler keeps failing, says so with
  *   console.warn (warnAfterFailures in a row).
  */
 
@@ -56,10 +56,11 @@ const DEFAULTS = {
   dedupe: 10000, // acked delivery ids remembered
   closeTimeout: 5000, // ms close() waits for a running handler and unanswered publishes
   prefetch: null, // deliveries in flight on the socket at most (the server caps it at MQ_PREFETCH)
-  // A handler still running as its lease nears its end gets the lease extended (as Pub/Sub's
-  // clients do): the frames carry no deadline, so the client counts from receipt with the
-  // queue's ack_timeout as it assumes it (the server's default, 30 s), extends by that much at
-  // 60 % of it, and stops after maxExtension s in all (the handler may be stuck).
+  // A delivery still held (handled, or waiting behind a slow handler) as its lease nears its end
+  // gets the lease extended (as Pub/Sub's clients do): the frames carry no deadline, so the
+  // client counts from receipt with the queue's ack_timeout as it assumes it (the server's
+  // default, 30 s), extends by that much at 60 % of it, and stops after maxExtension s in all
+  // (the handler may be stuck).
   leaseSecs: 30,
   maxExtension: 3600,
   warnAfterFailures: 5, // consecutive handler failures (or failed connects) before a console.warn
@@ -166,7 +167,7 @@ class Client {
     this._nacks = [];
     this._extends = []; // {ids, seconds} waiting for the socket
     this._receipts = new Map(); // ref -> the receipt promise of a published answer
-    this._receivedAt = new WeakMap(); // delivery -> when it came (not a field the handler sees)
+    this._leases = new Map(); // id -> {due, cap}: deliveries held here, waiting or being handled
     this._handlerFailures = 0; // consecutive
     this._connectFailures = 0; // consecutive, since the last time it got in
     this._ws = null;
@@ -436,6 +437,8 @@ class Client {
 
   _stopTimers() {
     clearInterval(this._heartbeat);
+    clearInterval(this._leaseTimer);
+    this._leaseTimer = null;
     clearTimeout(this._reconnectTimer);
     clearTimeout(this._flushTimer);
   }
@@ -605,7 +608,7 @@ class Client {
       }
       if (this._busy.has(delivery.id)) continue; // handled now: its outcome is sent when it ends
       this._busy.add(delivery.id);
-      this._receivedAt.set(delivery, Date.now()); // its lease runs from about now
+      this._hold(delivery.id);
       (this._handlerFor(delivery) ? this._queue : this._orphans).push(delivery);
     }
     this._scheduleFlush();
@@ -628,6 +631,7 @@ class Client {
   }
 
   _dropQueued() {
+    this._leases.clear(); // the server takes them back with the socket
     for (const d of this._queue) this._busy.delete(d.id);
     for (const d of this._orphans) this._busy.delete(d.id);
     this._queue = [];
@@ -653,16 +657,14 @@ class Client {
         continue;
       }
       let failure = null;
-      const stopExtending = this._keepLeased(delivery);
       try {
         const result = handler(delivery);
         if (result && typeof result.then === "function") await result;
       } catch (error) {
         failure = error ?? new Error("handler failed");
-      } finally {
-        stopExtending();
       }
       this._busy.delete(delivery.id);
+      this._leases.delete(delivery.id);
       if (failure === null) {
         this._handlerFailures = 0;
         this._acked.add(delivery.id, delivery.queue, delivery.event);
@@ -681,23 +683,35 @@ class Client {
     }
   }
 
-  /** While its handler runs, extend the delivery's lease at 60 % of leaseSecs (counted from
-   * receipt), up to maxExtension seconds after receipt. Returns the function that stops it. */
-  _keepLeased(delivery) {
+  /** A delivery held here (waiting for its handler or being handled) has its lease extended
+   * at 60 % of leaseSecs, counted from receipt, again and again, until maxExtension seconds
+   * after receipt (a stuck handler's deliveries then go back to the server). One timer for all:
+   * the ids due go in one extend frame. */
+  _hold(id) {
     const lease = this.options.leaseSecs * 1000;
-    const receivedAt = this._receivedAt.get(delivery) ?? Date.now();
-    const cap = receivedAt + this.options.maxExtension * 1000;
-    if (!(lease > 0)) return () => {};
-    let timer = null;
-    const tick = (due) => {
-      timer = setTimeout(() => {
-        if (Date.now() >= cap) return; // stuck, perhaps: the server redelivers it
-        this.extend([delivery.id], this.options.leaseSecs);
-        tick(Date.now() + lease * 0.6);
-      }, Math.max(due - Date.now(), 0));
-    };
-    tick(receivedAt + lease * 0.6);
-    return () => clearTimeout(timer);
+    if (!(lease > 0)) return;
+    const now = Date.now();
+    this._leases.set(id, { due: now + lease * 0.6, cap: now + this.options.maxExtension * 1000 });
+    if (this._leaseTimer == null) {
+      this._leaseTimer = setInterval(() => this._extendDue(), Math.min(1000, lease * 0.1));
+    }
+  }
+
+  _extendDue() {
+    if (!this._leases.size) {
+      clearInterval(this._leaseTimer); // none held: no timer keeps the process alive
+      this._leaseTimer = null;
+      return;
+    }
+    const now = Date.now();
+    const lease = this.options.leaseSecs * 1000;
+    const due = [];
+    for (const [id, held] of this._leases) {
+      if (now < held.due || now >= held.cap) continue;
+      held.due = now + lease * 0.6;
+      due.push(id);
+    }
+    if (due.length) this.extend(due, this.options.leaseSecs);
   }
 
   // --- frames to the server ------------------------------------------------------------------

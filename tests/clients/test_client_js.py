@@ -1,9 +1,9 @@
-"""The JavaScript client (delivery/static/mq/mqclient.js) as its users run it: in Node, driven by
-tests/js/node_client.mjs, and in a real Chromium page that imports it from the server, both
-against real Daphne processes on the test database. What a user relies on: every message
-reaches the handler, is acked when the handler returns and nacked with its words when it
-throws, and a server killed and started again mid-stream loses nothing and calls no handler
-twice for one delivery id."""
+"""The JavaScript client (clients/js/mqclient.js, served at /static/mq/mqclient.js) as its
+users run it: in Node, driven by tests/js/node_client.mjs, and in a real Chromium page that
+imports it from the server, both against real Daphne processes on the test database. What a
+user relies on: every message reaches the handler, is acked when the handler returns and
+nacked with its words when it throws, and a server killed and started again mid-stream loses
+nothing and calls no handler twice for one delivery id; a slow handler keeps its lease."""
 
 import http.server
 import json
@@ -25,11 +25,11 @@ from django.utils import timezone
 
 from delivery.models import Delivery, Status
 from queues.models import Message, Queue
-from subscribers.provisioning import provision_subscriber
+from subscribers.provisioning import create_subscriber, provision_subscriber
 from tests.support.chromium import ARGS, CHROMIUM
 from tests.support.personas import subscribed_owner
 from tests.support.redirects import Redirector
-from tests.support.servers import ROOT, eventually, start_daphne
+from tests.support.servers import ROOT, eventually, free_port, start_daphne
 
 # A client's behaviour does not depend on the server's database, and these tests are minutes of
 # real servers started, killed and started again: one pass of make test runs them, the
@@ -42,7 +42,7 @@ pytestmark = [
     ),
 ]
 
-MODULE = ROOT / "delivery" / "static" / "mq" / "mqclient.js"
+MODULE = ROOT / "clients" / "js" / "mqclient.js"
 DRIVER = ROOT / "tests" / "js" / "node_client.mjs"
 # No skip when it is missing: `make test` installs it (as tests/e2e/test_browser.py says), so a
 # missing Chromium is a broken setup, which a skip would hide.
@@ -89,9 +89,9 @@ def owner_and_token():
 class NodeClient:
     """A Node process running a user's program around the client: commands in, events out."""
 
-    def __init__(self, server, token):
+    def __init__(self, server, token, **options):
         self.proc = subprocess.Popen(
-            [*NODE, str(DRIVER), str(MODULE), server.http, token],
+            [*NODE, str(DRIVER), str(MODULE), server.http, token, json.dumps(options)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -142,8 +142,8 @@ class NodeClient:
 def node_client():
     started = []
 
-    def start(server, token):
-        client = NodeClient(server, token)
+    def start(server, token, **options):
+        client = NodeClient(server, token, **options)
         started.append(client)
         return client
 
@@ -619,3 +619,105 @@ def test_a_browser_page_never_sends_its_token_to_another_origin_a_redirect_point
                 browser.close()
     finally:
         redirector.close()
+
+
+# --- The whole protocol: lease extension, warnings, replay, routing fields -------------------
+
+
+@needs_node
+@pytest.mark.parametrize("max_extension", [3600, 0], ids=["extended", "capped"])
+def test_node_extends_the_lease_of_a_handler_still_running_up_to_its_cap(
+    server, owner_and_token, node_client, max_extension
+):
+    """A handler slower than the queue's ack timeout keeps its delivery, and so does the one
+    waiting behind it: no second attempt. Past the cap (0 here) the client stops extending and
+    the server hands them out again."""
+    _, token = owner_and_token
+    Queue.objects.filter(name="db").update(ack_timeout=2)
+    ids = publish_rest(server, token, 2)  # waiting: the client gets both at once
+    client = node_client(server, token, leaseSecs=2, maxExtension=max_extension)
+    client.send(cmd="subscribe", queue="db", event=None, delay_ms=3000)
+    assert eventually(lambda: status_counts(ids) == {Status.ACKED: 2}, timeout=15)
+    attempts = sorted(Delivery.objects.filter(message_id__in=ids).values_list("attempt", flat=True))
+    if max_extension:
+        assert attempts == [1, 1]
+    else:
+        assert max(attempts) >= 2  # the server took back at least the one that waited longest
+    assert len(client.calls()) == 2  # redelivered or not, each handled once
+    assert client.calls()[1]["t"] - client.calls()[0]["t"] >= 3000  # the second one waited
+
+
+@needs_node
+def test_node_warns_when_it_cannot_connect_and_when_its_handler_keeps_failing(
+    server, owner_and_token, node_client
+):
+    _, token = owner_and_token
+    nowhere = SimpleNamespace(http=f"http://127.0.0.1:{free_port()}")
+    lost = node_client(nowhere, token, backoffInitial=20, backoffMax=50)
+    lost.wait_for(lambda events: any(e["kind"] == "warn" for e in events))
+    (warning,) = lost.of("warn")  # once, not at every attempt
+    assert "cannot connect to ws://127.0.0.1:" in warning["text"] and "still retrying" in warning["text"]
+
+    client = node_client(server, token, warnAfterFailures=3)
+    client.send(cmd="subscribe", queue="db", event=None, fail="always")
+    client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
+    publish_rest(server, token, 2)
+    client.wait_for(lambda events: len([e for e in events if e["kind"] == "call"]) == 2)
+    time.sleep(0.3)
+    assert client.of("warn") == []  # two failures: not yet
+    publish_rest(server, token, 1, start=2)
+    client.wait_for(lambda events: any(e["kind"] == "warn" for e in events))
+    assert "3 handler calls in a row failed" in client.of("warn")[0]["text"]
+    assert "no such customer" in client.of("warn")[0]["text"]
+
+
+@needs_node
+def test_node_subscribes_from_all_and_seeks_back(server, node_client):
+    queue = Queue.objects.create(name="db")
+    _, token = create_subscriber("replayer", publish=["db"], subscribe=["db"])
+    ids = publish_rest(server, token, 3)  # before any subscription: owed to none yet
+    seqs = list(Message.objects.filter(pk__in=ids).order_by("seq").values_list("seq", flat=True))
+
+    client = node_client(server, token)
+    client.send(cmd="subscribe", queue="db", event=None, options={"from": "all"})
+    client.wait_for(lambda events: len([e for e in events if e["kind"] == "call"]) == 3)
+    assert [c["payload"]["n"] for c in client.calls()] == [0, 1, 2]
+    assert eventually(lambda: status_counts(ids) == {Status.ACKED: 3})
+    subscription = client.of("subscribed")[0]["subscription"]
+    assert queue.subscriptions.filter(pk=subscription).exists()
+
+    client.send(cmd="seek", subscription=subscription, point={"seq": seqs[1]})
+    client.wait_for(lambda events: any(e["kind"] in ("seeked", "seek_error") for e in events))
+    assert client.of("seeked"), client.of("seek_error")
+    client.wait_for(lambda events: len([e for e in events if e["kind"] == "call"]) == 5)
+    again = client.calls()[3:]
+    assert [c["payload"]["n"] for c in again] == [1, 2]
+    assert {c["attempt"] for c in again} == {2}  # the same deliveries, handed out again
+
+    client.send(cmd="seek", subscription=subscription, point={"seq": 0})
+    client.wait_for(lambda events: any(e["kind"] == "seek_error" for e in events))
+    assert client.of("seek_error")[0]["code"] not in (None, "http_500")
+
+
+@needs_node
+def test_node_publishes_headers_and_a_group_and_its_filter_picks_what_it_gets(server, node_client):
+    Queue.objects.create(name="db")
+    _, token = create_subscriber("router", publish=["db"], subscribe=["db"])
+    client = node_client(server, token)
+    client.send(cmd="subscribe", queue="db", event="create", options={"filter": {"headers.kind": ["a"]}})
+    client.wait_for(lambda events: any(e["kind"] == "subscribed" for e in events))
+    for tag, kind in (("a", "a"), ("b", "b")):
+        options = {"headers": {"kind": kind}, "group": f"order-{tag}", "ttl_secs": 60, "receipt": True}
+        client.send(cmd="publish", tag=tag, queue="db", event="create", payload={"n": tag}, options=options)
+    client.wait_for(lambda events: len(client.of("published")) == 2)
+    answers = {e["tag"]: e["answer"] for e in client.of("published")}
+    assert {tag: answer["deliveries"] for tag, answer in answers.items()} == {"a": 1, "b": 0}
+    client.wait_for(lambda events: len(client.calls()) == 1)
+    (call,) = client.calls()
+    assert (call["payload"], call["headers"], call["group"]) == ({"n": "a"}, {"kind": "a"}, "order-a")
+    # its receipt, once its one delivery is acked; and one for the message nobody was owed
+    client.wait_for(lambda events: len(client.of("receipt")) == 2)
+    receipts = {e["tag"]: e["receipt"] for e in client.of("receipt")}
+    assert receipts["a"]["deliveries"] == {"pending": 0, "inflight": 0, "acked": 1, "dead": 0}
+    assert receipts["a"]["id"] == answers["a"]["id"]
+    assert sum(receipts["b"]["deliveries"].values()) == 0

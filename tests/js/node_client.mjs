@@ -1,25 +1,33 @@
 // Drives the served mqclient.js in Node for tests/clients/test_client_js.py, as a user's program would:
 // one JSON command a line on stdin, one JSON event a line on stdout.
-//   node node_client.mjs MODULE_PATH URL TOKEN
-// Commands: {"cmd": "subscribe", "queue", "event", "sync", "delay_ms", "fail": "first" | "always"},
-// {"cmd": "publish", "tag", "queue", "event", "payload", "key"}, {"cmd": "close"}.
-// Events (each with `t`, ms): state, error, call (a handler call), subscribed, published,
-// publish_error, closed.
+//   node node_client.mjs MODULE_PATH URL TOKEN [CONNECT_OPTIONS_JSON]
+// (MODULE_PATH may be a bare name, "mqclient", as imported from an npm install)
+// Commands: {"cmd": "subscribe", "queue", "event", "sync", "delay_ms", "fail": "first" | "always",
+// "options"}, {"cmd": "publish", "tag", "queue", "event", "payload", "key", "options"},
+// {"cmd": "seek", "subscription", "point"}, {"cmd": "close"}.
+// Events (each with `t`, ms): state, error, warn (console.warn), call (a handler call),
+// subscribed, published, publish_error, seeked, closed.
 import { createInterface } from "node:readline";
 
-const [modulePath, url, token] = process.argv.slice(2);
+const [modulePath, url, token, options] = process.argv.slice(2);
 const { connect } = await import(modulePath);
 const out = (event) => process.stdout.write(`${JSON.stringify({ ...event, t: Date.now() })}\n`);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-const client = connect({ url, token });
+const warn = console.warn; // still on stderr too, as a user sees it
+console.warn = (...args) => {
+  out({ kind: "warn", text: args.join(" ") });
+  warn(...args);
+};
+const client = connect({ url, token, ...JSON.parse(options ?? "{}") });
 client.on("state", (state, info) =>
   out({ kind: "state", state, code: info?.code ?? null, error: info?.error?.code ?? null }),
 );
 client.on("error", (error) => out({ kind: "error", code: error.code, detail: error.detail ?? error.message }));
 
 function called(m) {
-  out({ kind: "call", id: m.id, message_id: m.message_id, seq: m.seq, payload: m.payload, attempt: m.attempt });
+  const { id, message_id, seq, payload, attempt, headers, group } = m;
+  out({ kind: "call", id, message_id, seq, payload, attempt, headers, group });
 }
 
 function handlerFor(cmd) {
@@ -40,17 +48,28 @@ function handlerFor(cmd) {
 const commands = {
   async subscribe(cmd) {
     try {
-      out({ kind: "subscribed", ...(await client.subscribe(cmd.queue, cmd.event, handlerFor(cmd))) });
+      out({ kind: "subscribed", ...(await client.subscribe(cmd.queue, cmd.event, handlerFor(cmd), cmd.options)) });
     } catch (error) {
       out({ kind: "subscribe_error", code: error.code, detail: error.detail });
     }
   },
   async publish(cmd) {
     try {
-      const answer = await client.publish(cmd.queue, cmd.event, cmd.payload, { key: cmd.key });
+      const { receipt, ...answer } = await client.publish(cmd.queue, cmd.event, cmd.payload, {
+        key: cmd.key,
+        ...cmd.options,
+      });
       out({ kind: "published", tag: cmd.tag, answer });
+      if (receipt) out({ kind: "receipt", tag: cmd.tag, receipt: await receipt });
     } catch (error) {
       out({ kind: "publish_error", tag: cmd.tag, code: error.code, detail: error.detail });
+    }
+  },
+  async seek(cmd) {
+    try {
+      out({ kind: "seeked", answer: await client.seek(cmd.subscription, cmd.point) });
+    } catch (error) {
+      out({ kind: "seek_error", code: error.code, detail: error.detail });
     }
   },
   async close() {

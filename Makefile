@@ -100,6 +100,11 @@ $(CHROMIUM):
 NODE := /usr/bin/node
 $(NODE):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs
+# npm installs the JavaScript package from the checkout (tests/clients/test_client_js_package.py):
+# NodeSource's nodejs brings it, Debian's own is the npm package.
+NPM := /usr/bin/npm
+$(NPM): | $(NODE)
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y npm
 
 # The Spark job's tests need a Java runtime (PySpark 4 runs on Java 17), and the end-to-end
 # tests start private redis-server processes (never the machine's own Redis on 6379).
@@ -137,9 +142,15 @@ PGBOUNCER := /usr/sbin/pgbouncer
 $(PGBOUNCER):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer
 
+# The deployment's units are checked with systemd-analyze verify, and the web unit's command run
+# under systemd-socket-activate (tests/mqsite/test_deploy_files.py, tests/e2e/test_systemd_web.py).
+SYSTEMD_ANALYZE := /usr/bin/systemd-analyze
+$(SYSTEMD_ANALYZE):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends systemd
+
 # What the tests need from Debian, installed when missing (apt-get: as root). The PostgreSQL
 # server itself is the machine's (docs/development.md).
-TEST_TOOLS := $(CHROMIUM) $(NODE) $(JAVA) $(REDIS_SERVER) $(NGINX) $(PROMTOOL) $(PGBOUNCER)
+TEST_TOOLS := $(CHROMIUM) $(NODE) $(NPM) $(JAVA) $(REDIS_SERVER) $(NGINX) $(PROMTOOL) $(PGBOUNCER) $(SYSTEMD_ANALYZE)
 
 lint: install-dev
 	$(BIN)/ruff check .

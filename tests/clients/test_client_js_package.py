@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 
-import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
@@ -16,8 +15,9 @@ from tests.support.servers import ROOT
 PACKAGE = ROOT / "clients" / "js"
 MODULE = PACKAGE / "mqclient.js"
 DECLARATIONS = PACKAGE / "mqclient.d.ts"
-NODE, NPM = shutil.which("node"), shutil.which("npm")
-needs_node = pytest.mark.skipif(NODE is None or NPM is None, reason="no node and npm on this machine")
+# No skip when they are missing: `make test` installs the nodejs package, which brings npm
+# (the Makefile's test tools), so a missing one is a broken setup, which a skip would hide.
+NODE, NPM = shutil.which("node") or "node", shutil.which("npm") or "npm"
 
 
 def test_the_server_serves_the_package_file_byte_for_byte(client):
@@ -45,7 +45,6 @@ def test_the_package_says_what_a_project_needs_to_import_it():
         assert (PACKAGE / name).is_file()
 
 
-@needs_node
 def test_every_export_and_option_of_the_module_is_declared():
     """tsc is not installed offline here: the declarations are checked against the module's
     own exports (as Node sees them) and its options (DEFAULTS) by name."""
@@ -77,7 +76,6 @@ def test_every_export_and_option_of_the_module_is_declared():
         assert re.search(rf"^  {method}[(<]", declared, re.M), method
 
 
-@needs_node
 def test_npm_install_from_a_checkout_and_import_it_under_node(tmp_path):
     project = tmp_path / "app"
     project.mkdir()

@@ -2,19 +2,18 @@
 key is tried once (its answer lost, it may be stored: again would store it twice). Against a
 real Daphne that starts while the client is already publishing."""
 
-import contextlib
 import json
 import logging
 import threading
 import time
 
-import psycopg
 import pytest
 from django.db import connection
 from mqclient import Client, MQConnectionError, MQError, MQThrottled
 from mqclient._retry import is_transient
 
 from queues.models import Message
+from tests.support.outage import database_refusing_connections
 from tests.support.servers import free_port, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,27 +65,6 @@ def test_only_no_answer_and_503_are_worth_another_attempt():
     assert not is_transient(MQError(500, "server_error", "a bug: again would not mend it"))
     assert not is_transient(MQThrottled(429, "rate_limited", "slow down", 1.0))
     assert not is_transient(MQError(400, "bad_request", "no"))
-
-
-@contextlib.contextmanager
-def database_refusing_connections():
-    """The server's database refuses new connections and drops the server's open ones, as in
-    a failover, until the block ends (this test's own connection stays)."""
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (ours,) = cursor.fetchone()
-    # a database's connections are switched off from another database
-    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
-        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
-            (name, ours),
-        )
-        try:
-            yield
-        finally:
-            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
 
 @pytest.mark.skipif(

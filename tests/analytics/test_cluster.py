@@ -252,11 +252,11 @@ def _stop_group(proc):
 
 
 def test_manage_py_analyze_runs_on_a_standalone_cluster(
-    standalone, transactional_db, archive_dir, make_queue, logger, peer
+    standalone, transactional_db, archive_dir, make_queue, db_queue, logger, peer
 ):
     master_url, master_json = standalone
     # Given history in two queues, acked, pending and dead, most of it archived
-    db, network = make_queue("db"), make_queue("network")
+    db, network = db_queue, make_queue("network")
     logger.subscribe_queues.add(network)
     for queue in (db, network):
         subscribing.subscribe(logger, queue)

@@ -29,13 +29,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from analytics import partitions
-from delivery import subscribing
-from delivery.models import Delivery, Status
 from mqsite.commands import EXIT_USAGE
 from queues.models import Message
 from tests.analytics import history
-from tests.support import servers
-from tests.support.history_rows import days_ago, publish_at, settle
+from tests.support import history_rows, servers
 from tests.support.servers import ROOT, free_port
 
 pytestmark = [
@@ -147,7 +144,7 @@ def test_a_spark_submitted_job_on_two_executors_is_read_by_analyze_parts(tmp_pat
         messages=[m for m in h.messages if m["id"] in archived_ids],
         deliveries=[d for d in h.deliveries if d["message_id"] in archived_ids],
     )
-    _assert_figures(result, history.expected_events(archived))
+    history.assert_figures(result, history.expected_events(archived))
 
 
 def test_analyze_parts_of_a_folder_that_is_no_jobs_output_is_a_usage_error(tmp_path):
@@ -169,18 +166,6 @@ def _archived_messages(root):
     import pyarrow.parquet as pq
 
     return pq.read_table(root / "messages", columns=["id"]).to_pylist()
-
-
-def _assert_figures(result, expected):
-    got = {(e["queue"], e["event"]): e for e in result["events"]}
-    assert got.keys() == expected.keys()
-    for key, want in expected.items():
-        row = got[key]
-        for name in ("messages", "deliveries", "acked", "dead"):
-            assert row[name] == want[name], (key, name)
-        assert row["attempts_mean"] == pytest.approx(want["attempts_mean"]), key
-        for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-            assert history.within_rank(want["latencies"], q, row["latency_ms"][name]), (key, name)
 
 
 # --- a standalone master and worker, and manage.py analyze against them ---------------------------
@@ -256,19 +241,8 @@ def test_manage_py_analyze_runs_on_a_standalone_cluster(
 ):
     master_url, master_json = standalone
     # Given history in two queues, acked, pending and dead, most of it archived
-    db, network = db_queue, make_queue("network")
-    logger.subscribe_queues.add(network)
-    for queue in (db, network):
-        subscribing.subscribe(logger, queue)
-    subscribing.subscribe(peer, db)
-    for i in range(24):
-        queue, event = ((db, "create"), (db, "delete"), (network, "error"))[i % 3]
-        message_id = publish_at(queue, event, days_ago(10 - i * 0.3), {"i": i})
-        outcomes = {logger: Status.ACKED}
-        if queue == db:
-            outcomes[peer] = (Status.ACKED, Status.ACKED, Status.PENDING, Status.DEAD)[i % 4]
-        settle(message_id, outcomes, latency_ms=40 + 173 * i, attempts=1 + i % 3)
-    expected = _expected_from_the_database()
+    history_rows.two_queues_of_history(db_queue, make_queue("network"), logger, peer)
+    expected = history_rows.expected_events()
     call_command("archive", "--older-than-days", "5", stdout=open(os.devnull, "w"))  # noqa: SIM115
     assert Message.objects.count() < 24 and (archive_dir / "messages").is_dir()
 
@@ -292,7 +266,7 @@ def test_manage_py_analyze_runs_on_a_standalone_cluster(
     assert done.returncode == 0, done.stderr[-4000:]
 
     # Then the figures are those of the rows before anything moved
-    _assert_figures(json.loads(done.stdout), expected)
+    history.assert_figures(json.loads(done.stdout), expected)
     # ... computed by the cluster's executors: the master lists the run as its application
     assert _applications(master_json) == ["mqsite-analytics"]
 
@@ -307,28 +281,3 @@ def _applications(master_json, timeout=30):
         if not state["activeapps"] or time.monotonic() > deadline:
             return [a["name"] for a in state["activeapps"] + state["completedapps"]]
         time.sleep(0.5)
-
-
-def _expected_from_the_database():
-    events = {}
-    for m in Message.objects.values("queue__name", "event__name"):
-        key = (m["queue__name"], m["event__name"])
-        events.setdefault(
-            key, {"messages": 0, "deliveries": 0, "acked": 0, "dead": 0, "settled": [], "latencies": []}
-        )
-        events[key]["messages"] += 1
-    for d in Delivery.objects.values(
-        "queue__name", "event__name", "status", "attempt", "created_at", "acked_at"
-    ):
-        e = events[(d["queue__name"], d["event__name"])]
-        e["deliveries"] += 1
-        e["acked"] += d["status"] == Status.ACKED
-        e["dead"] += d["status"] == Status.DEAD
-        if d["status"] in (Status.ACKED, Status.DEAD):
-            e["settled"].append(d["attempt"])
-        if d["status"] == Status.ACKED:
-            e["latencies"].append((d["acked_at"] - d["created_at"]).total_seconds() * 1000)
-    for e in events.values():
-        e["attempts_mean"] = sum(e["settled"]) / len(e["settled"])
-        e["latencies"].sort()
-    return events

@@ -1,8 +1,9 @@
 """The analytics on a cluster, on this machine: more than one executor JVM, a real shuffle, a
 master that is not local, and a Hadoop default filesystem that is not this disk.
 
-- `spark-submit analytics/job.py` on `local-cluster[2,1,1024]` (two executor JVMs), then
-  `manage.py analyze --parts DIR --json` on what it wrote, as docs/analytics.md says;
+- `spark-submit analytics/job.py` on `local-cluster[2,1,1024]` (two executor JVMs), as it is
+  (neither Django nor this project on its path), then `manage.py analyze --parts DIR --json` on
+  what it wrote, as docs/analytics.md says;
 - a standalone master and worker started from the pyspark package (`spark-class`), and
   `manage.py analyze --json` run against it with SPARK_MASTER=spark://... as an operator
   runs it, its Spark settings in MQ_SPARK_CONF.
@@ -67,6 +68,12 @@ def spark_env(**extra):
     return env
 
 
+def _bare_env(home):
+    bin_dir = Path(sys.executable).parent
+    bare = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home)}
+    return {**bare, **{k: v for k, v in spark_env().items() if k.startswith(("SPARK_", "PYSPARK_"))}}
+
+
 def manage(*args, env):
     return subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -83,6 +90,19 @@ def event_log(folder):
     """The events of the one application whose event log is in `folder`."""
     (log,) = [p for p in Path(folder).iterdir() if not p.name.startswith(".")]
     return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+# Spark's event log, whole and plain, one file an application: what the tests read back
+EVENT_LOG_CONF = {"spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+
+
+def sql_settings(events):
+    """The SQL settings the session had changed from Spark's defaults when its queries ran."""
+    found = {}
+    for e in events:
+        if e["Event"].endswith("SparkListenerSQLExecutionStart"):
+            found.update(e.get("modifiedConfigs") or {})
+    return found
 
 
 # --- local-cluster: spark-submit, then analyze --parts -------------------------------------------
@@ -111,15 +131,15 @@ def test_a_spark_submitted_job_on_two_executors_is_read_by_analyze_parts(tmp_pat
             "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
             "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
             "--conf", "spark.eventLog.enabled=true",
-            "--conf", "spark.eventLog.compress=false",
-            "--conf", "spark.eventLog.rolling.enabled=false",
+            *(arg for key, value in EVENT_LOG_CONF.items() for arg in ("--conf", f"{key}={value}")),
             "--conf", f"spark.eventLog.dir=file://{tmp_path}/events",
-            "analytics/job.py",
+            str(ROOT / "analytics" / "job.py"),
             "--archive", str(tmp_path / "archive"),
             "--files", str(files),
             "--out", str(tmp_path / "parts"),
         ],
-        cwd=ROOT, env=spark_env(), capture_output=True, text=True, timeout=300, check=False,
+        # As it is: neither Django nor this project on its path, nothing of this environment
+        cwd=tmp_path, env=_bare_env(tmp_path), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr[-4000:]
 
@@ -134,6 +154,8 @@ def test_a_spark_submitted_job_on_two_executors_is_read_by_analyze_parts(tmp_pat
         for t in tasks
     )
     assert remote > 0
+    # ... tuned as a master on this machine is
+    assert sql_settings(events)["spark.sql.files.openCostInBytes"] == str(64 * 1024)
 
     # ... and analyze --parts gives the figures of exactly the archived rows
     done = manage("analyze", "--parts", str(tmp_path / "parts"), "--json", env=_django_env())
@@ -253,7 +275,9 @@ def test_manage_py_analyze_runs_on_a_standalone_cluster(
         "spark.cores.max": "2",
         "spark.ui.enabled": "false",
         "spark.executor.extraJavaOptions": QUICK_JVM,
+        **EVENT_LOG_CONF,
     }
+    (archive_dir.parent / "events").mkdir()
     env = _django_env(
         **spark_env(),
         DATABASE_URL=servers.test_database_url(),
@@ -261,6 +285,7 @@ def test_manage_py_analyze_runs_on_a_standalone_cluster(
         SPARK_MASTER=master_url,
         MQ_SPARK_CONF=json.dumps(conf),
         MQ_SPARK_DRIVER_MEMORY="512m",
+        MQ_SPARK_EVENT_LOG_DIR=f"file://{archive_dir.parent}/events",
     )
     done = manage("analyze", "--json", env=env)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -269,6 +294,11 @@ def test_manage_py_analyze_runs_on_a_standalone_cluster(
     history.assert_figures(json.loads(done.stdout), expected)
     # ... computed by the cluster's executors: the master lists the run as its application
     assert _applications(master_json) == ["mqsite-analytics"]
+    # ... with the settings every run needs, and none of the tuning for a local disk and cores
+    settings = sql_settings(event_log(archive_dir.parent / "events"))
+    assert settings["spark.sql.objectHashAggregate.sortBased.fallbackThreshold"] == "1000000"
+    assert "spark.sql.files.openCostInBytes" not in settings
+    assert "spark.sql.sources.parallelPartitionDiscovery.threshold" not in settings
 
 
 def _applications(master_json, timeout=30):

@@ -53,14 +53,11 @@ QUICK_JVM = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
 def spark_env(**extra):
     """The environment of Spark's own launchers from the pip package: its folder is SPARK_HOME
-    (the jars a worker puts on its executors' class path), the driver's Python is this one."""
-    scala = next(SPARK_HOME.glob("jars/scala-library-*.jar")).name.split("-")[2]
+    (the launchers find it themselves; named here so that no SPARK_* of the caller's leaks in),
+    the jars a worker puts on its executors' class path; the driver's Python is this one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
     env.update(
         SPARK_HOME=str(SPARK_HOME),
-        # local-cluster's workers build their executors' command as Spark's own tests do, which
-        # asks for the Scala version when it cannot find a build tree.
-        SPARK_SCALA_VERSION=".".join(scala.split(".")[:2]),
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         **extra,

@@ -486,7 +486,7 @@ MQ_SPARK_CLASS_ARCHIVE = env.str("MQ_SPARK_CLASS_ARCHIVE", default=str(VAR_DIR /
 MQ_SPARK_EVENT_LOG_DIR = env.str("MQ_SPARK_EVENT_LOG_DIR", default="")
 # Any Spark setting for the analytics' session, as a JSON object of names to values:
 # '{"spark.executor.memory": "4g", "spark.executor.instances": "8", "spark.hadoop.fs.s3a.endpoint":
-# "https://s3.example.net", "spark.kubernetes.container.image": "registry/spark:4.1"}'. JSON
+# "https://s3.example.net", "spark.kubernetes.container.image": "registry/spark-py:4.3.0"}'. JSON
 # because values hold commas and spaces (spark.jars.packages, extraJavaOptions). Applied last,
 # over this project's own defaults; not on a Spark Connect server, which has its own.
 MQ_SPARK_CONF = _spark_conf("MQ_SPARK_CONF", "{}")

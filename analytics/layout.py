@@ -30,6 +30,7 @@ from collections import defaultdict
 from datetime import UTC
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
@@ -79,6 +80,11 @@ HOT_DELIVERY_SCHEMA = _hot_schema(
     ["id", "message_id", "queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at"],
 )
 
+# The day a row is filed under (its partition's, YYYY-MM-DD, UTC): a message's own, and a
+# delivery its message's, even when made days later by a replay or a seek. The analytics tag
+# their hour rows with it (partition_days below gives the hot rows theirs).
+DAY_FIELD = pa.field("day", pa.string())
+
 MESSAGES = "messages"
 DELIVERIES = "deliveries"
 
@@ -98,6 +104,22 @@ def filesystem(root):
 
 def day_of(ts):
     return ts.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def partition_days(messages, deliveries):
+    """(messages, deliveries), Arrow tables with `id`, `created_at` and `message_id`, each with
+    a DAY_FIELD column: the day write_history() files the row under. A delivery whose message
+    is not among `messages` keeps its own day (the snapshot holds every delivery's message:
+    this is only a guard)."""
+    message_days = pc.strftime(messages["created_at"], format="%Y-%m-%d")
+    found = pc.index_in(deliveries["message_id"], value_set=messages["id"])
+    delivery_days = pc.coalesce(
+        pc.take(message_days, found), pc.strftime(deliveries["created_at"], format="%Y-%m-%d")
+    )
+    return (
+        messages.append_column(DAY_FIELD, message_days),
+        deliveries.append_column(DAY_FIELD, delivery_days),
+    )
 
 
 def part_name(first_id, last_id):

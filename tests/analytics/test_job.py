@@ -8,7 +8,6 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import duckdb
 import pyarrow.parquet as pq
 import pytest
 from django.db import connection
@@ -17,6 +16,7 @@ from pyspark.sql import types as T
 
 from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
 from tests.analytics import history
+from tests.analytics.reference import assert_agrees_with_duckdb, duckdb_events
 from tests.support.servers import ROOT
 from tests.support.spark import spark  # noqa: F401
 
@@ -206,60 +206,9 @@ def test_its_latency_percentiles_are_within_one_percent(generated):
             assert history.within_rank(latencies, q, row[name]), (row["queue"], row["event"], name)
 
 
-def duckdb_events(base, snapshot, where="true"):
-    """The counts and exact percentile bounds per queue and event, by DuckDB over the archive
-    as it lies (Hive layout) and the snapshot, the snapshot's copy of an archived message
-    dropped (the archive's wins)."""
-    db = duckdb.connect()
-    db.execute("SET TimeZone = 'UTC'")
-    db.register("hot_messages", snapshot.messages)
-    db.register("hot_deliveries", snapshot.deliveries)
-    archive = {
-        k: f"read_parquet('{base}/archive/{k}/**/*.parquet', hive_partitioning = true)"
-        for k in partitions.KINDS
-    }
-    messages = f"""(SELECT id, queue, event, created_at FROM {archive["messages"]} UNION ALL
-        SELECT id, queue, event, created_at FROM hot_messages
-        WHERE id NOT IN (SELECT id FROM {archive["messages"]}))"""
-    columns = "message_id, queue, event, status, created_at, acked_at"
-    deliveries = f"""(SELECT {columns} FROM {archive["deliveries"]}
-        UNION ALL SELECT {columns} FROM hot_deliveries
-        WHERE message_id NOT IN (SELECT id FROM {archive["messages"]}))"""
-    # The quantiles 1 % of rank either side of each one asked for: ours must lie between.
-    bounds = [0.49, 0.51, 0.94, 0.96, 0.98, 1.0]
-    return db.execute(
-        f"""
-        WITH m AS (SELECT queue, event, count(*) AS messages FROM {messages} WHERE {where} GROUP BY ALL),
-        d AS (
-            SELECT queue, event, count(*) AS deliveries,
-                count(*) FILTER (status = 'acked') AS acked, count(*) FILTER (status = 'dead') AS dead,
-                quantile_disc((epoch_us(acked_at) - epoch_us(created_at)) / 1000, {bounds})
-                    FILTER (status = 'acked') AS q
-            FROM {deliveries} WHERE {where} GROUP BY ALL)
-        SELECT queue, event, messages, deliveries, acked, dead, q FROM m JOIN d USING (queue, event)
-        ORDER BY ALL
-        """
-    ).fetchall()
-
-
-def assert_agrees_with_duckdb(want, stats):
-    got = {(r["queue"], r["event"]): r for r in stats}
-    assert got.keys() == {(w[0], w[1]) for w in want}
-    for queue, event, messages, deliveries, acked, dead, q in want:
-        row = got[(queue, event)]
-        assert (row["messages"], row["deliveries"], row["acked"], row["dead"]) == (
-            messages,
-            deliveries,
-            acked,
-            dead,
-        )
-        for i, name in enumerate(("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")):
-            assert q[2 * i] <= row[name] <= q[2 * i + 1], (queue, event, name, q, row[name])
-
-
 def test_it_agrees_with_duckdb_on_the_same_parquet(generated):
     _, base, snapshot, run = generated
-    assert_agrees_with_duckdb(duckdb_events(base, snapshot), run.event_stats)
+    assert_agrees_with_duckdb(duckdb_events(base / "archive", snapshot), run.event_stats)
 
 
 def test_its_trends_per_hour_and_per_day_are_python_s(generated):
@@ -313,14 +262,15 @@ def test_the_arrow_parts_are_sparks(spark, generated):  # noqa: F811
     """The hot tables' parts come from Arrow when they are small and from Spark when they are
     big: the same rows either way."""
     _, base, snapshot, _ = generated
-    layout.write_table(base / "hot", layout.MESSAGES, "part-0.parquet", snapshot.messages, durable=False)
-    layout.write_table(base / "hot", layout.DELIVERIES, "part-0.parquet", snapshot.deliveries, durable=False)
+    messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
+    layout.write_table(base / "hot", layout.MESSAGES, "part-0.parquet", messages, durable=False)
+    layout.write_table(base / "hot", layout.DELIVERIES, "part-0.parquet", deliveries, durable=False)
     from_spark = job.compute_parts(
         spark,
         job.extract_snapshot(spark, base / "hot", layout.MESSAGES),
         job.extract_snapshot(spark, base / "hot", layout.DELIVERIES),
     )
-    from_arrow = hours.parts(snapshot.messages, snapshot.deliveries)
+    from_arrow = hours.parts(messages, deliveries)
 
     def rows(table, schema):
         out = []
@@ -477,11 +427,14 @@ def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):
     listing = partitions.list_archive(base / "archive")
     assert run.manifest["partitions"]["total"] == sum(p.day == day.isoformat() for p in listing.values()) > 0
     assert run.manifest["partitions"]["recomputed"] == run.manifest["partitions"]["total"]
+    # ... its messages and all their deliveries, the replayed ones made days later too
     assert_agrees_with_duckdb(
-        duckdb_events(base, snapshot, where=f"strftime(created_at, '%Y-%m-%d') = '{day.isoformat()}'"),
-        run.event_stats,
+        duckdb_events(base / "archive", snapshot, where=f"day = '{day.isoformat()}'"), run.event_stats
     )
-    assert {t["period_start"].date() for t in run.event_trends} == {day}
+    # ... its trends: its messages' hours, and the later hours its replayed deliveries were made in
+    assert {t["period_start"].date() for t in run.event_trends if t["messages"]} == {day}
+    later = [t for t in run.event_trends if t["period_start"].date() != day]
+    assert later and all(t["period_start"].date() > day and t["deliveries"] for t in later)
 
 
 @pytest.mark.skipif(

@@ -15,10 +15,10 @@ the archive holds each id once; the only overlap, the hot tables' rows that are 
 is removed from the snapshot before it is aggregated (analytics.overlap: the archive's copy
 wins).
 
-Shape (the house style): extract_* read, transform_* are pure DataFrame -> DataFrame; paths
-are arguments. The file imports nothing but PySpark and the standard library, so spark-submit
-runs it as it is, and it uses no Python UDF, so a cluster's executors need none of this
-project's code.
+Shape (the house style, and the Spark testing guide's): extract_* read, transform_* are pure
+DataFrame -> DataFrame, load_* write; paths are arguments. The file imports nothing but
+PySpark and the standard library, so spark-submit runs it as it is, and it uses no Python UDF,
+so a cluster's executors need none of this project's code.
 """
 
 import argparse
@@ -409,6 +409,17 @@ def compute_parts(spark, messages, deliveries):
     return {name: frame.toArrow() for name, frame in transforms(messages, deliveries).items()}
 
 
+# --- load --------------------------------------------------------------------------------------
+
+
+def load_parts(parts, out):
+    """Write the parts ({name: DataFrame}, transforms()) as Parquet under `out`, one folder each
+    (message_hours/, delivery_cells/, latency_sketches/), replacing what a run before wrote
+    there: what spark-submit leaves for a reader. One file each: the parts are small."""
+    for name, frame in parts.items():
+        frame.coalesce(1).write.mode("overwrite").parquet(f"{str(out).rstrip('/')}/{name}")
+
+
 def main(argv=None):
     """spark-submit entry: the hour rows of the given archive files, as Parquet under --out."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -429,8 +440,7 @@ def main(argv=None):
         by_kind = {kind: [p for p in files if f"/{kind}/" in p] for kind in _KINDS}
         messages = extract_archive(spark, args.archive, "messages", by_kind["messages"])
         deliveries = extract_archive(spark, args.archive, "deliveries", by_kind["deliveries"])
-        for name, frame in transforms(messages, deliveries).items():
-            frame.coalesce(1).write.mode("overwrite").parquet(f"{args.out.rstrip('/')}/{name}")
+        load_parts(transforms(messages, deliveries), args.out)
     finally:
         spark.stop()
     return 0

@@ -22,7 +22,6 @@ from tests.analytics import history
 from tests.analytics.history import within_rank
 from tests.analytics.locks import archive_held_elsewhere
 from tests.support.history_rows import days_ago, publish_at, settle
-from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -58,7 +57,7 @@ def snapshot():
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["spark", "in-process"])
 def test_analyze_counts_the_archive_and_the_hot_tables_once(
-    spark,  # noqa: F811
+    spark,
     archive_dir,
     make_queue,
     db_queue,
@@ -180,7 +179,7 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
 
 
 def test_analyze_json_adds_rates_fanout_dead_letters_backlog_and_lag(
-    spark,  # noqa: F811
+    spark,
     archive_dir,
     monkeypatch,
 ):
@@ -233,7 +232,7 @@ def test_analyze_json_adds_rates_fanout_dead_letters_backlog_and_lag(
         assert s["lag_s"] == s["oldest_pending_age_s"]
 
 
-def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):  # noqa: F811
+def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):
     out = io.StringIO()
     call_command("analyze", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"events": [], "subscribers": []}
@@ -241,7 +240,7 @@ def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):  # no
 
 
 def test_analyze_over_a_window_prints_its_days_and_stores_nothing(
-    spark,  # noqa: F811
+    spark,
     archive_dir,
     monkeypatch,
 ):

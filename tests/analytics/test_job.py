@@ -5,42 +5,22 @@ reading the same Parquet."""
 
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from django.db import connection
 from django.test import override_settings
-from pyspark.sql import types as T
 
 from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
 from tests.analytics import history
+from tests.analytics.frames import DELIVERY_FIELDS, MESSAGE_FIELDS, frame, ts
 from tests.analytics.reference import assert_agrees_with_duckdb, duckdb_events
 from tests.support.servers import ROOT
-from tests.support.spark import spark  # noqa: F401
-
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-MESSAGE_FIELDS = ("queue", "event", "created_at")
-DELIVERY_FIELDS = ("queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
 
 
-def ts(seconds):
-    return T0 + timedelta(seconds=seconds)
-
-
-def frame(spark, kind, fields, rows):  # noqa: F811
-    schema = {"messages": job.MESSAGE_SCHEMA, "deliveries": job.DELIVERY_SCHEMA}[kind]
-    return spark.createDataFrame(
-        [
-            {**dict(zip(fields, r, strict=True)), "day": r[fields.index("created_at")].strftime("%Y-%m-%d")}
-            for r in rows
-        ],
-        T.StructType([schema[c] for c in (*fields, "day")]),
-    )
-
-
-def hours_of(spark, messages, deliveries):  # noqa: F811
+def hours_of(spark, messages, deliveries):
     parts = job.compute_parts(
         spark,
         frame(spark, "messages", MESSAGE_FIELDS, messages),
@@ -53,7 +33,7 @@ def hours_of(spark, messages, deliveries):  # noqa: F811
 # --- tiny expected data ---------------------------------------------------------------------------
 
 
-def test_it_computes_event_stats_of_a_tiny_history(spark):  # noqa: F811
+def test_it_computes_event_stats_of_a_tiny_history(spark):
     # Given two messages of db/create, one of db/delete, and their deliveries
     event_rows, _ = hours_of(
         spark,
@@ -85,7 +65,7 @@ def test_it_computes_event_stats_of_a_tiny_history(spark):  # noqa: F811
     assert delete["dead_letter_rate"] == 0.0
 
 
-def test_it_counts_an_event_with_no_deliveries(spark):  # noqa: F811
+def test_it_counts_an_event_with_no_deliveries(spark):
     event_rows, _ = hours_of(spark, [("db", "create", ts(0))], [])
     stats, _ = figures.event_figures(event_rows)
     assert [
@@ -93,7 +73,7 @@ def test_it_counts_an_event_with_no_deliveries(spark):  # noqa: F811
     ] == [(1, 0, 0, 0.0, None)]
 
 
-def test_it_measures_each_subscribers_backlog_and_lag(spark):  # noqa: F811
+def test_it_measures_each_subscribers_backlog_and_lag(spark):
     _, subscriber_rows = hours_of(
         spark,
         [],
@@ -140,7 +120,7 @@ def test_merged_sketches_stay_within_one_percent_of_rank():
 
 
 @pytest.fixture(scope="module")
-def generated(spark, tmp_path_factory):  # noqa: F811
+def generated(spark, tmp_path_factory):
     base = tmp_path_factory.mktemp("generated")
     h = history.generate()
     snapshot = history.write(h, base / "archive")
@@ -258,7 +238,7 @@ def test_it_measures_every_subscribers_backlog_as_python_does(generated):
         assert t["backlog"] == owed, (t["subscriber"], t["period_start"])
 
 
-def test_the_arrow_parts_are_sparks(spark, generated):  # noqa: F811
+def test_the_arrow_parts_are_sparks(spark, generated):
     """The hot tables' parts come from Arrow when they are small and from Spark when they are
     big: the same rows either way."""
     _, base, snapshot, _ = generated
@@ -286,7 +266,7 @@ def test_the_arrow_parts_are_sparks(spark, generated):  # noqa: F811
         assert len(from_arrow[name]) > 10
 
 
-def test_the_production_plan_hashes_every_aggregate(spark, generated):  # noqa: F811
+def test_the_production_plan_hashes_every_aggregate(spark, generated):
     """With adaptive execution on and several shuffle partitions, as a cluster runs it: the
     same figures, and no sort-based aggregate anywhere in the plan."""
     _, base, _, run = generated
@@ -345,7 +325,7 @@ def test_big_hot_tables_go_to_spark_with_the_same_figures(generated, tmp_path, s
 # --- incremental, by day ---------------------------------------------------------------------------
 
 
-def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures(spark, tmp_path):  # noqa: F811
+def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures(spark, tmp_path):
     h = history.generate(seed=11, n_messages=300)
     snapshot = history.write(h, tmp_path / "archive")
     archive, out = str(tmp_path / "archive"), str(tmp_path / "out")
@@ -386,7 +366,7 @@ def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["spark", "in-process"])
-def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_path, settings, in_process):  # noqa: F811
+def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_path, settings, in_process):
     # Given a run over the archive, current
     h = history.generate(seed=5, n_messages=300)
     snapshot = history.write(h, tmp_path / "archive")
@@ -418,7 +398,7 @@ def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_p
     assert incremental.event_trends == full.event_trends
 
 
-def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):  # noqa: F811
+def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):
     h, base, snapshot, _ = generated
     day = (history.START + timedelta(days=1)).date()
     run = analysis.compute(

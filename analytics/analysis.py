@@ -299,7 +299,9 @@ def _kept_hours(out, current, live):
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("analyze: the last run's hour rows are unreadable (%s); recomputing every day", exc)
             return empty
-        kept[name] = table.filter(pc.is_in(table["fingerprint"], value_set=pa.array(sorted(live))))
+        kept[name] = table.filter(
+            pc.is_in(table["fingerprint"], value_set=pa.array(sorted(live), pa.string()))
+        )
     return kept
 
 

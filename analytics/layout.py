@@ -11,7 +11,8 @@ analytics job reads, the queue a column rather than a folder (HOT_*_SCHEMA below
     <root>/deliveries/part-0.parquet
 
 Hive partitioning, so Spark, DuckDB and pandas read it as it is. A delivery lives in its
-message's day (they are made in the same instant by the fan-out), and both files of a batch
+message's day (the fan-out makes them in the same instant; a replay or a seek may make one
+days later, and it still goes with its message), and both files of a batch
 are named after the first and last message id of the batch (the archive's journaled ids, the
 same name in every day the batch touches): writing the same batch again overwrites its files
 instead of adding copies beside them. A compacted partition holds one file, named after the
@@ -58,7 +59,9 @@ DELIVERY_SCHEMA = pa.schema(
         ("seq", pa.int64()),
         ("status", pa.string()),
         ("attempts", pa.int64()),
-        ("created_at", TIMESTAMP),  # the publish time: the fan-out makes it with the message
+        # When it was made: the publish (the fan-out makes it with the message), or later by a
+        # replay or a seek; filed under its message's day all the same (write_history).
+        ("created_at", TIMESTAMP),
         ("delivered_at", TIMESTAMP),
         ("acked_at", TIMESTAMP),
         ("last_error", pa.string()),

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from .models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
+from .models import AnalyticsFailure, AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -133,6 +133,17 @@ class AnalyticsRunAdmin(ReadOnlyAdmin):
     @admin.display(description="partitions (recomputed / reused)")
     def partitions(self, obj):
         return f"{obj.partitions_recomputed} / {obj.partitions_reused}"
+
+
+@admin.register(AnalyticsFailure)
+class AnalyticsFailureAdmin(ReadOnlyAdmin):
+    list_display = ("failed_at", "error")
+    search_fields = ("error",)
+    date_hierarchy = "failed_at"
+
+    # A failed run is a run: who may see the runs sees them, here as in GET /api/analytics.
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("analytics.view_analyticsrun")
 
 
 @admin.register(SubscriberStats)

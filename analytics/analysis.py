@@ -24,6 +24,7 @@ days (since/until) computes and returns its figures, and writes its folder, but 
 become the current run: the stored figures stay those of the whole history.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -170,6 +171,10 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
     )
 
     snapshot, overlapping = overlap.drop_archived(snapshot, listing)
+    # Each hot row with the day the archive will file it under: a window of days (since/until)
+    # then takes a replayed delivery with its message, whether it is archived yet or not.
+    messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
+    snapshot = dataclasses.replace(snapshot, messages=messages, deliveries=deliveries)
     hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
     # Spark computes the history (a folder's first run always goes to it, as the API
     # says analyze does); on top of it, a little to recompute (the last hour's files, a batch
@@ -294,7 +299,9 @@ def _kept_hours(out, current, live):
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("analyze: the last run's hour rows are unreadable (%s); recomputing every day", exc)
             return empty
-        kept[name] = table.filter(pc.is_in(table["fingerprint"], value_set=pa.array(sorted(live))))
+        kept[name] = table.filter(
+            pc.is_in(table["fingerprint"], value_set=pa.array(sorted(live), pa.string()))
+        )
     return kept
 
 
@@ -311,7 +318,9 @@ def _derived(parts):
 
 def _add_tagged(new, derived, recomputed):
     """Add these recomputed partitions' hour rows to `new`, each with its partition's
-    fingerprint (what the next run keeps them by)."""
+    fingerprint (what the next run keeps them by). A row's day is its partition's (the job
+    keeps the folder's day; a replayed delivery's hour may be days later), so every row read
+    from these partitions finds its own."""
     fingerprints = {(p.queue, p.day): p.fingerprint for p in recomputed}
     for name, table in derived.items():
         keys = zip(table["queue"].to_pylist(), table["day"].to_pylist(), strict=True)

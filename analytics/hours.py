@@ -88,7 +88,9 @@ SUBSCRIBER_HOUR_SCHEMA = pa.schema(
 
 
 def parts(messages: pa.Table, deliveries: pa.Table):
-    """{name: table} of the snapshot's three parts, in PART_SCHEMAS."""
+    """{name: table} of the snapshot's three parts, in PART_SCHEMAS. Each row has its `day`,
+    the partition's (layout.partition_days), which the parts keep: a delivery a replay made
+    days after its message is counted in the hour it was made, under its message's day."""
     return {
         "message_hours": message_hours(messages),
         "delivery_cells": delivery_cells(deliveries),
@@ -98,7 +100,7 @@ def parts(messages: pa.Table, deliveries: pa.Table):
 
 def message_hours(messages):
     by_minute = _group(
-        _with(messages, day=_day(messages["created_at"]), minute=_floor(messages["created_at"], "minute")),
+        _with(messages, minute=_floor(messages["created_at"], "minute")),
         ["queue", "day", "event", "minute"],
         n=("created_at", "count"),
         first_at=("created_at", "min"),
@@ -128,7 +130,6 @@ def message_hours(messages):
 def delivery_cells(deliveries):
     rows = _with(
         deliveries,
-        day=_day(deliveries["created_at"]),
         hour=_floor(deliveries["created_at"], "hour"),
         acked_hour=_floor(deliveries["acked_at"], "hour"),
     )
@@ -147,7 +148,6 @@ def latency_sketches(deliveries):
     micros = pc.subtract(pc.cast(acked["acked_at"], pa.int64()), pc.cast(acked["created_at"], pa.int64()))
     acked = _with(
         acked,
-        day=_day(acked["created_at"]),
         hour=_floor(acked["created_at"], "hour"),
         latency=pc.divide(pc.cast(micros, pa.float64()), 1000.0),
     )
@@ -265,7 +265,3 @@ def _zip_lists(left, right, names):
 
 def _floor(timestamps, unit):
     return pc.floor_temporal(timestamps, unit=unit)
-
-
-def _day(timestamps):
-    return pc.strftime(timestamps, format="%Y-%m-%d")

@@ -15,10 +15,10 @@ the archive holds each id once; the only overlap, the hot tables' rows that are 
 is removed from the snapshot before it is aggregated (analytics.overlap: the archive's copy
 wins).
 
-Shape (the house style): extract_* read, transform_* are pure DataFrame -> DataFrame; paths
-are arguments. The file imports nothing but PySpark and the standard library, so spark-submit
-runs it as it is, and it uses no Python UDF, so a cluster's executors need none of this
-project's code.
+Shape (the house style, and the Spark testing guide's): extract_* read, transform_* are pure
+DataFrame -> DataFrame, load_* write; paths are arguments. The file imports nothing but
+PySpark and the standard library, so spark-submit runs it as it is, and it uses no Python UDF,
+so a cluster's executors need none of this project's code.
 """
 
 import argparse
@@ -66,10 +66,12 @@ DELIVERY_SCHEMA = T.StructType(
         T.StructField("day", T.StringType()),
     ]
 )
-# What the transforms read: never the payload, nor ids (nothing is deduped), nor the day (each
-# row's is its hour's).
-MESSAGE_COLUMNS = ("queue", "event", "created_at")
-DELIVERY_COLUMNS = ("queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
+# What the transforms read: never the payload, nor ids (nothing is deduped). The day is the
+# partition's, not the row's hour's: a delivery a replay or a seek made days after its message
+# is filed under its message's day, and its hour rows must say so (a run keeps and drops them
+# with that partition).
+MESSAGE_COLUMNS = ("queue", "day", "event", "created_at")
+DELIVERY_COLUMNS = ("queue", "day", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
 _KINDS = {"messages": (MESSAGE_SCHEMA, MESSAGE_COLUMNS), "deliveries": (DELIVERY_SCHEMA, DELIVERY_COLUMNS)}
 STATUSES = ("pending", "inflight", "acked", "dead")
 
@@ -265,12 +267,11 @@ def extract_archive(spark, root, kind, files):
 
 
 def extract_snapshot(spark, root, kind):
-    """The hot tables' snapshot (analytics.extract.write_snapshot: plain Parquet with a queue
-    column), in the columns the transforms read."""
+    """The hot tables' snapshot (analytics.extract.write_snapshot: plain Parquet with queue and
+    day columns, layout.partition_days), in the columns the transforms read."""
     configure(spark)
     schema, columns = _KINDS[kind]
-    snapshot_schema = T.StructType([f for f in schema if f.name != "day"])
-    return spark.read.schema(snapshot_schema).parquet(f"{uri(root).rstrip('/')}/{kind}").select(*columns)
+    return spark.read.schema(schema).parquet(f"{uri(root).rstrip('/')}/{kind}").select(*columns)
 
 
 # --- transform -----------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def extract_snapshot(spark, root, kind):
 
 # Hours and minutes as whole numbers since the epoch (UTC): grouping by a number is cheaper than
 # by date_trunc's timestamp, which goes through a calendar for every row; the hour's timestamp
-# and day are made once per group, at the end.
+# is made once per group, at the end.
 HOUR_US = 3_600_000_000
 MINUTE_US = 60_000_000
 
@@ -287,22 +288,21 @@ def _number(column, unit_us):
     return F.expr(f"unix_micros({column}) div {unit_us}")
 
 
-def _hour_and_day(number):
-    """The hour's start (a timestamp) and its day (YYYY-MM-DD) from its number."""
-    start = F.timestamp_micros(F.col(number) * F.lit(HOUR_US))
-    return start.alias("hour"), F.date_format(start, "yyyy-MM-dd").alias("day")
+def _hour(number):
+    """The hour's start (a timestamp) from its number."""
+    return F.timestamp_micros(F.col(number) * F.lit(HOUR_US)).alias("hour")
 
 
 def transform_message_hours(messages: DataFrame) -> DataFrame:
     """One row per queue, day, event and hour (MESSAGE_HOUR_COLUMNS): the hour's messages, each
     busy minute's count (so that the busiest minute of any window is exact even when the archive
     and the hot tables each hold part of one minute), the first and the last."""
-    by_minute = messages.groupBy("queue", "event", _number("created_at", MINUTE_US).alias("m")).agg(
+    by_minute = messages.groupBy("queue", "day", "event", _number("created_at", MINUTE_US).alias("m")).agg(
         F.count(F.lit(1)).alias("n"),
         F.min("created_at").alias("first_at"),
         F.max("created_at").alias("last_at"),
     )
-    hours = by_minute.groupBy("queue", "event", (F.col("m") / 60).cast("long").alias("h")).agg(
+    hours = by_minute.groupBy("queue", "day", "event", (F.col("m") / 60).cast("long").alias("h")).agg(
         F.sum("n").alias("messages"),
         F.collect_list(F.struct((F.col("m") % 60).cast("int").alias("minute"), F.col("n"))).alias(
             "minute_counts"
@@ -310,13 +310,15 @@ def transform_message_hours(messages: DataFrame) -> DataFrame:
         F.min("first_at").alias("first_at"),
         F.max("last_at").alias("last_at"),
     )
-    hour, day = _hour_and_day("h")
-    return hours.select("queue", day, "event", hour, "messages", "minute_counts", "first_at", "last_at")
+    return hours.select(
+        "queue", "day", "event", _hour("h"), "messages", "minute_counts", "first_at", "last_at"
+    )
 
 
 def transform_delivery_cells(deliveries: DataFrame) -> DataFrame:
-    """One row per queue, day, event, subscriber, hour of publish, hour of ack and state
-    (CELL_COLUMNS): how many deliveries, their attempts, the earliest published.
+    """One row per queue, day (the partition's), event, subscriber, hour made, hour of ack and
+    state (CELL_COLUMNS): how many deliveries, their attempts, the earliest made. A delivery is
+    made at its message's publish (the fan-out), or by a replay or a seek later (its created_at).
 
     Every count of the event hours and the subscriber hours is a sum over these cells
     (analytics.hours), so the deliveries are read once for all of them, by one aggregate of
@@ -325,6 +327,7 @@ def transform_delivery_cells(deliveries: DataFrame) -> DataFrame:
     """
     cells = deliveries.groupBy(
         "queue",
+        "day",
         "event",
         "subscriber",
         _number("created_at", HOUR_US).alias("h"),
@@ -335,16 +338,25 @@ def transform_delivery_cells(deliveries: DataFrame) -> DataFrame:
         F.sum("attempts").alias("attempts"),
         F.min("created_at").alias("first_created_at"),
     )
-    hour, day = _hour_and_day("h")
     acked_hour = F.timestamp_micros(F.col("acked_h") * F.lit(HOUR_US)).alias("acked_hour")
     return cells.select(
-        "queue", day, "event", "subscriber", hour, acked_hour, "status", "n", "attempts", "first_created_at"
+        "queue",
+        "day",
+        "event",
+        "subscriber",
+        _hour("h"),
+        acked_hour,
+        "status",
+        "n",
+        "attempts",
+        "first_created_at",
     )
 
 
 def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
     """One row per queue, day, event and hour with acked deliveries (SKETCH_COLUMNS): the
-    latency sketch of its acked deliveries, publish to ack, in ms: the exact latencies at the
+    latency sketch of its acked deliveries, from each one's making (created_at: the publish,
+    or the replay that made it; docs/analytics.md) to its ack, in ms: the exact latencies at the
     ranks 1/K, 2/K, ..., 1, from the hour's latencies sorted.
 
     An aggregate of its own (collect_list, an object aggregate), kept apart from the counts so
@@ -358,8 +370,10 @@ def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
     # evaluates its arguments interpreted, row by row, while a projection is generated code.
     hours = (
         deliveries.where(F.col("status") == "acked")
-        .select("queue", "event", _number("created_at", HOUR_US).alias("h"), latency_ms.alias("latency_ms"))
-        .groupBy("queue", "event", "h")
+        .select(
+            "queue", "day", "event", _number("created_at", HOUR_US).alias("h"), latency_ms.alias("latency_ms")
+        )
+        .groupBy("queue", "day", "event", "h")
         .agg(F.sort_array(F.collect_list("latency_ms")).alias("latencies"))
     )
     # The point of rank i/K is the ceil(i * n / K)-th smallest value (integer arithmetic, as
@@ -367,12 +381,11 @@ def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
     k = SKETCH_POINTS
     rank = f"greatest(1, cast((i * size(latencies) + {k - 1}) div {k} as int))"
     points = F.expr(f"transform(sequence(1, {k}), i -> element_at(latencies, {rank}))")
-    hour, day = _hour_and_day("h")
     return hours.select(
         "queue",
-        day,
+        "day",
         "event",
-        hour,
+        _hour("h"),
         F.size("latencies").cast("long").alias("latency_count"),
         points.alias("latency_points"),
     )
@@ -432,6 +445,17 @@ def compute_parts(spark, messages, deliveries):
     return {name: frame.toArrow() for name, frame in transforms(messages, deliveries).items()}
 
 
+# --- load --------------------------------------------------------------------------------------
+
+
+def load_parts(parts, out):
+    """Write the parts ({name: DataFrame}, transforms()) as Parquet under `out`, one folder each
+    (message_hours/, delivery_cells/, latency_sketches/), replacing what a run before wrote
+    there: what spark-submit leaves for a reader. One file each: the parts are small."""
+    for name, frame in parts.items():
+        frame.coalesce(1).write.mode("overwrite").parquet(f"{uri(out).rstrip('/')}/{name}")
+
+
 def main(argv=None):
     """spark-submit entry: the hour rows of the given archive files, as Parquet under --out."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -452,8 +476,7 @@ def main(argv=None):
         by_kind = {kind: [p for p in files if f"/{kind}/" in p] for kind in _KINDS}
         messages = extract_archive(spark, args.archive, "messages", by_kind["messages"])
         deliveries = extract_archive(spark, args.archive, "deliveries", by_kind["deliveries"])
-        for name, frame in transforms(messages, deliveries).items():
-            frame.coalesce(1).write.mode("overwrite").parquet(f"{uri(args.out).rstrip('/')}/{name}")
+        load_parts(transforms(messages, deliveries), args.out)
     finally:
         spark.stop()
     return 0

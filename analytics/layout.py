@@ -11,7 +11,8 @@ analytics job reads, the queue a column rather than a folder (HOT_*_SCHEMA below
     <root>/deliveries/part-0.parquet
 
 Hive partitioning, so Spark, DuckDB and pandas read it as it is. A delivery lives in its
-message's day (they are made in the same instant by the fan-out), and both files of a batch
+message's day (the fan-out makes them in the same instant; a replay or a seek may make one
+days later, and it still goes with its message), and both files of a batch
 are named after the first and last message id of the batch (the archive's journaled ids, the
 same name in every day the batch touches): writing the same batch again overwrites its files
 instead of adding copies beside them. A compacted partition holds one file, named after the
@@ -30,6 +31,7 @@ from collections import defaultdict
 from datetime import UTC
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
@@ -57,7 +59,9 @@ DELIVERY_SCHEMA = pa.schema(
         ("seq", pa.int64()),
         ("status", pa.string()),
         ("attempts", pa.int64()),
-        ("created_at", TIMESTAMP),  # the publish time: the fan-out makes it with the message
+        # When it was made: the publish (the fan-out makes it with the message), or later by a
+        # replay or a seek; filed under its message's day all the same (write_history).
+        ("created_at", TIMESTAMP),
         ("delivered_at", TIMESTAMP),
         ("acked_at", TIMESTAMP),
         ("last_error", pa.string()),
@@ -79,6 +83,11 @@ HOT_DELIVERY_SCHEMA = _hot_schema(
     ["id", "message_id", "queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at"],
 )
 
+# The day a row is filed under (its partition's, YYYY-MM-DD, UTC): a message's own, and a
+# delivery its message's, even when made days later by a replay or a seek. The analytics tag
+# their hour rows with it (partition_days below gives the hot rows theirs).
+DAY_FIELD = pa.field("day", pa.string())
+
 MESSAGES = "messages"
 DELIVERIES = "deliveries"
 
@@ -98,6 +107,22 @@ def filesystem(root):
 
 def day_of(ts):
     return ts.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def partition_days(messages, deliveries):
+    """(messages, deliveries), Arrow tables with `id`, `created_at` and `message_id`, each with
+    a DAY_FIELD column: the day write_history() files the row under. A delivery whose message
+    is not among `messages` keeps its own day (the snapshot holds every delivery's message:
+    this is only a guard)."""
+    message_days = pc.strftime(messages["created_at"], format="%Y-%m-%d")
+    found = pc.index_in(deliveries["message_id"], value_set=messages["id"])
+    delivery_days = pc.coalesce(
+        pc.take(message_days, found), pc.strftime(deliveries["created_at"], format="%Y-%m-%d")
+    )
+    return (
+        messages.append_column(DAY_FIELD, message_days),
+        deliveries.append_column(DAY_FIELD, delivery_days),
+    )
 
 
 def part_name(first_id, last_id):

@@ -185,3 +185,30 @@ class AnalyticsRun(models.Model):
 
     def __str__(self):
         return self.run_id
+
+
+class AnalyticsFailure(models.Model):
+    """An analysis on beat that failed (analytics.tasks.analyze): when, and why. Nothing of it
+    was stored, so the figures stay the last loaded run's; /metrics and GET /api/analytics show
+    the newest failure beside that run's age, so that figures gone stale never pass for fresh
+    ones. The newest KEEP are kept."""
+
+    KEEP = 100
+    ERROR_CHARS = 2000
+
+    failed_at = models.DateTimeField(default=timezone.now, db_index=True)
+    error = models.TextField(help_text="The exception: its type and message.")
+
+    class Meta:
+        verbose_name = "failed analytics run"
+        ordering = ["-failed_at"]
+
+    def __str__(self):
+        return f"{self.failed_at:%Y-%m-%d %H:%M:%S} {self.error[:60]}"
+
+    @classmethod
+    def record(cls, error):
+        """Record a failure now (its text cut to ERROR_CHARS) and forget the oldest past KEEP."""
+        cls.objects.create(error=error[: cls.ERROR_CHARS])
+        stale = cls.objects.order_by("-failed_at", "-id").values_list("id", flat=True)[cls.KEEP :]
+        cls.objects.filter(id__in=list(stale)).delete()

@@ -72,10 +72,12 @@ def _partition(key, entries, base, root):
 
 def read_rows(root, chosen, kind):
     """The rows of these partitions' files of one kind, in the columns of the hot tables'
-    snapshot (layout.HOT_MESSAGE_SCHEMA or HOT_DELIVERY_SCHEMA, the queue from the folder), for
-    analytics.hours to reduce in this process as it does the snapshot."""
-    schema = layout.HOT_MESSAGE_SCHEMA if kind == layout.MESSAGES else layout.HOT_DELIVERY_SCHEMA
-    columns = [name for name in schema.names if name != "queue"]
+    snapshot (layout.HOT_MESSAGE_SCHEMA or HOT_DELIVERY_SCHEMA, the queue from the folder) and
+    the partition's day (layout.DAY_FIELD, from the folder too), for analytics.hours to reduce
+    in this process as it does the snapshot."""
+    hot = layout.HOT_MESSAGE_SCHEMA if kind == layout.MESSAGES else layout.HOT_DELIVERY_SCHEMA
+    schema = hot.append(layout.DAY_FIELD)
+    columns = [name for name in hot.names if name != "queue"]
     fs, base = layout.filesystem(root)
     prefix = str(root).rstrip("/")
     tables = []
@@ -83,5 +85,7 @@ def read_rows(root, chosen, kind):
         for path in partition.paths(kind):
             table = pq.read_table(base + path[len(prefix) :], columns=columns, filesystem=fs)
             queue = pa.array([partition.queue] * table.num_rows, pa.string())
-            tables.append(table.append_column("queue", queue).select(schema.names).cast(schema))
+            day = pa.array([partition.day] * table.num_rows, pa.string())
+            table = table.append_column("queue", queue).append_column(layout.DAY_FIELD, day)
+            tables.append(table.select(schema.names).cast(schema))
     return pa.concat_tables(tables) if tables else schema.empty_table()

@@ -1,12 +1,16 @@
-"""What GET /api/analytics answers: the last loaded run, its statistics as `analyze --json`
-prints them (analytics.load.results_json), and, when asked, its hourly or daily trends.
+"""What GET /api/analytics answers: the last loaded run and its age, the runs on beat that failed
+since (analytics.tasks), its statistics as `analyze --json` prints them
+(analytics.load.results_json), and, when asked, its hourly or daily trends.
 
 All from the tables analytics.load fills, never from the run's Parquet: an answer costs a few
 indexed queries, however large the history.
 """
 
+from django.utils import timezone
+
 from .load import last_run, results_json, run_json
-from .models import EventTrend, SubscriberTrend
+from .models import AnalyticsFailure, EventTrend, SubscriberTrend
+from .summaries import failures
 
 # Rows of each trend list in one answer: a year of hours of one event is 8,760, so a narrower
 # query (queue, event, since) fits; past it the answer says so ("truncated") and holds the
@@ -15,15 +19,29 @@ TRENDS_LIMIT = 10_000
 
 
 def analytics_answer(trends=None, *, queue=None, event=None, subscriber=None, since=None, until=None):
-    """{"run": manifest | None, "events": [...], "subscribers": [...]}, and "trends" when
-    `trends` is "hour" or "day": its event and subscriber rows with period_start in
-    [since, until), queue and event narrowing the event trends, subscriber the subscriber ones."""
-    answer = {"run": run_json(last_run()), **results_json()}
+    """{"run": manifest and its age | None, "failures": the runs on beat that failed,
+    "events": [...], "subscribers": [...]}, and "trends" when `trends` is "hour" or "day": its
+    event and subscriber rows with period_start in [since, until), queue and event narrowing
+    the event trends, subscriber the subscriber ones."""
+    run = last_run()
+    answer = {"run": run_json(run), "failures": _failures(run), **results_json()}
+    if run is not None:
+        # How old the figures are: a run that failed since left them as they were.
+        answer["run"]["age_s"] = round((timezone.now() - run.finished_at).total_seconds(), 3)
     if trends is not None:
         answer["trends"] = trend_rows(
             trends, queue=queue, event=event, subscriber=subscriber, since=since, until=until
         )
     return answer
+
+
+def _failures(run):
+    failed = failures(run.loaded_at if run else None)
+    last = None
+    if failed["last_failed_at"] is not None:
+        newest = AnalyticsFailure.objects.order_by("-failed_at", "-id").first()
+        last = {"failed_at": newest.failed_at.isoformat(), "error": newest.error}
+    return {"since_run": failed["since_run"], "last": last}
 
 
 def trend_rows(period, *, queue=None, event=None, subscriber=None, since=None, until=None):

@@ -4,9 +4,9 @@ nothing of it: analytics.apps hands these readers over at start (mqsite.readers)
 
 from datetime import timedelta
 
-from django.db.models import Sum
+from django.db.models import Count, Max, Q, Sum
 
-from .models import AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats
+from .models import AnalyticsFailure, AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats
 
 # The analytics panel: its hourly chart covers the last this many hours of the analyzed
 # history (ending at its newest message), and its tables at most this many rows each.
@@ -92,17 +92,35 @@ def _hourly(per_hour):
 
 def metrics():
     """The last loaded analytics run for /metrics (dashboard.metrics): {"run": its time, length
-    and partitions, "events": [(queue, event, messages, dead_letter_rate, p50, p95, p99)]} over
-    every queue and event (rows per queue and event, so few), or None before the first run. One
-    query, two after a run: the stored figures, never the run's Parquet."""
+    and partitions, or None, "events": [(queue, event, messages, dead_letter_rate, p50, p95,
+    p99)] over every queue and event (rows per queue and event, so few), "failures": failures()},
+    or None before any run, loaded or failed. Two queries, three after a run: the stored
+    figures, never the run's Parquet."""
     run = (
         AnalyticsRun.objects.order_by("-loaded_at", "-id")
-        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused")
+        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused", "loaded_at")
         .first()
     )
-    if run is None:
+    failed = failures(run["loaded_at"] if run else None)
+    if run is None and failed["last_failed_at"] is None:
         return None
-    events = EventStats.objects.order_by("queue", "event").values_list(
-        "queue", "event", "messages", "dead_letter_rate", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms"
-    )
-    return {"run": run, "events": [list(e) for e in events]}
+    events = []
+    if run is not None:
+        events = EventStats.objects.order_by("queue", "event").values_list(
+            "queue",
+            "event",
+            "messages",
+            "dead_letter_rate",
+            "latency_p50_ms",
+            "latency_p95_ms",
+            "latency_p99_ms",
+        )
+    return {"run": run, "events": [list(e) for e in events], "failures": failed}
+
+
+def failures(loaded_at):
+    """{"since_run": runs on beat that failed after the last run was loaded at `loaded_at`
+    (None: no run, all of them), "last_failed_at": when the newest failed, or None}. One
+    query, whatever the failures kept."""
+    since = Count("id") if loaded_at is None else Count("id", filter=Q(failed_at__gt=loaded_at))
+    return AnalyticsFailure.objects.aggregate(since_run=since, last_failed_at=Max("failed_at"))

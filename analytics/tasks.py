@@ -9,6 +9,7 @@ from celery import shared_task
 from django.conf import settings
 
 from . import analysis, archive, compaction
+from .models import AnalyticsFailure
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,23 @@ ANALYZE_TIME_LIMIT_SECS = 4 * 3600
 )
 def analyze():
     """Compute and load the statistics (analytics.analysis.run_analysis). Harmless when run
-    twice: a run while another holds the analysis does nothing."""
+    twice: a run while another holds the analysis does nothing. A run that fails is logged
+    and recorded (AnalyticsFailure), and the next interval's runs again: the stored figures
+    stay the last good run's, which /metrics and the API show with their age and the failure."""
     try:
         analysis.run_analysis()
     except analysis.AnalysisBusy as exc:
         log.info("analyze: %s; skipping this run", exc)
         return "busy"
+    except Exception as exc:  # whatever broke (the soft time limit too), say it and go on
+        log.exception("analyze: the run failed; the stored figures stay the last good run's")
+        _record_failure(exc)
+        return "failed"
     return "done"
+
+
+def _record_failure(exc):
+    try:
+        AnalyticsFailure.record(f"{type(exc).__name__}: {exc}")
+    except Exception:  # the database may be what failed: the log above has it anyway
+        log.exception("analyze: could not record the failed run")

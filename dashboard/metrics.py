@@ -15,8 +15,10 @@ What is a counter and what is a gauge:
   attempts leave those tables when archived, so their totals may fall: for the ack rate use
   `mq_ack_rate_per_second` (acks over the last minute, from Delivery.acked_at), not `rate()`.
 - `mq_analytics_*` are the last loaded analytics run's (from the tables analytics.load fills,
-  in the same snapshot): when it finished, how long it took, its partitions recomputed and
-  reused, and its figures per queue and event over the whole history. None before a first run.
+  in the same snapshot): when it finished and how old its figures are, how long it took, its
+  partitions recomputed and reused, and its figures per queue and event over the whole
+  history; and the runs on beat that failed since it, and when the last did (a failed run
+  stores nothing: the figures stay that run's). None before a first run, loaded or failed.
 """
 
 import time
@@ -118,7 +120,7 @@ def families(taken_at, data):
         yield from process_families(part["processes"])
 
     if part.get("analytics"):  # .get: a snapshot cached by a server before this one has none
-        yield from analytics_families(part["analytics"])
+        yield from analytics_families(taken_at, part["analytics"])
 
 
 def webhook_families(webhooks):
@@ -163,13 +165,22 @@ def process_families(processes):
 QUANTILES = ("0.5", "0.95", "0.99")
 
 
-def analytics_families(analytics):
-    """The last analytics run's families (analytics.summaries.metrics)."""
+def analytics_families(taken_at, analytics):
+    """The last analytics run's families (analytics.summaries.metrics), and its failed runs'."""
+    yield from _failure_families(analytics.get("failures"))  # .get: as in families(), above
     run = analytics["run"]
+    if run is None:  # runs failed, none loaded yet
+        return
     finished = GaugeMetricFamily(
         "mq_analytics_last_run_timestamp_seconds", "When the last loaded analytics run finished (Unix time)."
     )
     finished.add_metric([], run["finished_at"].timestamp())
+    # Its figures' age, beside the failures: a run that failed left them as they were.
+    age = GaugeMetricFamily(
+        "mq_analytics_last_run_age_seconds",
+        "How long ago the last loaded analytics run finished: the age of the mq_analytics figures.",
+    )
+    age.add_metric([], max(taken_at - run["finished_at"].timestamp(), 0.0))
     duration = GaugeMetricFamily(
         "mq_analytics_last_run_duration_seconds", "How long the last loaded analytics run took."
     )
@@ -183,6 +194,7 @@ def analytics_families(analytics):
     partitions.add_metric(["recomputed"], run["partitions_recomputed"])
     partitions.add_metric(["reused"], run["partitions_reused"])
     yield finished
+    yield age
     yield duration
     yield partitions
 
@@ -212,6 +224,24 @@ def analytics_families(analytics):
     yield messages
     yield dead_rate
     yield latency
+
+
+def _failure_families(failures):
+    if failures is None:
+        return
+    since = GaugeMetricFamily(
+        "mq_analytics_failed_runs",
+        "Analytics runs on beat that failed since the last loaded run (0: its figures are the newest).",
+    )
+    since.add_metric([], failures["since_run"])
+    yield since
+    if failures["last_failed_at"] is not None:
+        last = GaugeMetricFamily(
+            "mq_analytics_last_failure_timestamp_seconds",
+            "When an analytics run on beat last failed (Unix time).",
+        )
+        last.add_metric([], failures["last_failed_at"].timestamp())
+        yield last
 
 
 class _Snapshot:

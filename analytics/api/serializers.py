@@ -104,6 +104,23 @@ class RunSerializer(serializers.Serializer):
     partitions = PartitionsSerializer()
     rows = RowsSerializer()
     loaded_at = serializers.DateTimeField()
+    age_s = serializers.FloatField(
+        help_text="Seconds since the run finished: how old the figures are (a failed run leaves them)."
+    )
+
+
+class FailureSerializer(serializers.Serializer):
+    failed_at = serializers.DateTimeField()
+    error = serializers.CharField(help_text="The exception: its type and message.")
+
+
+class FailuresSerializer(serializers.Serializer):
+    since_run = serializers.IntegerField(
+        help_text="Runs on beat that failed since the last run was loaded (0: the figures are the newest)."
+    )
+    last = FailureSerializer(
+        allow_null=True, help_text="The newest failed run (kept: the last 100); null: none."
+    )
 
 
 class EventStatsSerializer(serializers.Serializer):
@@ -170,6 +187,7 @@ class TrendsSerializer(serializers.Serializer):
 
 class AnalyticsSerializer(serializers.Serializer):
     run = RunSerializer(allow_null=True, help_text="The last loaded run; null before the first.")
+    failures = FailuresSerializer()
     events = EventStatsSerializer(many=True)
     subscribers = SubscriberStatsSerializer(many=True)
     trends = TrendsSerializer(required=False, help_text="With ?trends=hour or day.")

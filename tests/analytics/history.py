@@ -92,7 +92,44 @@ def generate(seed=7, n_messages=600):
                     "last_error": "",
                 }
             )
+    _replay(h, random.Random(seed + 1), delivery_id)
     return h
+
+
+# Replays: a subscriber that came later with "from" (delivery.subscribing.subscribe_from) is
+# owed old messages by deliveries made at the replay, days after their messages. The archive
+# files them under their message's day; one replay falls on a day with no archived partition,
+# the other on a day that has one. (A random generator of their own: the rest of the history
+# stays as it was.)
+REPLAYER = "replayer"
+REPLAYS = {"db": START + timedelta(days=2, hours=2), "network": START + timedelta(days=2, hours=14)}
+
+
+def _replay(h, rng, delivery_id):
+    for m in list(h.messages):
+        at = REPLAYS[m["queue"]]
+        if m["created_at"] >= START + timedelta(days=1, hours=12) or rng.random() < 0.4:
+            continue
+        delivery_id += 1
+        status = rng.choices(("acked", "pending"), weights=(90, 10))[0]
+        h.deliveries.append(
+            {
+                "id": delivery_id,
+                "message_id": m["id"],
+                "queue": m["queue"],
+                "event": m["event"],
+                "subscriber": REPLAYER,
+                "seq": m["seq"],
+                "status": status,
+                "attempts": 1 if status == "acked" else 0,
+                "created_at": at,
+                "delivered_at": at if status == "acked" else None,
+                "acked_at": at + timedelta(microseconds=int(rng.lognormvariate(10, 1)))
+                if status == "acked"
+                else None,
+                "last_error": "",
+            }
+        )
 
 
 @dataclass

@@ -3,39 +3,19 @@ data, the same hour rows from Arrow, and whole runs (analytics.analysis.compute)
 generated archive and hot snapshot, every figure checked against plain Python and DuckDB
 reading the same Parquet."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-import duckdb
 import pyarrow.parquet as pq
 import pytest
 from django.test import override_settings
-from pyspark.sql import types as T
 
 from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
 from tests.analytics import history
-from tests.support.spark import spark  # noqa: F401
-
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-MESSAGE_FIELDS = ("queue", "event", "created_at")
-DELIVERY_FIELDS = ("queue", "event", "subscriber", "status", "attempts", "created_at", "acked_at")
+from tests.analytics.frames import DELIVERY_FIELDS, MESSAGE_FIELDS, frame, ts
+from tests.analytics.reference import assert_agrees_with_duckdb, duckdb_events
 
 
-def ts(seconds):
-    return T0 + timedelta(seconds=seconds)
-
-
-def frame(spark, kind, fields, rows):  # noqa: F811
-    schema = {"messages": job.MESSAGE_SCHEMA, "deliveries": job.DELIVERY_SCHEMA}[kind]
-    return spark.createDataFrame(
-        [
-            {**dict(zip(fields, r, strict=True)), "day": r[fields.index("created_at")].strftime("%Y-%m-%d")}
-            for r in rows
-        ],
-        T.StructType([schema[c] for c in (*fields, "day")]),
-    )
-
-
-def hours_of(spark, messages, deliveries):  # noqa: F811
+def hours_of(spark, messages, deliveries):
     parts = job.compute_parts(
         spark,
         frame(spark, "messages", MESSAGE_FIELDS, messages),
@@ -48,7 +28,7 @@ def hours_of(spark, messages, deliveries):  # noqa: F811
 # --- tiny expected data ---------------------------------------------------------------------------
 
 
-def test_it_computes_event_stats_of_a_tiny_history(spark):  # noqa: F811
+def test_it_computes_event_stats_of_a_tiny_history(spark):
     # Given two messages of db/create, one of db/delete, and their deliveries
     event_rows, _ = hours_of(
         spark,
@@ -80,7 +60,7 @@ def test_it_computes_event_stats_of_a_tiny_history(spark):  # noqa: F811
     assert delete["dead_letter_rate"] == 0.0
 
 
-def test_it_counts_an_event_with_no_deliveries(spark):  # noqa: F811
+def test_it_counts_an_event_with_no_deliveries(spark):
     event_rows, _ = hours_of(spark, [("db", "create", ts(0))], [])
     stats, _ = figures.event_figures(event_rows)
     assert [
@@ -88,7 +68,7 @@ def test_it_counts_an_event_with_no_deliveries(spark):  # noqa: F811
     ] == [(1, 0, 0, 0.0, None)]
 
 
-def test_it_measures_each_subscribers_backlog_and_lag(spark):  # noqa: F811
+def test_it_measures_each_subscribers_backlog_and_lag(spark):
     _, subscriber_rows = hours_of(
         spark,
         [],
@@ -135,7 +115,7 @@ def test_merged_sketches_stay_within_one_percent_of_rank():
 
 
 @pytest.fixture(scope="module")
-def generated(spark, tmp_path_factory):  # noqa: F811
+def generated(spark, tmp_path_factory):
     base = tmp_path_factory.mktemp("generated")
     h = history.generate()
     snapshot = history.write(h, base / "archive")
@@ -201,60 +181,9 @@ def test_its_latency_percentiles_are_within_one_percent(generated):
             assert history.within_rank(latencies, q, row[name]), (row["queue"], row["event"], name)
 
 
-def duckdb_events(base, snapshot, where="true"):
-    """The counts and exact percentile bounds per queue and event, by DuckDB over the archive
-    as it lies (Hive layout) and the snapshot, the snapshot's copy of an archived message
-    dropped (the archive's wins)."""
-    db = duckdb.connect()
-    db.execute("SET TimeZone = 'UTC'")
-    db.register("hot_messages", snapshot.messages)
-    db.register("hot_deliveries", snapshot.deliveries)
-    archive = {
-        k: f"read_parquet('{base}/archive/{k}/**/*.parquet', hive_partitioning = true)"
-        for k in partitions.KINDS
-    }
-    messages = f"""(SELECT id, queue, event, created_at FROM {archive["messages"]} UNION ALL
-        SELECT id, queue, event, created_at FROM hot_messages
-        WHERE id NOT IN (SELECT id FROM {archive["messages"]}))"""
-    columns = "message_id, queue, event, status, created_at, acked_at"
-    deliveries = f"""(SELECT {columns} FROM {archive["deliveries"]}
-        UNION ALL SELECT {columns} FROM hot_deliveries
-        WHERE message_id NOT IN (SELECT id FROM {archive["messages"]}))"""
-    # The quantiles 1 % of rank either side of each one asked for: ours must lie between.
-    bounds = [0.49, 0.51, 0.94, 0.96, 0.98, 1.0]
-    return db.execute(
-        f"""
-        WITH m AS (SELECT queue, event, count(*) AS messages FROM {messages} WHERE {where} GROUP BY ALL),
-        d AS (
-            SELECT queue, event, count(*) AS deliveries,
-                count(*) FILTER (status = 'acked') AS acked, count(*) FILTER (status = 'dead') AS dead,
-                quantile_disc((epoch_us(acked_at) - epoch_us(created_at)) / 1000, {bounds})
-                    FILTER (status = 'acked') AS q
-            FROM {deliveries} WHERE {where} GROUP BY ALL)
-        SELECT queue, event, messages, deliveries, acked, dead, q FROM m JOIN d USING (queue, event)
-        ORDER BY ALL
-        """
-    ).fetchall()
-
-
-def assert_agrees_with_duckdb(want, stats):
-    got = {(r["queue"], r["event"]): r for r in stats}
-    assert got.keys() == {(w[0], w[1]) for w in want}
-    for queue, event, messages, deliveries, acked, dead, q in want:
-        row = got[(queue, event)]
-        assert (row["messages"], row["deliveries"], row["acked"], row["dead"]) == (
-            messages,
-            deliveries,
-            acked,
-            dead,
-        )
-        for i, name in enumerate(("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")):
-            assert q[2 * i] <= row[name] <= q[2 * i + 1], (queue, event, name, q, row[name])
-
-
 def test_it_agrees_with_duckdb_on_the_same_parquet(generated):
     _, base, snapshot, run = generated
-    assert_agrees_with_duckdb(duckdb_events(base, snapshot), run.event_stats)
+    assert_agrees_with_duckdb(duckdb_events(base / "archive", snapshot), run.event_stats)
 
 
 def test_its_trends_per_hour_and_per_day_are_python_s(generated):
@@ -304,18 +233,19 @@ def test_it_measures_every_subscribers_backlog_as_python_does(generated):
         assert t["backlog"] == owed, (t["subscriber"], t["period_start"])
 
 
-def test_the_arrow_parts_are_sparks(spark, generated):  # noqa: F811
+def test_the_arrow_parts_are_sparks(spark, generated):
     """The hot tables' parts come from Arrow when they are small and from Spark when they are
     big: the same rows either way."""
     _, base, snapshot, _ = generated
-    layout.write_table(base / "hot", layout.MESSAGES, "part-0.parquet", snapshot.messages, durable=False)
-    layout.write_table(base / "hot", layout.DELIVERIES, "part-0.parquet", snapshot.deliveries, durable=False)
+    messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
+    layout.write_table(base / "hot", layout.MESSAGES, "part-0.parquet", messages, durable=False)
+    layout.write_table(base / "hot", layout.DELIVERIES, "part-0.parquet", deliveries, durable=False)
     from_spark = job.compute_parts(
         spark,
         job.extract_snapshot(spark, base / "hot", layout.MESSAGES),
         job.extract_snapshot(spark, base / "hot", layout.DELIVERIES),
     )
-    from_arrow = hours.parts(snapshot.messages, snapshot.deliveries)
+    from_arrow = hours.parts(messages, deliveries)
 
     def rows(table, schema):
         out = []
@@ -331,7 +261,7 @@ def test_the_arrow_parts_are_sparks(spark, generated):  # noqa: F811
         assert len(from_arrow[name]) > 10
 
 
-def test_the_production_plan_hashes_every_aggregate(spark, generated):  # noqa: F811
+def test_the_production_plan_hashes_every_aggregate(spark, generated):
     """With adaptive execution on and several shuffle partitions, as a cluster runs it: the
     same figures, and no sort-based aggregate anywhere in the plan."""
     _, base, _, run = generated
@@ -390,7 +320,7 @@ def test_big_hot_tables_go_to_spark_with_the_same_figures(generated, tmp_path, s
 # --- incremental, by day ---------------------------------------------------------------------------
 
 
-def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures(spark, tmp_path):  # noqa: F811
+def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures(spark, tmp_path):
     h = history.generate(seed=11, n_messages=300)
     snapshot = history.write(h, tmp_path / "archive")
     archive, out = str(tmp_path / "archive"), str(tmp_path / "out")
@@ -431,7 +361,7 @@ def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["spark", "in-process"])
-def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_path, settings, in_process):  # noqa: F811
+def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_path, settings, in_process):
     # Given a run over the archive, current
     h = history.generate(seed=5, n_messages=300)
     snapshot = history.write(h, tmp_path / "archive")
@@ -463,7 +393,7 @@ def test_a_changed_day_alone_is_recomputed_and_merged_with_the_rest(spark, tmp_p
     assert incremental.event_trends == full.event_trends
 
 
-def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):  # noqa: F811
+def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):
     h, base, snapshot, _ = generated
     day = (history.START + timedelta(days=1)).date()
     run = analysis.compute(
@@ -472,8 +402,11 @@ def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):
     listing = partitions.list_archive(base / "archive")
     assert run.manifest["partitions"]["total"] == sum(p.day == day.isoformat() for p in listing.values()) > 0
     assert run.manifest["partitions"]["recomputed"] == run.manifest["partitions"]["total"]
+    # ... its messages and all their deliveries, the replayed ones made days later too
     assert_agrees_with_duckdb(
-        duckdb_events(base, snapshot, where=f"strftime(created_at, '%Y-%m-%d') = '{day.isoformat()}'"),
-        run.event_stats,
+        duckdb_events(base / "archive", snapshot, where=f"day = '{day.isoformat()}'"), run.event_stats
     )
-    assert {t["period_start"].date() for t in run.event_trends} == {day}
+    # ... its trends: its messages' hours, and the later hours its replayed deliveries were made in
+    assert {t["period_start"].date() for t in run.event_trends if t["messages"]} == {day}
+    later = [t for t in run.event_trends if t["period_start"].date() != day]
+    assert later and all(t["period_start"].date() > day and t["deliveries"] for t in later)

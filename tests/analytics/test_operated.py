@@ -7,13 +7,17 @@ import subprocess
 import sys
 
 import pytest
+from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection
+from django.urls import reverse
 
 from analytics import analysis, job, spark_settings, tasks
-from analytics.models import AnalyticsRun
+from analytics.models import AnalyticsFailure, AnalyticsRun, EventStats
+from delivery import subscribing
+from tests.dashboard.test_metrics import TOKEN, scrape, value
+from tests.support.publish import publish
 from tests.support.servers import ROOT
-from tests.support.spark import spark  # noqa: F401
 
 
 @pytest.mark.django_db
@@ -32,6 +36,56 @@ def test_the_beat_task_skips_while_another_run_holds_the_analysis(monkeypatch, c
     with caplog.at_level("INFO", logger="analytics.tasks"):
         assert tasks.analyze.apply().get() == "busy"
     assert "still going" in caplog.text and not AnalyticsRun.objects.exists()
+
+
+def test_a_failed_run_on_beat_is_logged_and_recorded_and_the_last_figures_stay_with_their_age(
+    archive_dir, db_queue, logger, settings, caplog, client, operator_client
+):
+    # Given a good run on beat (the hot tables only: no Spark)
+    settings.MQ_ANALYTICS_LOCAL_BYTES = 1 << 20
+    settings.MQ_METRICS_TOKEN = TOKEN
+    subscribing.subscribe(logger, db_queue)
+    publish(db_queue, 3)
+    assert tasks.analyze.apply().get() == "done"
+    good = list(EventStats.objects.values())
+    assert good and good[0]["messages"] == 3
+
+    # When a file of the archive cannot be read (cut short, say), the next run fails
+    bad = archive_dir / "deliveries" / "queue=db" / "day=2026-11-20" / "part-1-9.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"PAR1 cut short")
+    with caplog.at_level("ERROR", logger="analytics.tasks"):
+        assert tasks.analyze.apply().get() == "failed"
+
+    # Then it is logged as an error, with its exception
+    [logged] = [r for r in caplog.records if r.name == "analytics.tasks" and r.levelname == "ERROR"]
+    assert logged.exc_info and "ArrowInvalid" in caplog.text
+    # ... and recorded, and the figures stay the good run's
+    failure = AnalyticsFailure.objects.get()
+    assert failure.error.startswith("ArrowInvalid:")
+    assert list(EventStats.objects.values()) == good
+    # ... which the API shows with their age, and the failure since
+    body = operator_client.get("/api/analytics").json()
+    assert body["run"]["age_s"] > 0 and body["events"][0]["messages"] == 3
+    assert body["failures"]["since_run"] == 1
+    assert body["failures"]["last"] == {"failed_at": failure.failed_at.isoformat(), "error": failure.error}
+    # ... and so does /metrics
+    cache.clear()
+    samples = scrape(client)
+    assert value(samples, "mq_analytics_failed_runs") == 1
+    assert value(samples, "mq_analytics_last_failure_timestamp_seconds") == failure.failed_at.timestamp()
+    assert value(samples, "mq_analytics_last_run_age_seconds") > 0
+    assert value(samples, "mq_analytics_messages", queue="db", event="create") == 3
+    # ... and the admin lists it
+    page = operator_client.get(reverse("admin:analytics_analyticsfailure_changelist"))
+    assert page.status_code == 200 and "ArrowInvalid" in page.content.decode()
+
+    # When the file is gone, the next run succeeds: none has failed since it
+    bad.unlink()
+    assert tasks.analyze.apply().get() == "done"
+    assert operator_client.get("/api/analytics").json()["failures"]["since_run"] == 0
+    cache.clear()
+    assert value(scrape(client), "mq_analytics_failed_runs") == 0
 
 
 def test_the_task_may_run_longer_than_other_tasks(settings):
@@ -87,7 +141,7 @@ def test_spark_settings_become_the_sessions_arguments(settings):
     )
 
 
-def test_the_operators_settings_win_over_the_projects_own_defaults(spark):  # noqa: F811
+def test_the_operators_settings_win_over_the_projects_own_defaults(spark):
     """build_session's `conf` (MQ_SPARK_CONF, through session_options) is applied last: the
     suite's session asks for 1 shuffle partition where local[2] alone would make it 4."""
     assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
@@ -106,7 +160,7 @@ def test_the_local_tuning_applies_on_a_local_master_only(master, tuned):
     assert ("spark.sql.sources.parallelPartitionDiscovery.threshold" in conf) is tuned
 
 
-def test_the_session_in_use_gets_the_tuning_of_its_own_master(spark):  # noqa: F811
+def test_the_session_in_use_gets_the_tuning_of_its_own_master(spark):
     job.configure(spark)
     assert spark.conf.get("spark.sql.files.openCostInBytes") == str(64 * 1024)
 

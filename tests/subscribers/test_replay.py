@@ -23,24 +23,14 @@ from delivery.models import Delivery, Status
 from queues.models import Message
 from subscribers import replay
 from subscribers.models import Subscription
-from tests.conftest import client_for
 from tests.support.commands import listen
 from tests.support.publish import publish
-from tests.support.rest import pull, subscribe
+from tests.support.rest import ack, pull, seek, subscribe
 from tests.support.sockets import recv, send
-
-
-def seek(who, subscription_id, body):
-    return client_for(who).post(f"/api/subscriptions/{subscription_id}/seek", body, format="json")
 
 
 def pull_all(who, limit=1000):
     return pull(who, f"?limit={limit}")
-
-
-def ack(who, ids):
-    r = client_for(who).post("/api/deliveries/ack", {"ids": list(ids)}, format="json")
-    assert r.status_code == 200, r.content
 
 
 def owed_seqs(subscription_id):

@@ -19,3 +19,14 @@ def pull(who, query=""):
 def subscribe(who, body):
     """POST /api/subscriptions as `who`: the answer."""
     return client_for(who).post("/api/subscriptions", body, format="json")
+
+
+def ack(who, ids):
+    """POST /api/deliveries/ack as `who`; it must succeed."""
+    r = client_for(who).post("/api/deliveries/ack", {"ids": list(ids)}, format="json")
+    assert r.status_code == 200, r.content
+
+
+def seek(who, subscription_id, body):
+    """POST /api/subscriptions/{id}/seek as `who` (body: {"seq"} or {"time"}): the answer."""
+    return client_for(who).post(f"/api/subscriptions/{subscription_id}/seek", body, format="json")

@@ -1,12 +1,9 @@
-"""The one local SparkSession of the test run. Import the fixture into a test module:
-
-    from tests.support.spark import spark  # noqa: F401
+"""The one local SparkSession of the test run: how it is built. The `spark` fixture that hands
+it to tests is in tests/analytics/conftest.py (session-scoped: one JVM for the whole run).
 
 Small and quick to start: local[2], one shuffle partition (the data are tiny), no UI, and the
 JVM's quick compiler only (most of a tiny job's time is JIT warm-up, not work).
 """
-
-import pytest
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -18,10 +15,8 @@ SPARK_CONF = {
 }
 
 
-@pytest.fixture(scope="session")
-def spark():
+def new_session():
+    """A new SparkSession for the tests (stop it when done)."""
     from analytics import job
 
-    session = job.build_session("local[2]", app_name="mqsite-tests", conf=SPARK_CONF)
-    yield session
-    session.stop()
+    return job.build_session("local[2]", app_name="mqsite-tests", conf=SPARK_CONF)

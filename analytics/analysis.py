@@ -182,6 +182,9 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
         and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
     )
     to_spark = [] if in_process else missing
+    # Spark reads whatever its schema says; a newer release's file is refused here instead
+    # (partitions.read_rows checks the files it reads itself).
+    layout.check_files(root, [path for p in to_spark for _, path in p.files])
 
     new = {"events": [], "subscribers": []}
     if in_process:

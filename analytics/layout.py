@@ -82,6 +82,49 @@ HOT_DELIVERY_SCHEMA = _hot_schema(
 MESSAGES = "messages"
 DELIVERIES = "deliveries"
 
+# The archive files' format, in each file's Parquet key-value metadata under VERSION_KEY: raised
+# when a column changes meaning or type, so that this code refuses a file written by a newer
+# release (UnknownSchemaVersion) rather than misreading it. A file without the key predates it
+# and is version 1, the layout above.
+SCHEMA_VERSION = 1
+VERSION_KEY = b"mq.archive.schema_version"
+
+
+class UnknownSchemaVersion(ValueError):
+    """An archive file of a format this release does not know (a newer release wrote it)."""
+
+
+def stamped(table):
+    """The table with this release's SCHEMA_VERSION in its metadata (what the file will carry)."""
+    return table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), VERSION_KEY: str(SCHEMA_VERSION).encode()}
+    )
+
+
+def check_version(metadata, path):
+    """Raise UnknownSchemaVersion unless this Parquet metadata (a schema's) is of a version this
+    release reads: SCHEMA_VERSION or older."""
+    raw = (metadata or {}).get(VERSION_KEY)
+    try:
+        version = 1 if raw is None else int(raw)
+    except ValueError:
+        raise UnknownSchemaVersion(f"{path}: unreadable archive schema version {raw!r}") from None
+    if version > SCHEMA_VERSION:
+        raise UnknownSchemaVersion(
+            f"{path}: archive schema version {version}, newer than this release's {SCHEMA_VERSION}; "
+            "upgrade before reading this archive"
+        )
+    return version
+
+
+def check_files(root, paths):
+    """check_version of each of these files (paths as partitions.Partition lists them, under
+    `root`): a read of each footer, never of its rows."""
+    fs, base = filesystem(root)
+    prefix = str(root).rstrip("/")
+    for path in paths:
+        check_version(pq.read_schema(base + path[len(prefix) :], filesystem=fs).metadata, path)
+
 
 def filesystem(root):
     """(pyarrow filesystem, path within it) for a local path or a URI.
@@ -155,8 +198,11 @@ def write_table(root, folder, name, table, *, durable=True):
 
 def _table(schema, rows):
     columns = list(zip(*rows, strict=True))
-    return pa.Table.from_arrays(
-        [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)], schema=schema
+    return stamped(
+        pa.Table.from_arrays(
+            [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)],
+            schema=schema,
+        )
     )
 
 

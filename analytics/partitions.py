@@ -82,6 +82,7 @@ def read_rows(root, chosen, kind):
     for partition in chosen:
         for path in partition.paths(kind):
             table = pq.read_table(base + path[len(prefix) :], columns=columns, filesystem=fs)
+            layout.check_version(table.schema.metadata, path)
             queue = pa.array([partition.queue] * table.num_rows, pa.string())
             tables.append(table.append_column("queue", queue).select(schema.names).cast(schema))
     return pa.concat_tables(tables) if tables else schema.empty_table()

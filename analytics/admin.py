@@ -2,7 +2,15 @@
 
 from django.contrib import admin
 
-from .models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
+from .models import (
+    AnalyticsRun,
+    EventStats,
+    EventTrend,
+    EventWindowStats,
+    SubscriberStats,
+    SubscriberTrend,
+    SubscriberWindowStats,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -17,7 +25,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class EventColumns:
-    """The columns an event's stats and its trends show alike: latency and dead-letter rate."""
+    """The columns an event's stats and its trends show alike (and a subscriber's, latency):
+    latency and dead-letter rate."""
 
     @admin.display(description="p50 ms", ordering="latency_p50_ms")
     def latency_p50(self, obj):
@@ -135,8 +144,47 @@ class AnalyticsRunAdmin(ReadOnlyAdmin):
         return f"{obj.partitions_recomputed} / {obj.partitions_reused}"
 
 
+@admin.register(EventWindowStats)
+class EventWindowStatsAdmin(EventColumns, ReadOnlyAdmin):
+    list_display = (
+        "window",
+        "queue",
+        "event",
+        "since",
+        "messages",
+        "deliveries",
+        "acked",
+        "dead",
+        "dead_rate",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
+        "computed_at",
+    )
+    list_filter = ("window", "queue")
+    search_fields = ("queue", "event")
+
+
+@admin.register(SubscriberWindowStats)
+class SubscriberWindowStatsAdmin(EventColumns, ReadOnlyAdmin):
+    list_display = (
+        "window",
+        "subscriber",
+        "since",
+        "deliveries",
+        "acked",
+        "dead",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
+        "computed_at",
+    )
+    list_filter = ("window",)
+    search_fields = ("subscriber",)
+
+
 @admin.register(SubscriberStats)
-class SubscriberStatsAdmin(ReadOnlyAdmin):
+class SubscriberStatsAdmin(EventColumns, ReadOnlyAdmin):
     list_display = (
         "subscriber",
         "pending",
@@ -145,6 +193,9 @@ class SubscriberStatsAdmin(ReadOnlyAdmin):
         "acked",
         "dead",
         "deliveries",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
         "computed_at",
     )
     search_fields = ("subscriber",)

@@ -5,7 +5,7 @@ All from the tables analytics.load fills, never from the run's Parquet: an answe
 indexed queries, however large the history.
 """
 
-from .load import last_run, results_json, run_json
+from .load import last_run, results_json, run_json, windows_json
 from .models import EventTrend, SubscriberTrend
 
 # Rows of each trend list in one answer: a year of hours of one event is 8,760, so a narrower
@@ -15,10 +15,11 @@ TRENDS_LIMIT = 10_000
 
 
 def analytics_answer(trends=None, *, queue=None, event=None, subscriber=None, since=None, until=None):
-    """{"run": manifest | None, "events": [...], "subscribers": [...]}, and "trends" when
+    """{"run": manifest | None, "events": [...], "subscribers": [...], "windows": the last hour's
+    and 24 hours' figures (load.windows_json)}, and "trends" when
     `trends` is "hour" or "day": its event and subscriber rows with period_start in
     [since, until), queue and event narrowing the event trends, subscriber the subscriber ones."""
-    answer = {"run": run_json(last_run()), **results_json()}
+    answer = {"run": run_json(last_run()), **results_json(), "windows": windows_json()}
     if trends is not None:
         answer["trends"] = trend_rows(
             trends, queue=queue, event=event, subscriber=subscriber, since=since, until=until

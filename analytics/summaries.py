@@ -6,7 +6,16 @@ from datetime import timedelta
 
 from django.db.models import Sum
 
-from .models import AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats
+from . import windows
+from .models import (
+    AnalyticsRun,
+    EventStats,
+    EventTrend,
+    EventWindowStats,
+    Period,
+    SubscriberStats,
+    SubscriberWindowStats,
+)
 
 # The analytics panel: its hourly chart covers the last this many hours of the analyzed
 # history (ending at its newest message), and its tables at most this many rows each.
@@ -90,19 +99,52 @@ def _hourly(per_hour):
     }
 
 
+LATENCIES = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
+
+
 def metrics():
     """The last loaded analytics run for /metrics (dashboard.metrics): {"run": its time, length
-    and partitions, "events": [(queue, event, messages, dead_letter_rate, p50, p95, p99)]} over
-    every queue and event (rows per queue and event, so few), or None before the first run. One
-    query, two after a run: the stored figures, never the run's Parquet."""
+    and partitions, "events": [(queue, event, messages, dead_letter_rate, p50, p95, p99)],
+    "windows": {"events": [(window, queue, event, messages, deliveries, dead, p50, p95, p99)],
+    "subscribers": [(window, subscriber, p50, p95, p99)], "since": {window: its start}}} over
+    every queue, event and subscriber (rows per queue, event and subscriber, so few; "all" the
+    whole history's), or None before the first run. Five queries after a run: the stored
+    figures, never the run's Parquet."""
     run = (
         AnalyticsRun.objects.order_by("-loaded_at", "-id")
-        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused")
+        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused", "now")
         .first()
     )
     if run is None:
         return None
     events = EventStats.objects.order_by("queue", "event").values_list(
-        "queue", "event", "messages", "dead_letter_rate", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms"
+        "queue", "event", "messages", "dead_letter_rate", *LATENCIES
     )
-    return {"run": run, "events": [list(e) for e in events]}
+    events = [list(e) for e in events]
+    window_events = [
+        list(e)
+        for e in EventWindowStats.objects.order_by("window", "queue", "event").values_list(
+            "window", "queue", "event", "messages", "deliveries", "dead", *LATENCIES
+        )
+    ]
+    # The whole history's, from the stats above, as window "all".
+    all_events = EventStats.objects.order_by("queue", "event").values_list(
+        "queue", "event", "messages", "deliveries", "dead", *LATENCIES
+    )
+    window_events += [["all", *e] for e in all_events]
+    subscribers = [
+        list(s)
+        for s in SubscriberWindowStats.objects.order_by("window", "subscriber").values_list(
+            "window", "subscriber", *LATENCIES
+        )
+    ]
+    subscribers += [
+        ["all", *s]
+        for s in SubscriberStats.objects.order_by("subscriber").values_list("subscriber", *LATENCIES)
+    ]
+    since = {name: windows.start_of(run["now"], span) for name, span in windows.WINDOWS.items()}
+    return {
+        "run": run,
+        "events": events,
+        "windows": {"events": window_events, "subscribers": subscribers, "since": since},
+    }

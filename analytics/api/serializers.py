@@ -140,16 +140,21 @@ class SubscriberStatsSerializer(serializers.Serializer):
     latency_ms = LatencySerializer(help_text="Publish to ack of its acked deliveries.")
 
 
-class EventTrendSerializer(serializers.Serializer):
+class EventFiguresSerializer(serializers.Serializer):
+    """A queue and event over a span of time: an hour or a day (a trend), a recent window."""
+
     queue = serializers.CharField()
     event = serializers.CharField()
-    period_start = serializers.DateTimeField()
     messages = serializers.IntegerField()
     deliveries = serializers.IntegerField()
     acked = serializers.IntegerField()
     dead = serializers.IntegerField()
     dead_letter_rate = serializers.FloatField(allow_null=True)
     latency_ms = LatencySerializer()
+
+
+class EventTrendSerializer(EventFiguresSerializer):
+    period_start = serializers.DateTimeField()
 
 
 class SubscriberTrendSerializer(serializers.Serializer):
@@ -169,17 +174,6 @@ class TrendsSerializer(serializers.Serializer):
     )
 
 
-class EventWindowSerializer(serializers.Serializer):
-    queue = serializers.CharField()
-    event = serializers.CharField()
-    messages = serializers.IntegerField()
-    deliveries = serializers.IntegerField()
-    acked = serializers.IntegerField()
-    dead = serializers.IntegerField()
-    dead_letter_rate = serializers.FloatField(allow_null=True)
-    latency_ms = LatencySerializer()
-
-
 class SubscriberWindowSerializer(serializers.Serializer):
     subscriber = serializers.CharField()
     deliveries = serializers.IntegerField()
@@ -191,7 +185,7 @@ class SubscriberWindowSerializer(serializers.Serializer):
 class RecentWindowSerializer(serializers.Serializer):
     since = serializers.DateTimeField(help_text="The window's first hour (its start, UTC).")
     until = serializers.DateTimeField(help_text="The run's now: the figures are as of the last run.")
-    events = EventWindowSerializer(many=True)
+    events = EventFiguresSerializer(many=True)
     subscribers = SubscriberWindowSerializer(many=True)
 
 

@@ -31,6 +31,8 @@ def test_a_runs_results_have_the_stored_tables_columns():
     assert figures.RESULT_SCHEMAS["subscriber_stats"].names == load.SUBSCRIBER_FIELDS
     assert figures.RESULT_SCHEMAS["event_trends"].names == load.EVENT_TREND_FIELDS
     assert figures.RESULT_SCHEMAS["subscriber_trends"].names == load.SUBSCRIBER_TREND_FIELDS
+    assert figures.RESULT_SCHEMAS["event_windows"].names == load.EVENT_WINDOW_FIELDS
+    assert figures.RESULT_SCHEMAS["subscriber_windows"].names == load.SUBSCRIBER_WINDOW_FIELDS
 
 
 def test_it_loads_a_run_in_place_of_the_last(tmp_path):

@@ -38,19 +38,7 @@ from django.utils import timezone
 
 from mqsite.workarounds import spark_jvm
 
-from . import (
-    archive,
-    extract,
-    figures,
-    hours,
-    job,
-    layout,
-    load,
-    overlap,
-    partitions,
-    runs,
-    spark_settings,
-)
+from . import archive, extract, figures, hours, job, layout, load, overlap, partitions, runs, spark_settings
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ project's code.
 import argparse
 import logging
 import os
+import re
 import sys
 from contextlib import contextmanager
 
@@ -95,11 +96,17 @@ RUN_CONF = {
     # back from hashing to sorting the rest of its input. A group is an hour of an event, and
     # its buffer holds the hour's acked latencies: hash them all.
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
-    # The caller lists the files; let the driver stat them instead of starting a Spark job to.
+}
+# Set too when the session's master is on this machine (local[N], local-cluster[...]): tuning
+# for a local disk and a few cores, which a cluster's storage and executors do not want.
+LOCAL_RUN_CONF = {
+    # The caller lists the files; let the driver stat them instead of starting a Spark job to
+    # (on object storage, the executors' listing in parallel is the quicker).
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
     # The archive's files are small (one per queue and hour until compacted): Spark counts 4 MB
     # for opening each when it packs files into tasks, which made 45 tasks of 1,440 files of
-    # 0.1 MB; at 64 KB it packs them into one task per core (measured: 25-40 % faster).
+    # 0.1 MB; at 64 KB it packs them into one task per core (measured: 25-40 % faster). On a
+    # cluster, opening a remote file does cost about 4 MB of reading.
     "spark.sql.files.openCostInBytes": str(64 * 1024),
 }
 
@@ -253,8 +260,8 @@ def extract_archive(spark, root, kind, files):
         return spark.createDataFrame([], T.StructType([schema[c] for c in columns]))
     return (
         spark.read.schema(schema)
-        .option("basePath", f"{str(root).rstrip('/')}/{kind}")
-        .parquet(*files)
+        .option("basePath", f"{uri(root).rstrip('/')}/{kind}")
+        .parquet(*(uri(f) for f in files))
         .select(*columns)
     )
 
@@ -265,7 +272,7 @@ def extract_snapshot(spark, root, kind):
     configure(spark)
     schema, columns = _KINDS[kind]
     snapshot_schema = T.StructType([f for f in schema if f.name != "day"])
-    return spark.read.schema(snapshot_schema).parquet(f"{str(root).rstrip('/')}/{kind}").select(*columns)
+    return spark.read.schema(snapshot_schema).parquet(f"{uri(root).rstrip('/')}/{kind}").select(*columns)
 
 
 # --- transform -----------------------------------------------------------------------------------
@@ -390,9 +397,38 @@ def _latency_sketches(deliveries, key):
 
 
 def configure(spark):
-    """What every run needs of the session, whoever built it."""
-    for key, value in RUN_CONF.items():
+    """What every run needs of the session, whoever built it (and the local tuning on a local
+    master)."""
+    for key, value in run_conf(_master_of(spark)).items():
         spark.conf.set(key, value)
+
+
+def run_conf(master):
+    """RUN_CONF, and LOCAL_RUN_CONF when `master` runs on this machine."""
+    return {**RUN_CONF, **LOCAL_RUN_CONF} if is_local(master) else dict(RUN_CONF)
+
+
+def is_local(master):
+    """Whether a master runs on this machine: local, local[N], local[N,F], local-cluster[...]."""
+    return _local_cores(master) is not None
+
+
+def _master_of(spark):
+    # A Spark Connect client asks its server, which answers with its own master.
+    try:
+        return spark.conf.get("spark.master", None)
+    except Exception:  # a server that does not say: tuned as a cluster
+        return None
+
+
+def uri(path):
+    """A path as Spark must be given it: a local one as an absolute file:// URI. Spark resolves a
+    path without a scheme against Hadoop's default filesystem (fs.defaultFS), which on a YARN
+    or Hadoop-configured cluster is HDFS, not this disk. A URI (s3a://, hdfs://, file:) is kept."""
+    path = str(path)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path):
+        return path
+    return "file://" + os.path.abspath(path)
 
 
 def transforms(messages, deliveries):
@@ -435,7 +471,7 @@ def main(argv=None):
         messages = extract_archive(spark, args.archive, "messages", by_kind["messages"])
         deliveries = extract_archive(spark, args.archive, "deliveries", by_kind["deliveries"])
         for name, frame in transforms(messages, deliveries).items():
-            frame.coalesce(1).write.mode("overwrite").parquet(f"{args.out.rstrip('/')}/{name}")
+            frame.coalesce(1).write.mode("overwrite").parquet(f"{uri(args.out).rstrip('/')}/{name}")
     finally:
         spark.stop()
     return 0

@@ -5,6 +5,7 @@ A malformed value stops start-up with a message naming the variable.
 """
 
 import ipaddress
+import json
 import os
 import re
 import secrets
@@ -24,6 +25,24 @@ VAR_DIR = BASE_DIR / "var"
 VAR_DIR.mkdir(exist_ok=True)
 
 env = environ.Env()
+
+
+def _spark_conf(name, default):
+    """A JSON object of Spark settings (names to strings, numbers or booleans) as a dict of
+    strings, as Spark takes them."""
+    text = env.str(name, default=default).strip() or default
+    try:
+        conf = json.loads(text)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object of Spark settings: {exc}") from None
+    if not isinstance(conf, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object of Spark settings, not {text!r}")
+    for key, value in conf.items():
+        if not key.startswith("spark.") or not isinstance(value, str | int | float | bool):
+            raise ImproperlyConfigured(
+                f"{name}: {key!r} is not a Spark setting (spark.*) with a string, number or boolean value"
+            )
+    return {key: str(value).lower() if isinstance(value, bool) else str(value) for key, value in conf.items()}
 
 
 def _positive_int(name, default):
@@ -469,6 +488,12 @@ if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", MQ_SPARK_DRIVER_MEMORY.lower()):
 MQ_SPARK_CLASS_ARCHIVE = env.str("MQ_SPARK_CLASS_ARCHIVE", default=str(VAR_DIR / "spark-classes.jsa"))
 # Where Spark writes its event logs (for its history server); empty: none.
 MQ_SPARK_EVENT_LOG_DIR = env.str("MQ_SPARK_EVENT_LOG_DIR", default="")
+# Any Spark setting for the analytics' session, as a JSON object of names to values:
+# '{"spark.executor.memory": "4g", "spark.executor.instances": "8", "spark.hadoop.fs.s3a.endpoint":
+# "https://s3.example.net", "spark.kubernetes.container.image": "registry/spark-py:4.3.0"}'. JSON
+# because values hold commas and spaces (spark.jars.packages, extraJavaOptions). Applied last,
+# over this project's own defaults; not on a Spark Connect server, which has its own.
+MQ_SPARK_CONF = _spark_conf("MQ_SPARK_CONF", "{}")
 # The analytics run on beat this often (CELERY_BEAT_SCHEDULE["analyze"]: operators change it in
 # the admin afterwards, and their change is kept).
 MQ_ANALYZE_EVERY_SECS = _positive_float("MQ_ANALYZE_EVERY_SECS", 3600.0)

@@ -28,6 +28,7 @@ CHECKED_TYPES = {
     "_positive_int": "whole number > 0",
     "_whole_number": "whole number ≥ 0",
     "_positive_float": "number > 0",
+    "_spark_conf": "JSON object",
 }
 
 

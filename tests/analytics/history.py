@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pytest
 
 from analytics import layout
 
@@ -215,3 +216,17 @@ def within_rank(values, q, got, tolerance=0.01):
     lo = values[max(math.floor((q - tolerance) * n) - 1, 0)]
     hi = values[min(math.ceil((q + tolerance) * n), n - 1)]
     return lo <= got <= hi
+
+
+def assert_figures(result, expected):
+    """`analyze --json`'s events (`result`) are the `expected` ones (expected_events, or
+    tests.support.history_rows.expected_events): counts exact, percentiles within 1 % of rank."""
+    got = {(e["queue"], e["event"]): e for e in result["events"]}
+    assert got.keys() == expected.keys()
+    for key, want in expected.items():
+        row = got[key]
+        for name in ("messages", "deliveries", "acked", "dead"):
+            assert row[name] == want[name], (key, name)
+        assert row["attempts_mean"] == pytest.approx(want["attempts_mean"]), key
+        for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+            assert within_rank(want["latencies"], q, row["latency_ms"][name]), (key, name)

@@ -3,21 +3,16 @@ data, the same hour rows from Arrow, and whole runs (analytics.analysis.compute)
 generated archive and hot snapshot, every figure checked against plain Python and DuckDB
 reading the same Parquet."""
 
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from django.db import connection
 from django.test import override_settings
 from pyspark.sql import types as T
 
 from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
 from tests.analytics import history
-from tests.support.servers import ROOT
 from tests.support.spark import spark  # noqa: F401
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -498,49 +493,3 @@ def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):
         run.event_stats,
     )
     assert {t["period_start"].date() for t in run.event_trends} == {day}
-
-
-@pytest.mark.skipif(
-    connection.vendor != "sqlite",
-    reason="a second JVM for half a minute, with no database in it: the SQLite pass of make test runs it",
-)
-def test_it_runs_alone_under_spark_submit(tmp_path):
-    """`spark-submit analytics/job.py ...` as it is: neither Django nor this project on the path."""
-    h = history.generate(seed=3, n_messages=40)
-    history.write(h, tmp_path / "archive")
-    listing = partitions.list_archive(tmp_path / "archive")
-    (tmp_path / "files.txt").write_text("\n".join(path for p in listing.values() for _, path in p.files))
-    bin_dir = Path(sys.executable).parent
-    done = subprocess.run(
-        [
-            str(bin_dir / "spark-submit"),
-            "--master",
-            "local[1]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sql.shuffle.partitions=1",
-            "--driver-java-options",
-            "-XX:TieredStopAtLevel=1",
-            str(ROOT / "analytics" / "job.py"),
-            "--archive",
-            str(tmp_path / "archive"),
-            "--files",
-            str(tmp_path / "files.txt"),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=tmp_path,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "PYSPARK_PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    cells = pq.read_table(tmp_path / "out" / "delivery_cells").to_pylist()
-    assert sum(r["n"] for r in cells) == pq.read_table(tmp_path / "archive" / "deliveries").num_rows > 0
-    message_hours = pq.read_table(tmp_path / "out" / "message_hours").to_pylist()
-    assert (
-        sum(r["messages"] for r in message_hours) == pq.read_table(tmp_path / "archive" / "messages").num_rows
-    )
-    assert pq.read_table(tmp_path / "out" / "latency_sketches").num_rows > 0

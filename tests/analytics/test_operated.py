@@ -13,6 +13,7 @@ from django.db import connection
 from analytics import analysis, job, spark_settings, tasks
 from analytics.models import AnalyticsRun
 from tests.support.servers import ROOT
+from tests.support.spark import spark  # noqa: F401
 
 
 @pytest.mark.django_db
@@ -62,12 +63,14 @@ def test_spark_settings_become_the_sessions_arguments(settings):
     settings.MQ_SPARK_DRIVER_MEMORY = "1g"
     settings.MQ_SPARK_EVENT_LOG_DIR = ""
     settings.MQ_SPARK_CLASS_ARCHIVE = "/srv/mq/spark.jsa"
+    settings.MQ_SPARK_CONF = {"spark.executor.memory": "4g"}
     assert spark_settings.session_options() == {
         "master": "local[2]",
         "remote": None,
         "driver_memory": "1g",
         "event_log_dir": None,
         "class_archive": "/srv/mq/spark.jsa",
+        "conf": {"spark.executor.memory": "4g"},
     }
     settings.MQ_SPARK_CLASS_ARCHIVE = ""
     assert spark_settings.session_options()["class_archive"] is None
@@ -76,11 +79,50 @@ def test_spark_settings_become_the_sessions_arguments(settings):
     settings.SPARK_REMOTE = "sc://spark:15002"
     settings.MQ_SPARK_EVENT_LOG_DIR = "/var/log/spark"
     options = spark_settings.session_options("local[1]")
-    assert (options["master"], options["remote"], options["event_log_dir"]) == (
+    assert (options["master"], options["remote"], options["event_log_dir"], options["conf"]) == (
         None,
         "sc://spark:15002",
         "/var/log/spark",
+        None,  # the server's settings are its own
     )
+
+
+def test_the_operators_settings_win_over_the_projects_own_defaults(spark):  # noqa: F811
+    """build_session's `conf` (MQ_SPARK_CONF, through session_options) is applied last: the
+    suite's session asks for 1 shuffle partition where local[2] alone would make it 4."""
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
+    assert spark.conf.get("spark.ui.enabled") == "false"
+
+
+@pytest.mark.parametrize(
+    "master, tuned",
+    [("local[2]", True), ("local", True), ("local-cluster[2,1,1024]", True), ("spark://h:7077", False),
+     ("yarn", False), ("k8s://https://h:6443", False), (None, False)],
+)  # fmt: skip
+def test_the_local_tuning_applies_on_a_local_master_only(master, tuned):
+    conf = job.run_conf(master)
+    assert conf["spark.sql.session.timeZone"] == "UTC"  # every master: the figures are in UTC
+    assert ("spark.sql.files.openCostInBytes" in conf) is tuned
+    assert ("spark.sql.sources.parallelPartitionDiscovery.threshold" in conf) is tuned
+
+
+def test_the_session_in_use_gets_the_tuning_of_its_own_master(spark):  # noqa: F811
+    job.configure(spark)
+    assert spark.conf.get("spark.sql.files.openCostInBytes") == str(64 * 1024)
+
+
+@pytest.mark.parametrize(
+    "path, given",
+    [
+        ("/srv/mq/archive", "file:///srv/mq/archive"),
+        ("var/archive", "file://" + os.path.abspath("var/archive")),
+        ("file:///srv/mq/archive", "file:///srv/mq/archive"),
+        ("s3a://bucket/mq", "s3a://bucket/mq"),
+        ("hdfs://nn:8020/mq", "hdfs://nn:8020/mq"),
+    ],
+)
+def test_spark_is_given_every_local_path_with_its_scheme(path, given):
+    assert job.uri(path) == given
 
 
 def test_a_local_driver_makes_its_class_archive_once_then_uses_it(tmp_path):
@@ -142,6 +184,10 @@ def test_sparkclasses_makes_none_where_no_local_driver_would_use_it(settings, tm
         ("MQ_SPARK_DRIVER_MEMORY", "2 GB", "JVM memory size"),
         ("MQ_ANALYZE_EVERY_SECS", "0", "positive"),
         ("MQ_ANALYTICS_LOCAL_BYTES", "-1", "0 or a positive"),
+        ("MQ_SPARK_CONF", "spark.executor.memory=4g", "JSON object"),
+        ("MQ_SPARK_CONF", '["spark.executor.memory"]', "JSON object"),
+        ("MQ_SPARK_CONF", '{"executor.memory": "4g"}', "not a Spark setting"),
+        ("MQ_SPARK_CONF", '{"spark.executor.memory": {"size": "4g"}}', "not a Spark setting"),
     ],
 )
 def test_a_malformed_spark_setting_stops_start_up(name, value, says):

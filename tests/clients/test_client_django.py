@@ -390,6 +390,58 @@ def test_it_runs_a_webhook_handler_once_however_often_the_delivery_is_posted(sho
     assert shop.rows("SELECT id FROM mqclient_receiveddelivery ORDER BY id") == [(41,)]
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_slow_handler_whose_answer_was_lost_runs_once_when_the_retry_comes_while_it_runs(
+    database, tmp_path, server, logger, settings
+):
+    """The server stops waiting for a slow handler (its answer is lost), and posts again while
+    that handler is still running: the second post waits for the first's transaction, finds the
+    delivery recorded and is acked without running the handler a second time."""
+    settings.MQ_WEBHOOK_ALLOW_PRIVATE = True
+    with contextlib.ExitStack() as stack:
+        pg_name = stack.enter_context(postgres_database()) if database == "postgresql" else None
+        shop = stack.enter_context(
+            served(Shop(tmp_path, server.http, logger.token, pg_name=pg_name), free_port())
+        )
+        slow = frame(51, {"model": "shop.order", "pk": 3, "sleep": 2})
+        settings.MQ_WEBHOOK_TIMEOUT_SECS = 0.5
+        lost = webhooks.post(shop.url, shop.secret, slow)
+        settings.MQ_WEBHOOK_TIMEOUT_SECS = 10
+        retried = webhooks.post(shop.url, shop.secret, slow)
+        assert (lost.ok, retried.ok, retried.status) == (False, True, 200)
+        assert shop.rows("SELECT order_pk, delivery_id FROM shop_shipment") == [(3, 51)]
+
+
+def test_a_project_routing_the_webhook_view_without_its_secret_is_stopped_at_start_up(tmp_path):
+    """Django's system checks (manage.py check, runserver, migrate): a missing or malformed
+    secret is an error before any post is refused; the view refuses with a 500 (so the server
+    retries) if the checks were skipped."""
+    shop = Shop(tmp_path, "http://127.0.0.1:9", "no-token")
+
+    def check(**env):
+        done = subprocess.run(
+            [PYTHON, "manage.py", "check"], cwd=SHOP, env={**shop.env, **env}, capture_output=True, text=True
+        )
+        return done.returncode, done.stderr
+
+    assert check() == (0, "")
+    code, err = check(MQ_WEBHOOK_SECRET="")
+    assert code == 1 and "mqclient.E001" in err and "WEBHOOK_SECRET" in err
+    code, err = check(MQ_WEBHOOK_SECRET="not-base64!")
+    assert code == 1 and "mqclient.E002" in err
+    code, err = check(MQ_URL="127.0.0.1:8000")
+    assert code == 1 and "mqclient.E003" in err
+    out = shop.python(
+        """
+    from django.test import Client
+    answer = Client().post("/mq/webhook/", "{}", content_type="application/json")
+    print(answer.status_code, answer.json()["code"])
+    """,
+        MQ_WEBHOOK_SECRET="",
+    )
+    assert out.split() == ["500", "not_configured"]
+
+
 def test_it_runs_the_handlers_over_the_websocket_with_mqlisten(shop, logger):
     listener = subprocess.Popen(
         [PYTHON, "manage.py", "mqlisten"], cwd=SHOP, env=shop.env, stdout=subprocess.PIPE, text=True

@@ -27,6 +27,7 @@ from delivery.models import Delivery, Status
 from queues.models import Message, Queue
 from subscribers.provisioning import create_subscriber, provision_subscriber
 from tests.support.chromium import ARGS, CHROMIUM
+from tests.support.outage import database_refusing_connections
 from tests.support.personas import subscribed_owner
 from tests.support.redirects import Redirector
 from tests.support.servers import ROOT, eventually, free_port, start_daphne
@@ -265,6 +266,36 @@ def test_node_survives_a_server_killed_and_started_again_mid_stream(
         assert client.states()[:3] == ["connecting", "open", "connecting"] and client.states()[-1] == "open"
     finally:
         again.stop()
+
+
+@needs_node
+def test_node_sends_a_keyed_publish_again_through_a_database_outage_and_it_is_stored_once(
+    server, owner_and_token, node_client
+):
+    """The database goes away under an open socket (a failover): the server cannot publish, so
+    it closes the socket, and refuses the client's reconnects until the database is back. The
+    keyed publish under way is sent again and stored once; the unkeyed one is refused to its
+    caller rather than sent twice or lost unsaid."""
+    subscriber, token = owner_and_token
+    client = node_client(server, token)
+    client.send(cmd="publish", tag="warm", queue="db", event="create", payload={"warm": 1})
+    client.wait_for(lambda events: any(e["kind"] == "published" for e in events))
+    with database_refusing_connections():
+        client.send(
+            cmd="publish", tag="keyed", queue="db", event="create", payload={"order": 7}, key="order-7"
+        )
+        client.send(cmd="publish", tag="unkeyed", queue="db", event="create", payload={"order": 8})
+        client.wait_for(lambda events: client.states().count("connecting") >= 2)
+        time.sleep(1.5)  # away a while: the reconnects fail
+        assert [e["tag"] for e in client.of("published")] == ["warm"]
+    client.wait_for(
+        lambda events: any(e.get("tag") == "keyed" and e["kind"] == "published" for e in events), timeout=30
+    )
+    (unkeyed,) = [e for e in client.of("publish_error") if e["tag"] == "unkeyed"]
+    assert unkeyed["code"]  # told, with a code, not left waiting
+    stored = [(m.key, json.loads(m.payload_json)) for m in Message.objects.order_by("seq")]
+    assert stored == [(None, {"warm": 1}), ("order-7", {"order": 7})]
+    assert client.states()[-1] == "open"
 
 
 @needs_node

@@ -816,6 +816,47 @@ def test_listen_connects_again_when_the_server_closes_the_socket_cleanly(logger_
         web.stop()
 
 
+def test_listen_replays_from_a_point_once_and_filters_through_reconnects(logger_beside_secret, caplog):
+    """A subscription given as a dict carries `from` and `filter`: the history from that point
+    that matches is handed once, and the sockets Daphne closes every 2 s (each followed by a
+    reconnect and the subscribe frames again) neither replay it again nor lose the filter."""
+    caplog.set_level(logging.INFO, logger="mqclient")
+    web = start_daphne(daphne_args=["--websocket_timeout", "2"])
+    handled = []
+    try:
+        with Client(web.http, logger_beside_secret.token) as mq:
+            mq.publish("db", "create", {"n": 0, "tier": "gold"})  # before the point
+            time.sleep(0.05)
+            point = datetime.now(UTC).isoformat()
+            mq.publish_many(
+                "db", [("create", {"n": n, "tier": tier}) for n, tier in [(1, "gold"), (2, "tin")]]
+            )
+            subscription = {
+                "queue": "db",
+                "event": "create",
+                "from": point,
+                "filter": {"payload.tier": ["gold"]},
+            }
+            listening = Listening(mq, lambda d: handled.append(d.payload["n"]), [subscription])
+
+            def reconnects():
+                return [r for r in caplog.records if "the server closed the socket" in r.getMessage()]
+
+            assert eventually(lambda: handled == [1]), (handled, listening.error)
+            assert eventually(lambda: len(reconnects()) >= 2 or not listening.thread.is_alive(), timeout=20)
+            mq.publish_many("db", [("create", {"n": 3, "tier": "tin"}), ("create", {"n": 4, "tier": "gold"})])
+            assert eventually(lambda: handled == [1, 4], timeout=15)
+            time.sleep(0.5)
+            listening.stop()
+        assert handled == [1, 4]
+        with pytest.raises(ValueError, match="a subscription is"):
+            Client(web.http, logger_beside_secret.token).listen(
+                lambda d: None, [{"queue": "db", "evnt": "x"}]
+            )
+    finally:
+        web.stop()
+
+
 def test_an_http_url_of_a_remote_host_warns_once_per_client_that_the_token_goes_in_clear():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

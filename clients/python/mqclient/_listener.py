@@ -35,7 +35,7 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -109,17 +109,35 @@ def socket_auth(token: str, prefetch: int | None = None) -> tuple[dict[str, str]
     return {"Authorization": f"Bearer {token}"}, []
 
 
-def subscriptions_of(subscriptions: Iterable[Any] | None) -> list[tuple[str, str | None]]:
-    """[(queue, event or None)] from ("db", "create"), ("db",), ("db", None) or "db"."""
+class Subscribe(NamedTuple):
+    """One subscription listen() makes: its subscribe frame's fields."""
+
+    queue: str
+    event: str | None = None
+    filter: Any = None  # None: the subscription keeps its own
+    from_: Any = None  # as subscribe(from_=...) takes it
+
+
+def subscriptions_of(subscriptions: Iterable[Any] | None) -> list[Subscribe]:
+    """Subscribe(...) from ("db", "create"), ("db",), ("db", None), "db", or
+    {"queue": "db", "event"?, "filter"?, "from"?}."""
     out = []
     for s in subscriptions or ():
         if isinstance(s, str):
-            out.append((s, None))
+            out.append(Subscribe(s))
         elif isinstance(s, tuple | list) and 1 <= len(s) <= 2:
-            out.append((s[0], s[1] if len(s) == 2 else None))
+            out.append(Subscribe(s[0], s[1] if len(s) == 2 else None))
+        elif isinstance(s, dict) and isinstance(s.get("queue"), str) and not set(s) - SUBSCRIBE_KEYS:
+            out.append(Subscribe(s["queue"], s.get("event"), s.get("filter"), s.get("from")))
         else:
-            raise ValueError(f"a subscription is (queue, event) or (queue,), not {s!r}")
+            raise ValueError(
+                'a subscription is (queue, event), (queue,), "queue" or '
+                f'{{"queue", "event", "filter", "from"}}, not {s!r}'
+            )
     return out
+
+
+SUBSCRIBE_KEYS = {"queue", "event", "filter", "from"}
 
 
 class _connect(connect):
@@ -384,8 +402,8 @@ class Listener:
                 _, first = socket_auth(self.token, self.prefetch)
                 for frame in first:
                     await ws.send(json.dumps(frame))
-                for queue, event in self.subscriptions:
-                    await self._send(ws, self._subscribe_frame(queue, event))
+                for subscription in self.subscriptions:
+                    await self._send(ws, self._subscribe_frame(subscription))
                 await self._send_settlements(ws)  # what finished while the last connection was away
             except ConnectionClosed:
                 # Closed at once (a limit, a bad token): what the server said before closing
@@ -438,10 +456,20 @@ class Listener:
             return LIMIT_WAIT_SECS
         return ADDRESS_WAIT_SECS
 
-    def _subscribe_frame(self, queue: str, event: str | None) -> dict[str, Any]:
-        frame: dict[str, Any] = {"type": "subscribe", "queue": queue, "event": event}
+    def _subscribe_frame(self, subscription: Subscribe) -> dict[str, Any]:
+        frame: dict[str, Any] = {
+            "type": "subscribe",
+            "queue": subscription.queue,
+            "event": subscription.event,
+        }
         if self.prefetch is not None:
             frame["prefetch"] = self.prefetch
+        if subscription.filter is not None:  # the same filter again at a reconnect changes nothing
+            frame["filter"] = subscription.filter
+        if subscription.from_ is not None:
+            # Sent again at each reconnect: the server replays only for a subscription it makes
+            # (docs/concepts.md, replay and seek), so the history is handed once.
+            frame["from"] = _protocol.point(subscription.from_)
         return frame
 
     async def _send(self, ws: ClientConnection, frame: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ class MQClientConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import model_events
+        from . import checks, model_events  # noqa: F401 - checks registers itself
 
         model_events.connect()
         # Handlers register themselves when their module is imported: each app's mq_handlers.

@@ -1,3 +1,5 @@
+import time
+
 import mqclient.django
 
 from .models import Shipment
@@ -7,4 +9,5 @@ from .models import Shipment
 def ship(delivery):
     if delivery.payload.get("fail"):
         raise RuntimeError("cannot ship that")
+    time.sleep(delivery.payload.get("sleep", 0))  # a slow handler, whose post times out
     Shipment.objects.create(order_pk=delivery.payload["pk"], delivery_id=delivery.id)

@@ -2,7 +2,16 @@
 
 from django.contrib import admin
 
-from .models import AnalyticsFailure, AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
+from .models import (
+    AnalyticsFailure,
+    AnalyticsRun,
+    EventStats,
+    EventTrend,
+    EventWindowStats,
+    SubscriberStats,
+    SubscriberTrend,
+    SubscriberWindowStats,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -17,7 +26,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class EventColumns:
-    """The columns an event's stats and its trends show alike: latency and dead-letter rate."""
+    """The columns an event's stats and its trends show alike (and a subscriber's, latency):
+    latency and dead-letter rate."""
 
     @admin.display(description="p50 ms", ordering="latency_p50_ms")
     def latency_p50(self, obj):
@@ -146,8 +156,47 @@ class AnalyticsFailureAdmin(ReadOnlyAdmin):
         return request.user.has_perm("analytics.view_analyticsrun")
 
 
+@admin.register(EventWindowStats)
+class EventWindowStatsAdmin(EventColumns, ReadOnlyAdmin):
+    list_display = (
+        "window",
+        "queue",
+        "event",
+        "since",
+        "messages",
+        "deliveries",
+        "acked",
+        "dead",
+        "dead_rate",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
+        "computed_at",
+    )
+    list_filter = ("window", "queue")
+    search_fields = ("queue", "event")
+
+
+@admin.register(SubscriberWindowStats)
+class SubscriberWindowStatsAdmin(EventColumns, ReadOnlyAdmin):
+    list_display = (
+        "window",
+        "subscriber",
+        "since",
+        "deliveries",
+        "acked",
+        "dead",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
+        "computed_at",
+    )
+    list_filter = ("window",)
+    search_fields = ("subscriber",)
+
+
 @admin.register(SubscriberStats)
-class SubscriberStatsAdmin(ReadOnlyAdmin):
+class SubscriberStatsAdmin(EventColumns, ReadOnlyAdmin):
     list_display = (
         "subscriber",
         "pending",
@@ -156,6 +205,9 @@ class SubscriberStatsAdmin(ReadOnlyAdmin):
         "acked",
         "dead",
         "deliveries",
+        "latency_p50",
+        "latency_p95",
+        "latency_p99",
         "computed_at",
     )
     search_fields = ("subscriber",)

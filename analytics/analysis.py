@@ -104,6 +104,8 @@ class Run:
     subscriber_stats: list
     event_trends: list
     subscriber_trends: list
+    event_windows: list
+    subscriber_windows: list
 
 
 def _quiet(what):
@@ -122,12 +124,15 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
     subscriber_stats, subscriber_trends = figures.subscriber_figures(
         rows["subscribers"], now=now, since=since, until=until
     )
+    event_windows, subscriber_windows = figures.window_figures(rows, now)
     progress("computed the figures")
     for name, rows in (
         ("event_stats", event_stats),
         ("subscriber_stats", subscriber_stats),
         ("event_trends", event_trends),
         ("subscriber_trends", subscriber_trends),
+        ("event_windows", event_windows),
+        ("subscriber_windows", subscriber_windows),
     ):
         _write_parquet(
             folder, f"{name}.parquet", pa.Table.from_pylist(rows, schema=figures.RESULT_SCHEMAS[name])
@@ -152,7 +157,16 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
         "used" if facts["spark"] else "not used",
         manifest["duration_s"],
     )
-    return Run(run_id, manifest, event_stats, subscriber_stats, event_trends, subscriber_trends)
+    return Run(
+        run_id,
+        manifest,
+        event_stats,
+        subscriber_stats,
+        event_trends,
+        subscriber_trends,
+        event_windows,
+        subscriber_windows,
+    )
 
 
 def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quiet):
@@ -187,6 +201,9 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
         and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
     )
     to_spark = [] if in_process else missing
+    # Spark reads whatever its schema says; a newer release's file is refused here instead
+    # (partitions.read_rows checks the files it reads itself).
+    layout.check_files(root, [path for p in to_spark for _, path in p.files])
 
     new = {"events": [], "subscribers": []}
     if in_process:
@@ -296,7 +313,9 @@ def _kept_hours(out, current, live):
     for name, file in (("events", EVENT_HOURS), ("subscribers", SUBSCRIBER_HOURS)):
         try:
             table = pq.read_table(f"{base}/{file}", filesystem=fs).cast(_with_fingerprint(schemas[name]))
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, ValueError) as exc:
+            # ValueError (ArrowInvalid's base) too: the hour rows of a release with other
+            # columns (before the subscribers' latency sketch) do not cast; they are made anew.
             log.warning("analyze: the last run's hour rows are unreadable (%s); recomputing every day", exc)
             return empty
         kept[name] = table.filter(

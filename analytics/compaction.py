@@ -158,9 +158,13 @@ def recover(root):
 
 def _merged(fs, folder, names, kind):
     tables = [pq.read_table(f"{folder}/{name}", filesystem=fs) for name in names]
+    for name, table in zip(names, tables, strict=True):
+        # A newer release's file is left alone, never rewritten as this release's version.
+        layout.check_version(table.schema.metadata, f"{folder}/{name}")
     if any(t.schema != tables[0].schema for t in tables):
         return None
-    return _once_per_id(pa.concat_tables(tables).sort_by(SORT_KEYS[kind]).combine_chunks())
+    merged = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+    return layout.stamped(_once_per_id(merged.sort_by(SORT_KEYS[kind]).combine_chunks()))
 
 
 def _once_per_id(table):

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import windows
 from .job import STATUSES
 from .sketch import Merged
 
@@ -50,6 +51,7 @@ RESULT_SCHEMAS = {
             ("deliveries", pa.int64()),
             *[(s, pa.int64()) for s in STATUSES],
             ("oldest_pending_age_s", pa.float64()),
+            *_LATENCIES,
         ]
     ),
     "event_trends": pa.schema(
@@ -69,6 +71,27 @@ RESULT_SCHEMAS = {
             ("period", pa.string()),
             ("period_start", _TS),
             *[(c, pa.int64()) for c in ("published", "acked", "backlog")],
+        ]
+    ),
+    # The last hour and the last 24 hours (analytics.windows).
+    "event_windows": pa.schema(
+        [
+            ("window", pa.string()),
+            ("since", _TS),
+            ("queue", pa.string()),
+            ("event", pa.string()),
+            *[(c, pa.int64()) for c in ("messages", "deliveries", "acked", "dead")],
+            ("dead_letter_rate", pa.float64()),
+            *_LATENCIES,
+        ]
+    ),
+    "subscriber_windows": pa.schema(
+        [
+            ("window", pa.string()),
+            ("since", _TS),
+            ("subscriber", pa.string()),
+            *[(c, pa.int64()) for c in ("deliveries", "acked", "dead")],
+            *_LATENCIES,
         ]
     ),
 }
@@ -221,6 +244,7 @@ def subscriber_figures(table, *, now, since=None, until=None):
         ["subscriber"],
         [(c, "sum") for c in ("published", *STATUSES)] + [("oldest_pending_at", "min")],
     )
+    latency = subscriber_latency(table)
     stats = [
         {
             "subscriber": t["subscriber"],
@@ -229,6 +253,7 @@ def subscriber_figures(table, *, now, since=None, until=None):
             "oldest_pending_age_s": (
                 (now - t["oldest_pending_at"]).total_seconds() if t["oldest_pending_at"] is not None else None
             ),
+            **{f"latency_{k}_ms": v for k, v in latency[t["subscriber"]].latency_ms().items()},
         }
         for t in sorted(totals, key=lambda t: t["subscriber"])
     ]
@@ -254,6 +279,51 @@ def subscriber_figures(table, *, now, since=None, until=None):
             for (name, start), g in sorted(grouped.items())
         )
     return stats, trends
+
+
+def subscriber_latency(table):
+    """{subscriber: Totals whose latency is the merge of its hours' sketches} of subscriber hour
+    rows (the other sums are left at 0: only latency_ms() is read)."""
+    merged = defaultdict(Totals)
+    with_sketch = table.filter(pc.greater(table["latency_count"], 0))
+    for name, points, count in zip(
+        with_sketch["subscriber"].to_pylist(),
+        with_sketch["latency_points"].to_pylist(),
+        with_sketch["latency_count"].to_pylist(),
+        strict=True,
+    ):
+        merged[name].latency.add(points, count)
+    return merged
+
+
+def window_figures(rows, now):
+    """(event window rows, subscriber window rows) in RESULT_SCHEMAS["event_windows"] and
+    ["subscriber_windows"], for each of analytics.windows.WINDOWS before `now`, from hour rows
+    ({"events": event hour rows, "subscribers": subscriber hour rows}, the archive's and the
+    hot tables' together): what was published in the window, its states as the run saw them,
+    the latency of those acked."""
+    events, subscribers = [], []
+    for name, span in windows.WINDOWS.items():
+        since = windows.start_of(now, span)
+        event_stats, _ = event_figures(_from_hour(rows["events"], since))
+        events.extend(
+            {"window": name, "since": since, **{f: s[f] for f in WINDOW_EVENT_FIELDS}} for s in event_stats
+        )
+        subscriber_stats, _ = subscriber_figures(_from_hour(rows["subscribers"], since), now=now)
+        subscribers.extend(
+            {"window": name, "since": since, **{f: s[f] for f in WINDOW_SUBSCRIBER_FIELDS}}
+            for s in subscriber_stats
+        )
+    return events, subscribers
+
+
+WINDOW_EVENT_FIELDS = RESULT_SCHEMAS["event_windows"].names[2:]
+WINDOW_SUBSCRIBER_FIELDS = RESULT_SCHEMAS["subscriber_windows"].names[2:]
+
+
+def _from_hour(table, since):
+    """The rows of the hours starting at or after `since`."""
+    return table.filter(pc.greater_equal(table["hour"], pa.scalar(since, table.schema.field("hour").type)))
 
 
 def _in_window(table, since, until):

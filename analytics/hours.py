@@ -1,4 +1,4 @@
-"""Hour rows, in Arrow: the three parts of the hot tables' snapshot (what analytics.job computes
+"""Hour rows, in Arrow: the parts of the hot tables' snapshot (what analytics.job computes
 of the archive with Spark), and the event and subscriber hours derived from either's parts.
 
     rows --parts--> message_hours, delivery_cells, latency_sketches   (Spark: the archive;
@@ -59,6 +59,15 @@ PART_SCHEMAS = {
             ("latency_points", pa.list_(pa.float64())),
         ]
     ),
+    "subscriber_latency_sketches": pa.schema(
+        [
+            *_KEY,
+            ("subscriber", pa.string()),
+            ("hour", TIMESTAMP),
+            ("latency_count", pa.int64()),
+            ("latency_points", pa.list_(pa.float64())),
+        ]
+    ),
 }
 EVENT_HOUR_SCHEMA = pa.schema(
     [
@@ -80,6 +89,8 @@ SUBSCRIBER_HOUR_SCHEMA = pa.schema(
         ("hour", TIMESTAMP),
         *[(c, pa.int64()) for c in ("published", *STATUSES, "acks")],
         ("oldest_pending_at", TIMESTAMP),
+        ("latency_count", pa.int64()),
+        ("latency_points", pa.list_(pa.float64())),
     ]
 )
 
@@ -88,13 +99,14 @@ SUBSCRIBER_HOUR_SCHEMA = pa.schema(
 
 
 def parts(messages: pa.Table, deliveries: pa.Table):
-    """{name: table} of the snapshot's three parts, in PART_SCHEMAS. Each row has its `day`,
+    """{name: table} of the snapshot's parts, in PART_SCHEMAS. Each row has its `day`,
     the partition's (layout.partition_days), which the parts keep: a delivery a replay made
     days after its message is counted in the hour it was made, under its message's day."""
     return {
         "message_hours": message_hours(messages),
         "delivery_cells": delivery_cells(deliveries),
         "latency_sketches": latency_sketches(deliveries),
+        "subscriber_latency_sketches": latency_sketches(deliveries, "subscriber"),
     }
 
 
@@ -143,7 +155,9 @@ def delivery_cells(deliveries):
     return cells.select(PART_SCHEMAS["delivery_cells"].names).cast(PART_SCHEMAS["delivery_cells"])
 
 
-def latency_sketches(deliveries):
+def latency_sketches(deliveries, key="event"):
+    """The latency sketches per queue, day, `key` (event or subscriber) and hour."""
+    name = "latency_sketches" if key == "event" else "subscriber_latency_sketches"
     acked = deliveries.filter(pc.equal(deliveries["status"], "acked"))
     micros = pc.subtract(pc.cast(acked["acked_at"], pa.int64()), pc.cast(acked["created_at"], pa.int64()))
     acked = _with(
@@ -151,7 +165,7 @@ def latency_sketches(deliveries):
         hour=_floor(acked["created_at"], "hour"),
         latency=pc.divide(pc.cast(micros, pa.float64()), 1000.0),
     )
-    groups = _group(acked, ["queue", "day", "event", "hour"], latencies=("latency", "list"))
+    groups = _group(acked, ["queue", "day", key, "hour"], latencies=("latency", "list"))
     sketches = _with(
         groups.drop_columns(["latencies"]),
         latency_count=pc.cast(pc.list_value_length(groups["latencies"]), pa.int64()),
@@ -159,7 +173,7 @@ def latency_sketches(deliveries):
             [sketch.points(v) for v in groups["latencies"].to_pylist()], pa.list_(pa.float64())
         ),
     )
-    return sketches.select(PART_SCHEMAS["latency_sketches"].names).cast(PART_SCHEMAS["latency_sketches"])
+    return sketches.select(PART_SCHEMAS[name].names).cast(PART_SCHEMAS[name])
 
 
 # --- hours from the parts, whichever engine made them --------------------------------------------
@@ -189,10 +203,10 @@ def event_hours(parts):
 
 
 def subscriber_hours(parts):
-    """Rows of queue, day, subscriber and hour (SUBSCRIBER_HOUR_SCHEMA), up to two per key, to
+    """Rows of queue, day, subscriber and hour (SUBSCRIBER_HOUR_SCHEMA), up to three per key, to
     be added up: the deliveries made in the hour (`published`) by their state now, the oldest
-    still pending, and the acks made in the hour (`acks`, by when they came: what the backlog
-    trend subtracts)."""
+    still pending, the acks made in the hour (`acks`, by when they came: what the backlog
+    trend subtracts), and the latency sketch of its acked deliveries published in the hour."""
     cells = parts["delivery_cells"]
     status = cells["status"]
     cells = _with(
@@ -216,7 +230,7 @@ def subscriber_hours(parts):
         keys,
         acks=("n", "sum"),
     )
-    return _union([made, acks], SUBSCRIBER_HOUR_SCHEMA)
+    return _union([made, acks, parts["subscriber_latency_sketches"]], SUBSCRIBER_HOUR_SCHEMA)
 
 
 # --- Arrow helpers -------------------------------------------------------------------------------

@@ -88,6 +88,8 @@ CELL_COLUMNS = (
     "first_created_at",
 )  # fmt: skip
 SKETCH_COLUMNS = ("queue", "day", "event", "hour", "latency_count", "latency_points")
+# The same sketch per subscriber: which consumer is slow (analytics.figures' latency per subscriber).
+SUBSCRIBER_SKETCH_COLUMNS = ("queue", "day", "subscriber", "hour", "latency_count", "latency_points")
 
 # Set on the session by every run (configure()).
 RUN_CONF = {
@@ -365,15 +367,28 @@ def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
     quantile summary row by row), and its points carry no error of their own. It holds an
     hour's acked latencies in memory at once: 8 bytes each.
     """
+    return _latency_sketches(deliveries, "event")
+
+
+def transform_subscriber_latency_sketches(deliveries: DataFrame) -> DataFrame:
+    """One row per queue, day, subscriber and hour with acked deliveries
+    (SUBSCRIBER_SKETCH_COLUMNS): the same sketch as transform_latency_sketches, of the
+    subscriber's acked deliveries. Its own points, not a merge of the event sketches: a
+    subscriber's hour's p50, p95 and p99 are exact too."""
+    return _latency_sketches(deliveries, "subscriber")
+
+
+def _latency_sketches(deliveries, key):
+    """The sketch of the acked deliveries per queue, `key` (event or subscriber) and hour."""
     latency_ms = (F.unix_micros("acked_at") - F.unix_micros("created_at")) / F.lit(1000.0)
     # The latency is a column before the aggregate, not its argument: an object aggregate
     # evaluates its arguments interpreted, row by row, while a projection is generated code.
     hours = (
         deliveries.where(F.col("status") == "acked")
         .select(
-            "queue", "day", "event", _number("created_at", HOUR_US).alias("h"), latency_ms.alias("latency_ms")
+            "queue", "day", key, _number("created_at", HOUR_US).alias("h"), latency_ms.alias("latency_ms")
         )
-        .groupBy("queue", "day", "event", "h")
+        .groupBy("queue", "day", key, "h")
         .agg(F.sort_array(F.collect_list("latency_ms")).alias("latencies"))
     )
     # The point of rank i/K is the ceil(i * n / K)-th smallest value (integer arithmetic, as
@@ -384,7 +399,7 @@ def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
     return hours.select(
         "queue",
         "day",
-        "event",
+        key,
         _hour("h"),
         F.size("latencies").cast("long").alias("latency_count"),
         points.alias("latency_points"),
@@ -430,16 +445,17 @@ def uri(path):
 
 
 def transforms(messages, deliveries):
-    """{name: DataFrame} of the three parts (PARTS) of these rows."""
+    """{name: DataFrame} of the parts of these rows."""
     return {
         "message_hours": transform_message_hours(messages),
         "delivery_cells": transform_delivery_cells(deliveries),
         "latency_sketches": transform_latency_sketches(deliveries),
+        "subscriber_latency_sketches": transform_subscriber_latency_sketches(deliveries),
     }
 
 
 def compute_parts(spark, messages, deliveries):
-    """{name: Arrow table} of the three parts of these rows: small (a few rows per hour and
+    """{name: Arrow table} of the parts of these rows: small (a few rows per hour and
     key, whatever the rows), so they come back to the driver whole."""
     configure(spark)
     return {name: frame.toArrow() for name, frame in transforms(messages, deliveries).items()}
@@ -464,7 +480,9 @@ def main(argv=None):
         "--files", required=True, help="a text file listing the archive files to read, one a line"
     )
     parser.add_argument(
-        "--out", required=True, help="where message_hours/, delivery_cells/, latency_sketches/ go"
+        "--out",
+        required=True,
+        help="where message_hours/, delivery_cells/, latency_sketches/, subscriber_latency_sketches/ go",
     )
     parser.add_argument("--master", default=None, help="Spark master; default spark-submit's, or local[*]")
     args = parser.parse_args(argv)

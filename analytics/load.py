@@ -11,9 +11,20 @@ from datetime import date, datetime
 import pyarrow.parquet as pq
 from django.db import transaction
 from django.utils import timezone
+from pyarrow import fs as pafs
 
-from . import layout, runs
-from .models import AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats, SubscriberTrend
+from . import layout, runs, windows
+from .models import (
+    AnalyticsRun,
+    EventStats,
+    EventTrend,
+    EventWindowStats,
+    Period,
+    SubscriberStats,
+    SubscriberTrend,
+    SubscriberWindowStats,
+    Window,
+)
 
 EVENT_FIELDS = [f.name for f in EventStats._meta.concrete_fields if f.name not in ("id", "computed_at")]
 SUBSCRIBER_FIELDS = [
@@ -21,7 +32,15 @@ SUBSCRIBER_FIELDS = [
 ]
 EVENT_TREND_FIELDS = [f.name for f in EventTrend._meta.concrete_fields if f.name != "id"]
 SUBSCRIBER_TREND_FIELDS = [f.name for f in SubscriberTrend._meta.concrete_fields if f.name != "id"]
+EVENT_WINDOW_FIELDS = [
+    f.name for f in EventWindowStats._meta.concrete_fields if f.name not in ("id", "computed_at")
+]
+SUBSCRIBER_WINDOW_FIELDS = [
+    f.name for f in SubscriberWindowStats._meta.concrete_fields if f.name not in ("id", "computed_at")
+]
 RESULTS = ("event_stats", "subscriber_stats", "event_trends", "subscriber_trends")
+# Results a run of an older release did not write: loaded as none.
+LATER_RESULTS = ("event_windows", "subscriber_windows")
 
 
 def read_result(out, name):
@@ -40,16 +59,30 @@ def load_run(out, run_id):
     manifest = run_fields(runs.read_manifest(out, run_id))
     folder = runs.run_path(out, run_id)
     rows = {name: read_result(folder, f"{name}.parquet") for name in RESULTS}
+    rows |= {name: _read_if_there(folder, f"{name}.parquet") for name in LATER_RESULTS}
     computed_at = manifest["now"]
     events = [_clean(r, EVENT_FIELDS) for r in rows["event_stats"]]
     subscribers = [_clean(r, SUBSCRIBER_FIELDS) for r in rows["subscriber_stats"]]
     event_trends = [_clean(r, EVENT_TREND_FIELDS) for r in rows["event_trends"]]
     subscriber_trends = [_clean(r, SUBSCRIBER_TREND_FIELDS) for r in rows["subscriber_trends"]]
+    event_windows = [_clean(r, EVENT_WINDOW_FIELDS) for r in rows["event_windows"]]
+    subscriber_windows = [_clean(r, SUBSCRIBER_WINDOW_FIELDS) for r in rows["subscriber_windows"]]
     for trend in event_trends + subscriber_trends:
         if trend["period"] not in Period.values:
             raise runs.BadRun(f"run {run_id}: a trend's period is {trend['period']!r}, not hour or day")
+    for window in event_windows + subscriber_windows:
+        if window["window"] not in Window.values:
+            raise runs.BadRun(f"run {run_id}: a window is {window['window']!r}, not 1h or 24h")
     with transaction.atomic():
         _replace_stats(events, subscribers, computed_at)
+        EventWindowStats.objects.all().delete()
+        SubscriberWindowStats.objects.all().delete()
+        EventWindowStats.objects.bulk_create(
+            [EventWindowStats(**r, computed_at=computed_at) for r in event_windows], batch_size=500
+        )
+        SubscriberWindowStats.objects.bulk_create(
+            [SubscriberWindowStats(**r, computed_at=computed_at) for r in subscriber_windows], batch_size=500
+        )
         EventTrend.objects.all().delete()
         SubscriberTrend.objects.all().delete()
         EventTrend.objects.bulk_create([EventTrend(**r) for r in event_trends], batch_size=1000)
@@ -64,7 +97,16 @@ def load_run(out, run_id):
         "subscribers": len(subscribers),
         "event_trends": len(event_trends),
         "subscriber_trends": len(subscriber_trends),
+        "event_windows": len(event_windows),
+        "subscriber_windows": len(subscriber_windows),
     }
+
+
+def _read_if_there(folder, name):
+    fs, base = layout.filesystem(folder)
+    if fs.get_file_info(f"{base}/{name}").type == pafs.FileType.NotFound:
+        return []
+    return read_result(folder, name)
 
 
 def run_fields(manifest):
@@ -160,7 +202,7 @@ EVENT_EXTRAS = (
     "peak_per_minute",
     "peak_per_hour",
 )
-SUBSCRIBER_EXTRAS = ("deliveries", "inflight", "backlog", "lag_s")
+SUBSCRIBER_EXTRAS = ("deliveries", "inflight", "backlog", "lag_s", "latency_ms")
 
 
 def results_json():
@@ -213,10 +255,60 @@ def as_json(events, subscribers):
                 # under the name the issue asks for).
                 "backlog": s["pending"] + s["inflight"],
                 "lag_s": s["oldest_pending_age_s"],
+                # Publish to ack of its acked deliveries (which consumer is slow); None before
+                # a run that computed it, or with nothing acked.
+                "latency_ms": {q: s.get(f"latency_{q}_ms") for q in ("p50", "p95", "p99")},
             }
             for s in sorted(subscribers, key=lambda s: s["subscriber"])
         ],
     }
+
+
+def windows_json():
+    """The stored figures of the last hour and the last 24 hours before the last loaded run
+    (analytics.windows): {window: {"since", "until", "events": [...], "subscribers": [...]}},
+    each entry with the fields of `analyze --json`'s it has (a window with no traffic has empty
+    lists); {} before the first run. Two queries, rows per queue, event and subscriber."""
+    run = last_run()
+    if run is None:
+        return {}
+    out = {
+        name: {
+            "since": _iso(windows.start_of(run.now, span)),
+            "until": _iso(run.now),
+            "events": [],
+            "subscribers": [],
+        }
+        for name, span in windows.WINDOWS.items()
+    }
+    for s in EventWindowStats.objects.order_by("window", "queue", "event"):
+        out[s.window]["events"].append(
+            {
+                "queue": s.queue,
+                "event": s.event,
+                "messages": s.messages,
+                "deliveries": s.deliveries,
+                "acked": s.acked,
+                "dead": s.dead,
+                "dead_letter_rate": s.dead_letter_rate,
+                "latency_ms": _latency(s),
+            }
+        )
+    for s in SubscriberWindowStats.objects.order_by("window", "subscriber"):
+        out[s.window]["subscribers"].append(
+            {
+                "subscriber": s.subscriber,
+                "deliveries": s.deliveries,
+                "acked": s.acked,
+                "dead": s.dead,
+                "latency_ms": _latency(s),
+            }
+        )
+    return out
+
+
+def _latency(row):
+    return {"p50": row.latency_p50_ms, "p95": row.latency_p95_ms, "p99": row.latency_p99_ms}
 
 
 def _iso(value):

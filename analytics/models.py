@@ -60,6 +60,11 @@ class SubscriberStats(models.Model):
     oldest_pending_age_s = models.FloatField(
         "oldest pending age (s)", null=True, help_text="At computed_at's run; empty when nothing is pending."
     )
+    latency_p50_ms = models.FloatField(
+        "latency p50 (ms)", null=True, help_text="Publish to ack of its acked deliveries."
+    )
+    latency_p95_ms = models.FloatField("latency p95 (ms)", null=True)
+    latency_p99_ms = models.FloatField("latency p99 (ms)", null=True)
     computed_at = models.DateTimeField()
 
     class Meta:
@@ -69,6 +74,70 @@ class SubscriberStats(models.Model):
 
     def __str__(self):
         return self.subscriber
+
+
+class Window(models.TextChoices):
+    """analytics.windows.WINDOWS"""
+
+    HOUR = "1h"
+    DAY = "24h"
+
+
+class EventWindowStats(models.Model):
+    """One queue and event over the last hour or 24 hours before its run (analytics.windows):
+    what was published then, and how it fared."""
+
+    window = models.CharField(max_length=4, choices=Window.choices)
+    since = models.DateTimeField(help_text="The window's first hour; it ends at the run's now.")
+    queue = models.CharField(max_length=64)
+    event = models.CharField(max_length=64)
+    messages = models.BigIntegerField()
+    deliveries = models.BigIntegerField()
+    acked = models.BigIntegerField()
+    dead = models.BigIntegerField()
+    dead_letter_rate = models.FloatField(null=True, help_text="Dead / deliveries.")
+    latency_p50_ms = models.FloatField("latency p50 (ms)", null=True, help_text="Publish to ack.")
+    latency_p95_ms = models.FloatField("latency p95 (ms)", null=True)
+    latency_p99_ms = models.FloatField("latency p99 (ms)", null=True)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "event statistics of a recent window"
+        verbose_name_plural = "event statistics of recent windows"
+        ordering = ["window", "queue", "event"]
+        constraints = [
+            models.UniqueConstraint(fields=["window", "queue", "event"], name="eventwindowstats_once")
+        ]
+
+    def __str__(self):
+        return f"{self.queue}/{self.event} last {self.window}"
+
+
+class SubscriberWindowStats(models.Model):
+    """One subscriber over the last hour or 24 hours before its run: the deliveries made to it
+    then, and their publish-to-ack latency (which consumer is slow)."""
+
+    window = models.CharField(max_length=4, choices=Window.choices)
+    since = models.DateTimeField(help_text="The window's first hour; it ends at the run's now.")
+    subscriber = models.CharField(max_length=100)
+    deliveries = models.BigIntegerField()
+    acked = models.BigIntegerField()
+    dead = models.BigIntegerField()
+    latency_p50_ms = models.FloatField("latency p50 (ms)", null=True, help_text="Publish to ack.")
+    latency_p95_ms = models.FloatField("latency p95 (ms)", null=True)
+    latency_p99_ms = models.FloatField("latency p99 (ms)", null=True)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "subscriber statistics of a recent window"
+        verbose_name_plural = "subscriber statistics of recent windows"
+        ordering = ["window", "subscriber"]
+        constraints = [
+            models.UniqueConstraint(fields=["window", "subscriber"], name="subscriberwindowstats_once")
+        ]
+
+    def __str__(self):
+        return f"{self.subscriber} last {self.window}"
 
 
 class ArchiveBatch(models.Model):

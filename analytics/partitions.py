@@ -84,6 +84,7 @@ def read_rows(root, chosen, kind):
     for partition in chosen:
         for path in partition.paths(kind):
             table = pq.read_table(base + path[len(prefix) :], columns=columns, filesystem=fs)
+            layout.check_version(table.schema.metadata, path)
             queue = pa.array([partition.queue] * table.num_rows, pa.string())
             day = pa.array([partition.day] * table.num_rows, pa.string())
             table = table.append_column("queue", queue).append_column(layout.DAY_FIELD, day)

@@ -8,7 +8,7 @@ indexed queries, however large the history.
 
 from django.utils import timezone
 
-from .load import last_run, results_json, run_json
+from .load import last_run, results_json, run_json, windows_json
 from .models import AnalyticsFailure, EventTrend, SubscriberTrend
 from .summaries import failures
 
@@ -20,11 +20,12 @@ TRENDS_LIMIT = 10_000
 
 def analytics_answer(trends=None, *, queue=None, event=None, subscriber=None, since=None, until=None):
     """{"run": manifest and its age | None, "failures": the runs on beat that failed,
-    "events": [...], "subscribers": [...]}, and "trends" when `trends` is "hour" or "day": its
-    event and subscriber rows with period_start in [since, until), queue and event narrowing
-    the event trends, subscriber the subscriber ones."""
+    "events": [...], "subscribers": [...], "windows": the last hour's and 24 hours' figures
+    (load.windows_json)}, and "trends" when `trends` is "hour" or "day": its event and
+    subscriber rows with period_start in [since, until), queue and event narrowing the event
+    trends, subscriber the subscriber ones."""
     run = last_run()
-    answer = {"run": run_json(run), "failures": _failures(run), **results_json()}
+    answer = {"run": run_json(run), "failures": _failures(run), **results_json(), "windows": windows_json()}
     if run is not None:
         # How old the figures are: a run that failed since left them as they were.
         answer["run"]["age_s"] = round((timezone.now() - run.finished_at).total_seconds(), 3)

@@ -3,8 +3,8 @@
     spark-submit analytics/job.py --archive ROOT --files LIST --out DIR   (on a cluster)
     manage.py analyze --parts DIR --json                                   (here)
 
-The job writes the three parts of the archive files it was given (message_hours/,
-delivery_cells/, latency_sketches/ under DIR, Spark's Parquet folders); they are reduced to
+The job writes the parts of the archive files it was given (message_hours/, delivery_cells/,
+latency_sketches/, subscriber_latency_sketches/ under DIR, Spark's Parquet folders); they are reduced to
 hour rows and figures exactly as a run's own parts are (analytics.analysis). They cover those
 files alone: not the hot tables, nor anything kept by earlier runs, and nothing is stored.
 """
@@ -20,7 +20,7 @@ class NoParts(ValueError):
 
 
 def read_parts(parts_dir):
-    """{name: Arrow table} of the job's three parts under `parts_dir` (local path or URI)."""
+    """{name: Arrow table} of the job's parts under `parts_dir` (local path or URI)."""
     fs, base = layout.filesystem(parts_dir)
     parts = {}
     for name in hours.PART_SCHEMAS:

@@ -6,7 +6,17 @@ from datetime import timedelta
 
 from django.db.models import Count, Max, Q, Sum
 
-from .models import AnalyticsFailure, AnalyticsRun, EventStats, EventTrend, Period, SubscriberStats
+from . import windows
+from .models import (
+    AnalyticsFailure,
+    AnalyticsRun,
+    EventStats,
+    EventTrend,
+    EventWindowStats,
+    Period,
+    SubscriberStats,
+    SubscriberWindowStats,
+)
 
 # The analytics panel: its hourly chart covers the last this many hours of the analyzed
 # history (ending at its newest message), and its tables at most this many rows each.
@@ -90,32 +100,59 @@ def _hourly(per_hour):
     }
 
 
+LATENCIES = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
+
+
 def metrics():
     """The last loaded analytics run for /metrics (dashboard.metrics): {"run": its time, length
     and partitions, or None, "events": [(queue, event, messages, dead_letter_rate, p50, p95,
-    p99)] over every queue and event (rows per queue and event, so few), "failures": failures()},
-    or None before any run, loaded or failed. Two queries, three after a run: the stored
-    figures, never the run's Parquet."""
+    p99)], "windows": {"events": [(window, queue, event, messages, deliveries, dead, p50, p95,
+    p99)], "subscribers": [(window, subscriber, p50, p95, p99)], "since": {window: its start}},
+    "failures": failures()} over every queue, event and subscriber (rows per queue, event and
+    subscriber, so few; "all" the whole history's), or None before any run, loaded or failed.
+    Two queries with no run loaded, five after one: the stored figures, never the run's
+    Parquet."""
     run = (
         AnalyticsRun.objects.order_by("-loaded_at", "-id")
-        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused", "loaded_at")
+        .values("finished_at", "duration_s", "partitions_recomputed", "partitions_reused", "loaded_at", "now")
         .first()
     )
     failed = failures(run["loaded_at"] if run else None)
     if run is None and failed["last_failed_at"] is None:
         return None
-    events = []
-    if run is not None:
-        events = EventStats.objects.order_by("queue", "event").values_list(
-            "queue",
-            "event",
-            "messages",
-            "dead_letter_rate",
-            "latency_p50_ms",
-            "latency_p95_ms",
-            "latency_p99_ms",
+    if run is None:  # only failed runs so far: nothing to show but that
+        return {"run": None, "events": [], "failures": failed}
+    stats = EventStats.objects.order_by("queue", "event").values_list(
+        "queue", "event", "messages", "deliveries", "dead", "dead_letter_rate", *LATENCIES
+    )
+    events, window_events = [], []
+    for queue, event, messages, deliveries, dead, rate, *latencies in stats:
+        events.append([queue, event, messages, rate, *latencies])
+        # The whole history's as window "all", beside the recent windows'.
+        window_events.append(["all", queue, event, messages, deliveries, dead, *latencies])
+    window_events += [
+        list(e)
+        for e in EventWindowStats.objects.order_by("window", "queue", "event").values_list(
+            "window", "queue", "event", "messages", "deliveries", "dead", *LATENCIES
         )
-    return {"run": run, "events": [list(e) for e in events], "failures": failed}
+    ]
+    subscribers = [
+        list(s)
+        for s in SubscriberWindowStats.objects.order_by("window", "subscriber").values_list(
+            "window", "subscriber", *LATENCIES
+        )
+    ]
+    subscribers += [
+        ["all", *s]
+        for s in SubscriberStats.objects.order_by("subscriber").values_list("subscriber", *LATENCIES)
+    ]
+    since = {name: windows.start_of(run["now"], span) for name, span in windows.WINDOWS.items()}
+    return {
+        "run": run,
+        "events": events,
+        "windows": {"events": window_events, "subscribers": subscribers, "since": since},
+        "failures": failed,
+    }
 
 
 def failures(loaded_at):

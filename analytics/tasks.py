@@ -8,7 +8,7 @@ import time
 from celery import shared_task
 from django.conf import settings
 
-from . import analysis, archive, compaction
+from . import analysis, archive, compaction, retention
 from .models import AnalyticsFailure
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,22 @@ def archive_history():
                     "compaction: %(partitions)s partitions, %(files_before)s files now %(files_after)s",
                     compacted,
                 )
+    prune_archive(BUDGET_SECS - (time.monotonic() - started))
     return moved
+
+
+def prune_archive(left):
+    """The archive's retention (MQ_ARCHIVE_RETENTION_DAYS), with what is left of the budget:
+    last, since a day past it is deleted whole whenever it comes."""
+    if left <= 0 or not settings.MQ_ARCHIVE_RETENTION_DAYS:
+        return
+    try:
+        pruned = retention.prune_archive(budget_secs=left)
+    except archive.ArchiveBusy as exc:
+        log.info("prunearchive: %s; skipping it this run", exc)
+        return
+    if pruned["partitions"]:
+        log.info("prunearchive: deleted %(partitions)s partitions, %(files)s files", pruned)
 
 
 # A run is not acked late: beat starts another at its next interval anyway, and a redelivery

@@ -17,8 +17,10 @@ What is a counter and what is a gauge:
 - `mq_analytics_*` are the last loaded analytics run's (from the tables analytics.load fills,
   in the same snapshot): when it finished and how old its figures are, how long it took, its
   partitions recomputed and reused, and its figures per queue and event over the whole
-  history; and the runs on beat that failed since it, and when the last did (a failed run
-  stores nothing: the figures stay that run's). None before a first run, loaded or failed.
+  history; `mq_analytics_window_*` and `mq_analytics_subscriber_latency_seconds`, the last
+  hour's and 24 hours' (and the whole history's) with a `window` label; and the runs on beat
+  that failed since it, and when the last did (a failed run stores nothing: the figures stay
+  that run's). None before a first run, loaded or failed.
 """
 
 import time
@@ -224,6 +226,56 @@ def analytics_families(taken_at, analytics):
     yield messages
     yield dead_rate
     yield latency
+    if "windows" in analytics:  # a snapshot cached by a server before windows has none
+        yield from window_families(analytics["windows"])
+
+
+def window_families(windows):
+    """The last hour's, the last 24 hours' and the whole history's figures of the last run
+    (window="1h", "24h", "all"), per queue and event and per subscriber: what an incident moves,
+    which the whole history's gauges above never show. Prometheus's base unit for latency."""
+    since = GaugeMetricFamily(
+        "mq_analytics_window_start_timestamp_seconds",
+        "The first hour (Unix time) the window's figures cover, up to the last analytics run.",
+        labels=["window"],
+    )
+    for window, start in sorted(windows["since"].items()):
+        since.add_metric([window], start.timestamp())
+    yield since
+    families = {
+        name: GaugeMetricFamily(name, help, labels=["window", "queue", "event"])
+        for name, help in (
+            ("mq_analytics_window_messages", "Messages published in the window, per queue and event."),
+            ("mq_analytics_window_deliveries", "Deliveries of the messages published in the window."),
+            ("mq_analytics_window_dead_letters", "Dead deliveries of the messages published in the window."),
+        )
+    }
+    latency = GaugeMetricFamily(
+        "mq_analytics_window_latency_seconds",
+        "Publish-to-ack latency of the deliveries published in the window and acked, per queue and event.",
+        labels=["window", "queue", "event", "quantile"],
+    )
+    for window, queue, event, messages, deliveries, dead, *quantiles in windows["events"]:
+        for name, value in zip(families, (messages, deliveries, dead), strict=True):
+            families[name].add_metric([window, queue, event], value)
+        _add_quantiles(latency, [window, queue, event], quantiles)
+    yield from families.values()
+    yield latency
+    by_subscriber = GaugeMetricFamily(
+        "mq_analytics_subscriber_latency_seconds",
+        "Publish-to-ack latency of the subscriber's deliveries published in the window and acked: "
+        "which consumer is slow.",
+        labels=["window", "subscriber", "quantile"],
+    )
+    for window, subscriber, *quantiles in windows["subscribers"]:
+        _add_quantiles(by_subscriber, [window, subscriber], quantiles)
+    yield by_subscriber
+
+
+def _add_quantiles(family, labels, quantiles_ms):
+    for quantile, ms in zip(QUANTILES, quantiles_ms, strict=True):
+        if ms is not None:  # nothing acked: no latency
+            family.add_metric([*labels, quantile], ms / 1000)
 
 
 def _failure_families(failures):

@@ -449,6 +449,10 @@ MQ_WEBHOOK_DISABLE_AFTER_SECS = _whole_number("MQ_WEBHOOK_DISABLE_AFTER_SECS", 5
 MQ_WEBHOOK_DISABLE_FAILURES = _positive_int("MQ_WEBHOOK_DISABLE_FAILURES", 50)
 # Where the Parquet archive of acked history goes (any path Spark can read).
 MQ_ARCHIVE_DIR = env.str("MQ_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))
+# The archive keeps today's (UTC) partitions and those of this many days before; older (queue,
+# day) partitions are deleted whole, on beat after the archive run (`manage.py prunearchive`).
+# 0: kept forever. Keep it above every queue's retention_days, or days are archived only to go.
+MQ_ARCHIVE_RETENTION_DAYS = _whole_number("MQ_ARCHIVE_RETENTION_DAYS", 0)
 # The Spark master the analytics run on: local[*] (this machine), or a cluster's URL.
 SPARK_MASTER = env.str("SPARK_MASTER", default="local[*]")
 # How long `analyze` waits for the archive's lock (held by the archive, its compaction or

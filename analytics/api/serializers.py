@@ -154,18 +154,24 @@ class SubscriberStatsSerializer(serializers.Serializer):
     inflight = serializers.IntegerField()
     backlog = serializers.IntegerField()
     lag_s = serializers.FloatField(allow_null=True)
+    latency_ms = LatencySerializer(help_text="Publish to ack of its acked deliveries.")
 
 
-class EventTrendSerializer(serializers.Serializer):
+class EventFiguresSerializer(serializers.Serializer):
+    """A queue and event over a span of time: an hour or a day (a trend), a recent window."""
+
     queue = serializers.CharField()
     event = serializers.CharField()
-    period_start = serializers.DateTimeField()
     messages = serializers.IntegerField()
     deliveries = serializers.IntegerField()
     acked = serializers.IntegerField()
     dead = serializers.IntegerField()
     dead_letter_rate = serializers.FloatField(allow_null=True)
     latency_ms = LatencySerializer()
+
+
+class EventTrendSerializer(EventFiguresSerializer):
+    period_start = serializers.DateTimeField()
 
 
 class SubscriberTrendSerializer(serializers.Serializer):
@@ -185,9 +191,40 @@ class TrendsSerializer(serializers.Serializer):
     )
 
 
+class SubscriberWindowSerializer(serializers.Serializer):
+    subscriber = serializers.CharField()
+    deliveries = serializers.IntegerField()
+    acked = serializers.IntegerField()
+    dead = serializers.IntegerField()
+    latency_ms = LatencySerializer(help_text="Publish to ack of its acked deliveries.")
+
+
+class RecentWindowSerializer(serializers.Serializer):
+    since = serializers.DateTimeField(help_text="The window's first hour (its start, UTC).")
+    until = serializers.DateTimeField(help_text="The run's now: the figures are as of the last run.")
+    events = EventFiguresSerializer(many=True)
+    subscribers = SubscriberWindowSerializer(many=True)
+
+
+class WindowsSerializer(serializers.Serializer):
+    # "1h" and "24h" are not Python names: declared below.
+    pass
+
+
+WindowsSerializer._declared_fields["1h"] = RecentWindowSerializer(
+    required=False, help_text="Published from the start of the hour one hour before the run to the run."
+)
+WindowsSerializer._declared_fields["24h"] = RecentWindowSerializer(
+    required=False, help_text="Published from the start of the hour 24 hours before the run to the run."
+)
+
+
 class AnalyticsSerializer(serializers.Serializer):
     run = RunSerializer(allow_null=True, help_text="The last loaded run; null before the first.")
     failures = FailuresSerializer()
     events = EventStatsSerializer(many=True)
     subscribers = SubscriberStatsSerializer(many=True)
+    windows = WindowsSerializer(
+        help_text="The last hour's and the last 24 hours' figures as of the last run; {} before the first."
+    )
     trends = TrendsSerializer(required=False, help_text="With ?trends=hour or day.")

@@ -241,6 +241,7 @@ def expected_subscribers(h, now=NOW):
             "deliveries": len(ds),
             **{s: sum(d["status"] == s for d in ds) for s in ("pending", "inflight", "acked", "dead")},
             "oldest_pending_age_s": (now - min(pending)).total_seconds() if pending else None,
+            "latencies": sorted(latency_ms(d) for d in ds if d["status"] == "acked"),
         }
     return out
 

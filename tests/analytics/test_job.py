@@ -233,6 +233,21 @@ def test_it_measures_every_subscribers_backlog_as_python_does(generated):
         assert t["backlog"] == owed, (t["subscriber"], t["period_start"])
 
 
+def test_each_subscribers_latency_percentiles_are_within_one_percent(generated):
+    """Which consumer is slow: each subscriber's publish-to-ack latency, from its own sketches
+    (archive and hot tables merged), against its acked deliveries' latencies in plain Python."""
+    h, _, _, run = generated
+    expected = history.expected_subscribers(h)
+    assert {r["subscriber"] for r in run.subscriber_stats} == expected.keys()
+    for row in run.subscriber_stats:
+        latencies = expected[row["subscriber"]]["latencies"]
+        assert len(latencies) > 50
+        for q, name in ((0.5, "latency_p50_ms"), (0.95, "latency_p95_ms"), (0.99, "latency_p99_ms")):
+            assert history.within_rank(latencies, q, row[name]), (row["subscriber"], name)
+    # ... and they differ by subscriber (not one figure copied to all)
+    assert len({row["latency_p50_ms"] for row in run.subscriber_stats}) == len(run.subscriber_stats)
+
+
 def test_the_arrow_parts_are_sparks(spark, generated):
     """The hot tables' parts come from Arrow when they are small and from Spark when they are
     big: the same rows either way."""
@@ -283,10 +298,11 @@ def test_the_production_plan_hashes_every_aggregate(spark, generated):
         for key, value in saved.items():
             spark.conf.set(key, value)
     assert not any("SortAggregate" in p for p in plans), plans
-    message_plan, cells_plan, sketch_plan = plans
+    message_plan, cells_plan, sketch_plan, subscriber_sketch_plan = plans
     # The counts in a plain hash aggregate (generated code), the sketch in an object one
     assert "HashAggregate" in cells_plan and "ObjectHashAggregate" not in cells_plan
     assert "ObjectHashAggregate" in sketch_plan and "HashAggregate" in message_plan
+    assert "ObjectHashAggregate" in subscriber_sketch_plan
     # ... and the archive's part of the figures is the same as the test session's plan gave
     archived = {
         r["fingerprint"]

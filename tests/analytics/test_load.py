@@ -31,6 +31,8 @@ def test_a_runs_results_have_the_stored_tables_columns():
     assert figures.RESULT_SCHEMAS["subscriber_stats"].names == load.SUBSCRIBER_FIELDS
     assert figures.RESULT_SCHEMAS["event_trends"].names == load.EVENT_TREND_FIELDS
     assert figures.RESULT_SCHEMAS["subscriber_trends"].names == load.SUBSCRIBER_TREND_FIELDS
+    assert figures.RESULT_SCHEMAS["event_windows"].names == load.EVENT_WINDOW_FIELDS
+    assert figures.RESULT_SCHEMAS["subscriber_windows"].names == load.SUBSCRIBER_WINDOW_FIELDS
 
 
 def test_it_loads_a_run_in_place_of_the_last(tmp_path):
@@ -58,8 +60,16 @@ def test_it_loads_a_run_in_place_of_the_last(tmp_path):
     )
     counts = load.load_run(out, second)
 
-    # Then only its rows are stored
-    assert counts == {"events": 1, "subscribers": 1, "event_trends": 2, "subscriber_trends": 1}
+    # Then only its rows are stored (a folder without the recent windows, as an older release
+    # wrote it, loads with none)
+    assert counts == {
+        "events": 1,
+        "subscribers": 1,
+        "event_trends": 2,
+        "subscriber_trends": 1,
+        "event_windows": 0,
+        "subscriber_windows": 0,
+    }
     stats = EventStats.objects.get()
     assert (stats.event, stats.messages, stats.latency_p50_ms, stats.dead_letter_rate) == (
         "create",

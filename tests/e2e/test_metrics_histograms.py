@@ -18,6 +18,7 @@ import yaml
 from django.utils import timezone
 from websockets.sync.client import connect as ws_connect
 
+from analytics import load
 from delivery import health, ledger, subscribing
 from delivery.models import Delivery, WebhookHealth
 from queues.models import Queue
@@ -25,6 +26,7 @@ from subscribers.models import Heartbeat, ServerProcess
 from subscribers.provisioning import create_subscriber
 from tests.dashboard.test_metrics import parse_metrics, value
 from tests.support.receivers import Receiver
+from tests.support.run_folders import write_run
 from tests.support.servers import E2E_REDIS, eventually, start_as_make_run, start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,6 +140,22 @@ def test_every_metric_the_alert_rules_and_the_dashboard_name_is_on_a_real_scrape
     WebhookHealth.objects.create(subscriber=hook, failures=60, first_failure_at=now, disabled_since=now)
     ServerProcess.objects.create(name="webhooks@host", kind="worker", last_beat=now + timedelta(minutes=5))
     Heartbeat.objects.create(name=health.SWEEP, at=now)
+    # ... and an analytics run loaded, with its recent windows
+    out = str(tmp_path / "analytics")
+    latency = {"latency_p50_ms": 20.0, "latency_p95_ms": 90.0, "latency_p99_ms": 150.0}
+    event = {"queue": "db", "event": "e", "messages": 3, "deliveries": 6, "dead": 1, **latency}
+    load.load_run(
+        out,
+        write_run(
+            out,
+            events=[event],
+            subscribers=[{"subscriber": "owner", **latency}],
+            event_windows=[{"window": w, "since": now, **event} for w in ("1h", "24h")],
+            subscriber_windows=[
+                {"window": w, "since": now, "subscriber": "owner", **latency} for w in ("1h", "24h")
+            ],
+        ),
+    )
     folder = tmp_path / "metrics"
     folder.mkdir()
     env = {"PROMETHEUS_MULTIPROC_DIR": str(folder), "MQ_METRICS_TOKEN": TOKEN, "MQ_METRICS_MAX_AGE_SECS": "0"}

@@ -61,6 +61,7 @@ DOCUMENTED_KEYS = {
     "recounttallies": {"kept_counts"},
     "archive": {"messages", "deliveries"},
     "compactarchive": {"partitions", "files_before", "files_after"},
+    "prunearchive": {"partitions", "files", "bytes"},
     "analyze": {"events", "subscribers"},
     "sparkclasses": {"path", "made", "skipped"},
     "demo": {"published", "acked", "nacked", "via", "at"},
@@ -81,6 +82,7 @@ INVOCATIONS = {
     "recounttallies": [],
     "archive": ["--older-than-days", "0"],
     "compactarchive": [],
+    "prunearchive": ["--older-than-days", "30"],
     "analyze": [],
     "sparkclasses": [],
     "demo": ["--count", "3", "--rate", "200", "--server-wait", "0", "--poison-every", "0"],
@@ -202,9 +204,10 @@ def test_on_a_terminal_progress_is_a_bar():
 def test_a_busy_archive_is_its_own_exit_code(world, settings):
     settings.MQ_ANALYZE_LOCK_WAIT_SECS = 0
     with archive_held_elsewhere():
-        for command in ("archive", "compactarchive", "analyze"):
+        # prunearchive with a retention to apply: without one it has nothing to hold the lock for
+        for command in ("archive", "compactarchive", "prunearchive", "analyze"):
             with pytest.raises(CommandError, match="another archive run") as raised:
-                run(command)
+                run(command, *INVOCATIONS[command])
             assert raised.value.returncode == EXIT_BUSY
 
 

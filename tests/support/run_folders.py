@@ -41,13 +41,16 @@ def write_run(
     subscribers=(),
     event_trends=(),
     subscriber_trends=(),
+    event_windows=None,
+    subscriber_windows=None,
     manifest=None,
     finished=True,
     switch=True,
 ):
     """Write a run folder under `out`; returns its run_id. `manifest` overrides the defaults'
     fields. `finished` False leaves out the manifest (a run still writing, or dead); `switch`
-    makes it the current run."""
+    makes it the current run. The windows' files are written only when given (an older
+    release's run has none)."""
     # Each run a second after the last: their ids sort in the order they were written.
     started = datetime(2026, 11, 25, 12, 0, tzinfo=UTC) + timedelta(seconds=next(_clock))
     run_id = run_id or runs.new_run_id(started)
@@ -58,7 +61,11 @@ def write_run(
         ("subscriber_stats", subscribers),
         ("event_trends", event_trends),
         ("subscriber_trends", subscriber_trends),
+        ("event_windows", event_windows),
+        ("subscriber_windows", subscriber_windows),
     ):
+        if rows is None:
+            continue
         with fs.open_output_stream(f"{base}/{name}.parquet") as f:
             pq.write_table(table(RESULTS[name], rows), f)
     if finished:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('analytics', '0003_trends_and_runs'),
+        ('analytics', '0005_recent_windows'),
     ]
 
     operations = [

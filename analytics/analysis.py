@@ -1,17 +1,17 @@
 """The analytics run behind `manage.py analyze` and the beat's "analyze": incremental by day.
 
-    archive partitions --list--> changed ones --Spark (job), or Arrow when a few MB--> hour rows,
-                                                                     kept in the run folder
+    archive partitions --list--> changed ones --Arrow (up to MQ_ANALYTICS_LOCAL_BYTES)
+                                                or Spark (past it)--> hour rows, kept in the run folder
     hot tables --COPY--> Arrow snapshot --less what is archived--> hour rows (Arrow, or Spark if big)
     hour rows --figures--> event and subscriber stats, trends --> run folder --switch--> loaded
 
 A run lists the archive's (queue, day) partitions and their fingerprints (analytics.partitions).
 The hour rows of every partition whose fingerprint the current run folder already holds are
-kept; only the others go to Spark, or, after a folder's first run, when they are a few
-megabytes (MQ_ANALYTICS_LOCAL_BYTES: the last hour's files) are read and reduced in this
-process, as the hot tables are, cheaper than a JVM's start. The hot tables are small: their
-hour rows are computed in this process unless they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run
-with no archived day changed starts no Spark job at all.
+kept; only the others are recomputed: in this process with Arrow, a partition at a time on
+every core, when they are at most MQ_ANALYTICS_LOCAL_BYTES of Parquet (the last hour's files,
+or a first run over a history of a few million deliveries: far cheaper than a JVM's start),
+else by Spark. The hot tables are small: their hour rows are computed in this process unless
+they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run with no archived day changed starts no Spark job.
 
 One run at a time per archive, and none while the archive or its compaction writes: the run
 holds the archive's lock (analytics.archive.exclusive) from the listing to the last file Spark
@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -171,27 +172,21 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
 
     snapshot, overlapping = overlap.drop_archived(snapshot, listing)
     hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
-    # Spark computes the history (a folder's first run always goes to it, as the API
-    # says analyze does); on top of it, a little to recompute (the last hour's files, a batch
-    # archived late into an old day) is reduced in this process with Arrow, as the hot snapshot
-    # is, rule for rule like Spark: a JVM's start and first query cost more than that. Not when
-    # Spark starts anyway for big hot tables.
-    in_process = (
-        current is not None
-        and not hot_in_spark
-        and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
-    )
+    # What fits MQ_ANALYTICS_LOCAL_BYTES (a first run over a modest history, the last hour's
+    # files, a batch archived late into an old day) is reduced in this process with Arrow,
+    # partition by partition on every core, rule for rule like Spark: a JVM's start and first
+    # query alone cost more than Arrow takes for a few million rows. Past it, Spark (the engine
+    # of big histories and clusters); and always Spark when it starts anyway for big hot tables.
+    in_process = not hot_in_spark and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
     to_spark = [] if in_process else missing
 
     new = {"events": [], "subscribers": []}
     if in_process:
-        derived = _derived(
-            hours.parts(
-                partitions.read_rows(root, missing, layout.MESSAGES),
-                partitions.read_rows(root, missing, layout.DELIVERIES),
-            )
-        )
-        _add_tagged(new, derived, missing)
+        for partition, derived in zip(missing, _reduce_in_process(root, missing), strict=True):
+            # Reduced alone, each row is its partition's, whatever day its own hour is in.
+            for name, table in derived.items():
+                tags = pa.array([partition.fingerprint] * table.num_rows, pa.string())
+                new[name].append(table.append_column("fingerprint", tags))
         progress(f"read {len(missing)} archived partitions in this process")
     hot = None
     if to_spark or hot_in_spark:
@@ -262,6 +257,23 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
         },
     }
     return rows, facts
+
+
+def _reduce_in_process(root, missing):
+    """The derived hour rows of each of these partitions, in order, read and reduced with
+    Arrow (analytics.hours) on a thread per core: Arrow and numpy leave the GIL, and a
+    partition at a time bounds what is held at once."""
+
+    def one(partition):
+        return _derived(
+            hours.parts(
+                partitions.read_rows(root, partition, layout.MESSAGES),
+                partitions.read_rows(root, partition, layout.DELIVERIES),
+            )
+        )
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(one, missing))
 
 
 def _chunks(missing, most_bytes):

@@ -10,6 +10,7 @@ walk of the archive's folders (no file is opened), in proportion to its files.
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
@@ -70,18 +71,22 @@ def _partition(key, entries, base, root):
     return Partition(key[0], key[1], files, digest.hexdigest()[:32], sum(info.size for _, info in entries))
 
 
-def read_rows(root, chosen, kind):
-    """The rows of these partitions' files of one kind, in the columns of the hot tables'
-    snapshot (layout.HOT_MESSAGE_SCHEMA or HOT_DELIVERY_SCHEMA, the queue from the folder), for
-    analytics.hours to reduce in this process as it does the snapshot."""
+def read_rows(root, partition, kind):
+    """The rows of one partition's files of one kind, in the columns analytics.hours reduces
+    (those of the hot tables' snapshot, layout.HOT_MESSAGE_SCHEMA or HOT_DELIVERY_SCHEMA, less
+    the ids; the queue from the folder). The strings come dictionary-encoded, as Parquet keeps
+    them: a few distinct names over millions of rows, which hours.parts groups by their codes."""
     schema = layout.HOT_MESSAGE_SCHEMA if kind == layout.MESSAGES else layout.HOT_DELIVERY_SCHEMA
-    columns = [name for name in schema.names if name != "queue"]
+    columns = [name for name in schema.names if name not in ("id", "message_id", "queue")]
+    strings = [name for name in columns if schema.field(name).type == pa.string()]
     fs, base = layout.filesystem(root)
     prefix = str(root).rstrip("/")
-    tables = []
-    for partition in chosen:
-        for path in partition.paths(kind):
-            table = pq.read_table(base + path[len(prefix) :], columns=columns, filesystem=fs)
-            queue = pa.array([partition.queue] * table.num_rows, pa.string())
-            tables.append(table.append_column("queue", queue).select(schema.names).cast(schema))
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    paths = [base + path[len(prefix) :] for path in partition.paths(kind)]
+    if paths:
+        table = pq.ParquetDataset(paths, filesystem=fs, read_dictionary=strings).read(columns=columns)
+    else:
+        table = pa.table({name: pa.array([], schema.field(name).type) for name in columns})
+    queue = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(table.num_rows, dtype=np.int32)), pa.array([partition.queue])
+    )
+    return table.append_column("queue", queue)

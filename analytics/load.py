@@ -9,7 +9,7 @@ import math
 from datetime import date, datetime
 
 import pyarrow.parquet as pq
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from . import layout, runs
@@ -52,10 +52,8 @@ def load_run(out, run_id):
         _replace_stats(events, subscribers, computed_at)
         EventTrend.objects.all().delete()
         SubscriberTrend.objects.all().delete()
-        EventTrend.objects.bulk_create([EventTrend(**r) for r in event_trends], batch_size=1000)
-        SubscriberTrend.objects.bulk_create(
-            [SubscriberTrend(**r) for r in subscriber_trends], batch_size=1000
-        )
+        _insert(EventTrend, EVENT_TREND_FIELDS, event_trends)
+        _insert(SubscriberTrend, SUBSCRIBER_TREND_FIELDS, subscriber_trends)
         AnalyticsRun.objects.update_or_create(
             run_id=manifest["run_id"], defaults={**manifest, "loaded_at": timezone.now()}
         )
@@ -140,6 +138,22 @@ def _replace_stats(events, subscribers, computed_at):
     SubscriberStats.objects.bulk_create(
         [SubscriberStats(**r, computed_at=computed_at) for r in subscribers], batch_size=500
     )
+
+
+def _insert(model, fields, rows):
+    """Insert these rows (dicts of `fields`) into the model's table. On PostgreSQL by COPY: the
+    trends are an hour's row per queue and event and per subscriber, tens of thousands over a
+    few weeks, which bulk_create's SQL took 2 s to build (a rerun's largest cost); COPY takes
+    a tenth of that."""
+    if connection.vendor != "postgresql":
+        model.objects.bulk_create([model(**r) for r in rows], batch_size=1000)
+        return
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(model._meta.get_field(f).column) for f in fields)
+    with connection.cursor() as cursor:
+        with cursor.cursor.copy(f"COPY {quote(model._meta.db_table)} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([row[f] for f in fields])
 
 
 def _clean(row, fields):

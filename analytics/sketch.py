@@ -33,7 +33,7 @@ class Merged:
         self.count = 0
 
     def add(self, sketch_points, count):
-        if not sketch_points or not count:
+        if sketch_points is None or not len(sketch_points) or not count:
             return
         self._points.append(sketch_points)
         self._weights.append(count / len(sketch_points))

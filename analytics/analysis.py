@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from django.conf import settings
 from django.utils import timezone
 
@@ -302,7 +301,7 @@ def _kept_hours(out, current, live):
     kept = {}
     for name, file in (("events", EVENT_HOURS), ("subscribers", SUBSCRIBER_HOURS)):
         try:
-            table = pq.read_table(f"{base}/{file}", filesystem=fs).cast(_with_fingerprint(schemas[name]))
+            table = layout.read_file(fs, f"{base}/{file}").cast(_with_fingerprint(schemas[name]))
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("analyze: the last run's hour rows are unreadable (%s); recomputing every day", exc)
             return empty

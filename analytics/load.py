@@ -8,7 +8,6 @@ this process or was spark-submitted to a cluster that wrote them to shared stora
 import math
 from datetime import date, datetime
 
-import pyarrow.parquet as pq
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -27,7 +26,7 @@ RESULTS = ("event_stats", "subscriber_stats", "event_trends", "subscriber_trends
 def read_result(out, name):
     """One result of the job as a list of dicts."""
     fs, base = layout.filesystem(out)
-    return pq.read_table(f"{base}/{name}", filesystem=fs).to_pylist()
+    return layout.read_file(fs, f"{base}/{name}").to_pylist()
 
 
 def load_run(out, run_id):

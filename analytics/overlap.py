@@ -17,7 +17,6 @@ import dataclasses
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from . import layout
 
@@ -59,7 +58,7 @@ def _archived_ids(partition, low, high):
     if not paths:
         return pa.array([], pa.int64())
     fs, _ = layout.filesystem(paths[0])
-    local = [layout.filesystem(p)[1] for p in paths]
-    dataset = ds.dataset(local, format="parquet", filesystem=fs)
-    field = ds.field("id")
-    return dataset.to_table(columns=["id"], filter=(field >= low) & (field <= high))["id"].combine_chunks()
+    ids = pa.concat_arrays(
+        [layout.read_file(fs, layout.filesystem(p)[1], columns=["id"])["id"].combine_chunks() for p in paths]
+    )
+    return ids.filter(pc.and_(pc.greater_equal(ids, low), pc.less_equal(ids, high)))

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from . import layout
@@ -82,8 +81,9 @@ def read_rows(root, partition, kind):
     fs, base = layout.filesystem(root)
     prefix = str(root).rstrip("/")
     paths = [base + path[len(prefix) :] for path in partition.paths(kind)]
-    if paths:
-        table = pq.ParquetDataset(paths, filesystem=fs, read_dictionary=strings).read(columns=columns)
+    tables = [layout.read_file(fs, path, columns=columns, read_dictionary=strings) for path in paths]
+    if tables:
+        table = pa.concat_tables(tables)  # the strings' dictionaries are unified where grouped
     else:
         table = pa.table({name: pa.array([], schema.field(name).type) for name in columns})
     queue = pa.DictionaryArray.from_arrays(

@@ -19,8 +19,8 @@ DATABASE_URL in its environment), timed wall clock:
 The archive is reduced as the settings say: in the analysing process with Arrow up to
 MQ_ANALYTICS_LOCAL_BYTES (its default, or --local-bytes; 0 sends everything to Spark), else by
 Spark. --connect starts a long-lived Spark Connect server on the same master before the runs
-(not timed: it stands for one an operator keeps running) and gives the runs SPARK_REMOTE, so
-that no run starts a JVM of its own.
+(its start not timed: it stands for one an operator keeps running) and gives the runs
+SPARK_REMOTE, so that no run starts a JVM of its own; its CPU is not counted in the runs'.
 
 Then the first run alone on smaller histories in the hourly layout (--sizes), to fit
 wall = fixed + rows / (rate * cores): the fixed cost in seconds and the input rows (messages
@@ -176,8 +176,9 @@ spark.stop()
 
 def start_connect_server(master, cores):
     """A Spark Connect server on `master` (the pyspark package's own plugin); returns (process,
-    its sc:// URL) once it listens, and warms it with one query, as a server that has run
-    before is."""
+    its sc:// URL) once it listens. Cold: the first run is its first query (the JVM compiles
+    Spark's code paths then); the later runs meet it warm, as an operator's server is. Its CPU
+    is not in a run's (it is not the run's child)."""
     import socket
 
     with socket.socket() as s:

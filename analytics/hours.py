@@ -185,7 +185,10 @@ def latency_sketches(deliveries):
     """Per queue, event and hour of publish, the acked deliveries' latency sketch: one sort of
     all the rows by (group, latency), then the points of every group picked at once by their
     ranks (analytics.sketch.points' rule, vectorised)."""
-    acked = deliveries.filter(pc.equal(deliveries["status"], "acked"))
+    # (An ack with no time has no latency: Spark's collect_list leaves its null out too.)
+    acked = deliveries.filter(
+        pc.and_(pc.equal(deliveries["status"], "acked"), pc.is_valid(deliveries["acked_at"]))
+    )
     if acked.num_rows == 0:
         return PART_SCHEMAS["latency_sketches"].empty_table()
     queue, queues = _codes(acked["queue"])
@@ -194,17 +197,29 @@ def latency_sketches(deliveries):
     # Microseconds, as integers: the order of the ms Spark sorts (a division by 1000.0 keeps it).
     latency = pc.subtract(_micros(acked["acked_at"]), created).to_numpy()
     h = pc.divide(created, HOUR_US).to_numpy()
-    q, e = queue.to_numpy(), event.to_numpy()
-    order = np.lexsort((latency, h, e, q))
-    q, e, h, latency = q[order], e[order], h[order], latency[order]
-    starts = np.flatnonzero(np.r_[True, (q[1:] != q[:-1]) | (e[1:] != e[:-1]) | (h[1:] != h[:-1])])
-    counts = np.diff(np.r_[starts, len(order)])
-    k = SKETCH_POINTS
-    i = np.arange(1, k + 1, dtype=np.int64)
-    picks = starts[:, None] + np.maximum((i[None, :] * counts[:, None] + k - 1) // k, 1) - 1
+    q, e = queue.to_numpy().astype(np.int64), event.to_numpy().astype(np.int64)
+    # One key for (queue, event, hour), so that the sort compares two keys, not four.
+    span = int(h.max() - h.min()) + 1
+    key = (q * (int(e.max()) + 1) + e) * span + (h - h.min())
+    low, width = int(latency.min()), int(latency.max() - latency.min()) + 1
+    if (int(key.max()) + 1) * width < 2**62:
+        # Both in one integer, sorted by value alone (no permutation to apply: 3 times faster)
+        combined = np.sort(key * width + (latency - low))
+        key, latency = combined // width, combined % width + low
+        q, e, h = _unkey(key, int(e.max()) + 1, span, int(h.min()))
+    else:
+        order = np.lexsort((latency, key))
+        key, q, e, h, latency = key[order], q[order], e[order], h[order], latency[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.r_[starts, len(key)])
+    # m = min(n, K) points a group; point i (1..m) of a group is its ceil(i * n / m)-th value.
+    m = np.minimum(counts, SKETCH_POINTS)
+    offsets = np.r_[0, np.cumsum(m)]
+    group = np.repeat(np.arange(len(starts)), m)
+    i = np.arange(offsets[-1], dtype=np.int64) - offsets[group] + 1
+    rank = np.maximum((i * counts[group] + m[group] - 1) // m[group], 1)
     points = pa.ListArray.from_arrays(
-        pa.array(np.arange(0, len(starts) * k + 1, k, dtype=np.int32)),
-        pa.array(latency[picks.ravel()] / 1000.0),
+        pa.array(offsets.astype(np.int32)), pa.array(latency[starts[group] + rank - 1] / 1000.0)
     )
     hour = _hour_start(pa.array(h[starts]))
     return _part(
@@ -322,6 +337,13 @@ def _zip_lists(left, right, names):
     return pa.ListArray.from_arrays(left.offsets, values)
 
 
+def _unkey(key, events, span, first_hour):
+    """(queue codes, event codes, hours) of latency_sketches' keys."""
+    queue_event, hour = np.divmod(key, span)
+    queue, event = np.divmod(queue_event, events)
+    return queue, event, hour + first_hour
+
+
 def _codes(column):
     """(int32 codes, dictionary) of a string column, plain or dictionary-encoded."""
     if isinstance(column, pa.ChunkedArray):
@@ -349,4 +371,9 @@ def _part(name, **columns):
 
 
 def _day(timestamps):
-    return pc.strftime(timestamps, format="%Y-%m-%d")
+    """YYYY-MM-DD of each timestamp: formatted once per distinct one (they are hours, few),
+    not once a row (strftime was a fifth of a reduction of many small partitions)."""
+    if isinstance(timestamps, pa.ChunkedArray):
+        timestamps = timestamps.combine_chunks()
+    hours = pc.dictionary_encode(timestamps)
+    return pc.take(pc.strftime(hours.dictionary, format="%Y-%m-%d"), hours.indices)

@@ -1,9 +1,10 @@
-"""The latency sketch: a group's latencies at the ranks 1/K, 2/K, ..., 1 (K: analytics.job's
-SKETCH_POINTS), each point standing for 1/K of the group's count.
+"""The latency sketch: a group's latencies at the ranks 1/m, 2/m, ..., 1 (m: the group's count
+or analytics.job's SKETCH_POINTS K, the smaller), each point standing for 1/m of its count.
 
-Mergeable: the points of several groups, each weighted by its group's count / K, are a sketch
+Mergeable: the points of several groups, each weighted by its group's count / m, are a sketch
 of their union. A quantile read from the merged points is within 1/K of rank of the exact one
-(each group's points misplace at most 1/K of its own rows); the points themselves are exact.
+(each group's points misplace at most 1/K of its own rows, none when it kept them all); the
+points themselves are exact.
 
 Spark makes the points of the archive's hours (analytics.job); points() makes those of the hot
 tables' hours, by the same rule, so that both engines give the same points for the same values.
@@ -15,13 +16,15 @@ from .job import SKETCH_POINTS
 
 
 def points(values):
-    """The sketch of these values (exact), or None for none: for each rank i/K, the
-    ceil(i * n / K)-th smallest value (integer arithmetic, as analytics.job's Spark does)."""
+    """The sketch of these values (exact), or None for none: m = min(n, K) points, for each
+    rank i/m the ceil(i * n / m)-th smallest value (integer arithmetic, as analytics.job's
+    Spark does): all the values when they are at most K."""
     if not values:
         return None
     ordered = sorted(values)
     n = len(ordered)
-    return [ordered[max(-(-i * n // SKETCH_POINTS), 1) - 1] for i in range(1, SKETCH_POINTS + 1)]
+    m = min(n, SKETCH_POINTS)
+    return [ordered[max(-(-i * n // m), 1) - 1] for i in range(1, m + 1)]
 
 
 class Merged:

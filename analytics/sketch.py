@@ -10,6 +10,8 @@ Spark makes the points of the archive's hours (analytics.job); points() makes th
 tables' hours, by the same rule, so that both engines give the same points for the same values.
 """
 
+import math
+
 import numpy as np
 
 from .job import SKETCH_POINTS
@@ -50,18 +52,34 @@ class Merged:
         """
         if not self.count:
             return [None for _ in ps]
-        values = np.concatenate([np.asarray(p, dtype=np.float64) for p in self._points])
+        slack = 1e-9 * self.count
         if len(self._points) == 1:
-            # One sketch: its points are sorted already, of equal weights.
-            cumulative = self._weights[0] * np.arange(1, len(values) + 1, dtype=np.float64)
-        else:
-            # In order of value, then of weight, as (value, weight) pairs sort.
-            weights = np.repeat(self._weights, [len(p) for p in self._points])
-            order = np.lexsort((weights, values))
-            values, cumulative = values[order], np.cumsum(weights[order])
+            return self._one_sketch(ps, slack)
+        values = np.concatenate([np.asarray(p, dtype=np.float64) for p in self._points])
+        # In order of value, then of weight, as (value, weight) pairs sort.
+        weights = np.repeat(self._weights, [len(p) for p in self._points])
+        order = np.lexsort((weights, values))
+        values, cumulative = values[order], np.cumsum(weights[order])
         # The first point whose cumulative weight reaches p of the total, with a little slack
         # for the rounding of float sums.
-        slack = 1e-9 * self.count
         targets = np.asarray(ps, dtype=np.float64) * self.count - slack
         at = np.minimum(np.searchsorted(cumulative, targets, side="left"), len(values) - 1)
         return [float(values[i]) for i in at]
+
+    def _one_sketch(self, ps, slack):
+        """quantiles() of one sketch (most hours of a trend; its points sorted, of equal
+        weights), in plain Python: the first point whose cumulative weight, weight * (i + 1),
+        reaches the target, as the numpy path finds it, without numpy's per-call cost, paid
+        tens of thousands of times a run."""
+        points, weight = self._points[0], self._weights[0]
+        last = len(points) - 1
+        out = []
+        for p in ps:
+            target = p * self.count - slack
+            i = max(0, min(last, math.ceil(target / weight) - 1))
+            while i > 0 and weight * i >= target:
+                i -= 1
+            while i < last and weight * (i + 1) < target:
+                i += 1
+            out.append(float(points[i]))
+        return out

@@ -1,17 +1,17 @@
 """The analytics run behind `manage.py analyze` and the beat's "analyze": incremental by day.
 
-    archive partitions --list--> changed ones --Spark (job), or Arrow when a few MB--> hour rows,
-                                                                     kept in the run folder
+    archive partitions --list--> changed ones --Arrow (up to MQ_ANALYTICS_LOCAL_BYTES)
+                                                or Spark (past it)--> hour rows, kept in the run folder
     hot tables --COPY--> Arrow snapshot --less what is archived--> hour rows (Arrow, or Spark if big)
     hour rows --figures--> event and subscriber stats, trends --> run folder --switch--> loaded
 
 A run lists the archive's (queue, day) partitions and their fingerprints (analytics.partitions).
 The hour rows of every partition whose fingerprint the current run folder already holds are
-kept; only the others go to Spark, or, after a folder's first run, when they are a few
-megabytes (MQ_ANALYTICS_LOCAL_BYTES: the last hour's files) are read and reduced in this
-process, as the hot tables are, cheaper than a JVM's start. The hot tables are small: their
-hour rows are computed in this process unless they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run
-with no archived day changed starts no Spark job at all.
+kept; only the others are recomputed: in this process with Arrow, a partition at a time on
+every core, when they are at most MQ_ANALYTICS_LOCAL_BYTES of Parquet (the last hour's files,
+or a first run over a history of a few million deliveries: far cheaper than a JVM's start),
+else by Spark. The hot tables are small: their hour rows are computed in this process unless
+they pass MQ_ANALYTICS_HOT_SPARK_ROWS. So a run with no archived day changed starts no Spark job.
 
 One run at a time per archive, and none while the archive or its compaction writes: the run
 holds the archive's lock (analytics.archive.exclusive) from the listing to the last file Spark
@@ -29,11 +29,11 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from django.conf import settings
 from django.utils import timezone
 
@@ -50,6 +50,9 @@ spark_jvm.install()
 # pays for itself: measured on the 5 M archive (182 MB), the quick compiler alone makes the
 # first pass 2.6 s shorter and each later one 3.2 s longer, so it breaks even near 330 MB.
 QUICK_JIT_BYTES = 256 * 1024 * 1024
+
+# The in-process reduction's batches: at most this much Parquet (about 2 million deliveries).
+LOCAL_BATCH_BYTES = 64 * 1024 * 1024
 
 EVENT_HOURS = "archive_event_hours.parquet"
 SUBSCRIBER_HOURS = "archive_subscriber_hours.parquet"
@@ -190,16 +193,12 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
     messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
     snapshot = dataclasses.replace(snapshot, messages=messages, deliveries=deliveries)
     hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
-    # Spark computes the history (a folder's first run always goes to it, as the API
-    # says analyze does); on top of it, a little to recompute (the last hour's files, a batch
-    # archived late into an old day) is reduced in this process with Arrow, as the hot snapshot
-    # is, rule for rule like Spark: a JVM's start and first query cost more than that. Not when
-    # Spark starts anyway for big hot tables.
-    in_process = (
-        current is not None
-        and not hot_in_spark
-        and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
-    )
+    # What fits MQ_ANALYTICS_LOCAL_BYTES (a first run over a modest history, the last hour's
+    # files, a batch archived late into an old day) is reduced in this process with Arrow,
+    # partition by partition on every core, rule for rule like Spark: a JVM's start and first
+    # query alone cost more than Arrow takes for a few million rows. Past it, Spark (the engine
+    # of big histories and clusters); and always Spark when it starts anyway for big hot tables.
+    in_process = not hot_in_spark and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
     to_spark = [] if in_process else missing
     # Spark reads whatever its schema says; a newer release's file is refused here instead
     # (partitions.read_rows checks the files it reads itself).
@@ -207,13 +206,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
 
     new = {"events": [], "subscribers": []}
     if in_process:
-        derived = _derived(
-            hours.parts(
-                partitions.read_rows(root, missing, layout.MESSAGES),
-                partitions.read_rows(root, missing, layout.DELIVERIES),
-            )
-        )
-        _add_tagged(new, derived, missing)
+        new = _reduce_in_process(root, missing)
         progress(f"read {len(missing)} archived partitions in this process")
     hot = None
     if to_spark or hot_in_spark:
@@ -286,6 +279,51 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
     return rows, facts
 
 
+def _reduce_in_process(root, missing):
+    """{"events": [...], "subscribers": [...]}: the hour rows of these partitions, each tagged
+    with its partition's fingerprint, read and reduced with Arrow (analytics.hours) a batch at
+    a time on a thread per core (Arrow and numpy leave the GIL)."""
+
+    def one(batch):
+        derived = _derived(
+            hours.parts(
+                pa.concat_tables([partitions.read_rows(root, p, layout.MESSAGES) for p in batch]),
+                pa.concat_tables([partitions.read_rows(root, p, layout.DELIVERIES) for p in batch]),
+            )
+        )
+        # One partition a queue in the batch, and the queue in every key: each row is one
+        # partition's, whatever day its own hour is in.
+        fingerprints = {p.queue: p.fingerprint for p in batch}
+        return {
+            name: table.append_column("fingerprint", _tags(table, fingerprints))
+            for name, table in derived.items()
+        }
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        done = list(pool.map(one, _local_batches(missing)))
+    return {name: [d[name] for d in done] for name in ("events", "subscribers")}
+
+
+def _tags(table, fingerprints):
+    """The fingerprint of each row's queue: looked up once per queue, not per row (a batch of
+    small partitions has millions of subscriber hour rows)."""
+    queues = pc.dictionary_encode(table["queue"]).combine_chunks()
+    lookup = pa.array([fingerprints[q] for q in queues.dictionary.to_pylist()], pa.string())
+    return pc.take(lookup, queues.indices)
+
+
+def _local_batches(missing, most_bytes=LOCAL_BATCH_BYTES):
+    """The partitions in batches of one day's, so of distinct queues, of at most `most_bytes`
+    of Parquet each (a partition bigger than that alone): a reduction costs about 5 ms
+    whatever its size (720 small partitions alone: 3 CPU s), and a batch bounds what a thread
+    holds at once."""
+    by_day = {}
+    for partition in missing:
+        by_day.setdefault(partition.day, []).append(partition)
+    for day in sorted(by_day):
+        yield from _chunks(by_day[day], most_bytes)
+
+
 def _chunks(missing, most_bytes):
     """The partitions to recompute in runs of Spark jobs of at most `most_bytes` of Parquet each
     (a partition bigger than that alone): what a job holds at once (an hour's latencies, for
@@ -312,7 +350,7 @@ def _kept_hours(out, current, live):
     kept = {}
     for name, file in (("events", EVENT_HOURS), ("subscribers", SUBSCRIBER_HOURS)):
         try:
-            table = pq.read_table(f"{base}/{file}", filesystem=fs).cast(_with_fingerprint(schemas[name]))
+            table = layout.read_file(fs, f"{base}/{file}").cast(_with_fingerprint(schemas[name]))
         except (OSError, ValueError) as exc:
             # ValueError (ArrowInvalid's base) too: the hour rows of a release with other
             # columns (before the subscribers' latency sketch) do not cast; they are made anew.

@@ -123,17 +123,10 @@ class Sums:
 
 @dataclass
 class Hour(Sums):
-    """The rows of one queue, event and hour, from the archive and the hot tables."""
+    """One queue, event and hour, its rows (the archive's and the hot tables') added up."""
 
-    minutes: dict = field(default_factory=lambda: defaultdict(int))
+    peak_minute: int = 0
     sketches: list = field(default_factory=list)
-
-    def add_row(self, row):
-        self.add_sums(row.__getitem__, row["first_at"], row["last_at"])
-        for entry in row["minute_counts"] or ():
-            self.minutes[entry["minute"]] += entry["n"]
-        if row["latency_points"]:
-            self.sketches.append((row["latency_points"], row["latency_count"]))
 
 
 @dataclass
@@ -146,7 +139,7 @@ class Totals(Sums):
 
     def add_hour(self, hour):
         self.add_sums(lambda name: getattr(hour, name), hour.first_at, hour.last_at)
-        self.peak_per_minute = max(self.peak_per_minute, max(hour.minutes.values(), default=0))
+        self.peak_per_minute = max(self.peak_per_minute, hour.peak_minute)
         self.peak_per_hour = max(self.peak_per_hour, hour.messages)
         for points, count in hour.sketches:
             self.latency.add(points, count)
@@ -165,36 +158,103 @@ def in_window(day, since=None, until=None):
 
 def event_figures(table, *, since=None, until=None):
     """(event stats, event trends) from event hour rows (an Arrow table in
-    analytics.hours.EVENT_HOUR_SCHEMA; several rows of one hour are added up)."""
-    hours = defaultdict(Hour)
-    for row in _in_window(table, since, until).to_pylist():
-        hours[(row["queue"], row["event"], row["hour"])].add_row(row)
+    analytics.hours.EVENT_HOUR_SCHEMA; several rows of one hour are added up).
+
+    The sums, spans and peaks by Arrow's group_by, the sketches merged in Python: a history
+    of many queues has hundreds of thousands of hour rows, which Python objects for every row
+    took seconds to add up."""
+    table = _in_window(table, since, until)
+    keys = ["queue", "event", "hour"]
+    hours = _hour_sums(table, keys)
+    sketches = _hour_sketches(table)
 
     totals = defaultdict(Totals)
-    trends = {period: defaultdict(Totals) for period in PERIODS}
-    for (queue, event, start), hour in hours.items():
-        totals[(queue, event)].add_hour(hour)
-        trends["hour"][(queue, event, start)].add_hour(hour)
-        trends["day"][(queue, event, _day_start(start))].add_hour(hour)
+    days = defaultdict(Totals)
+    hour_rows = []
+    for row in hours.to_pylist():
+        key = (row["queue"], row["event"])
+        hour = Hour(
+            **{name: row[name] or 0 for name in COUNTED}, first_at=row["first_at"], last_at=row["last_at"]
+        )
+        hour.peak_minute = row["peak_minute"] or 0
+        hour.sketches = sketches.get((*key, row["hour"]), ())
+        totals[key].add_hour(hour)
+        days[(*key, _day_start(row["hour"]))].add_hour(hour)
+        hour_rows.append(_trend(*key, "hour", row["hour"], hour, _latency_of(hour.sketches)))
 
     stats = [_event_stats(queue, event, t) for (queue, event), t in sorted(totals.items())]
-    trend_rows = [
+    day_rows = [_trend(q, e, "day", start, t, t.latency_ms()) for (q, e, start), t in sorted(days.items())]
+    hour_rows.sort(key=lambda r: (r["queue"], r["event"], r["period_start"]))
+    return stats, hour_rows + day_rows
+
+
+def _hour_sums(table, keys):
+    """One row per queue, event and hour: its rows' counts added up, the span of its messages
+    and its busiest minute (`peak_minute`: the minutes' counts of its rows added up first)."""
+    sums = table.group_by(keys, use_threads=False).aggregate(
+        [(c, "sum") for c in COUNTED] + [("first_at", "min"), ("last_at", "max")]
+    )
+    sums = sums.rename_columns(
+        {f"{c}_sum": c for c in COUNTED}
+        | {"first_at_min": "first_at", "last_at_max": "last_at"}
+        | {k: k for k in keys}
+    )
+    minute_counts = table["minute_counts"].combine_chunks()
+    parents = pc.list_parent_indices(minute_counts)
+    flat = pc.list_flatten(minute_counts)
+    minutes = pa.table(
         {
-            "queue": queue,
-            "event": event,
-            "period": period,
-            "period_start": start,
-            "messages": t.messages,
-            "deliveries": t.deliveries,
-            "acked": t.acked,
-            "dead": t.dead,
-            "dead_letter_rate": t.dead_letter_rate(),
-            **{f"latency_{k}_ms": v for k, v in t.latency_ms().items()},
+            **{k: pc.take(table[k], parents) for k in keys},
+            "minute": pc.struct_field(flat, "minute"),
+            "n": pc.struct_field(flat, "n"),
         }
-        for period in PERIODS
-        for (queue, event, start), t in sorted(trends[period].items())
-    ]
-    return stats, trend_rows
+    )
+    per_minute = minutes.group_by([*keys, "minute"], use_threads=False).aggregate([("n", "sum")])
+    peaks = per_minute.group_by(keys, use_threads=False).aggregate([("n_sum", "max")])
+    peaks = peaks.rename_columns({"n_sum_max": "peak_minute"} | {k: k for k in keys})
+    return sums.join(peaks, keys, join_type="left outer")
+
+
+def _hour_sketches(table):
+    """{(queue, event, hour): [(points, count), ...]} of the rows with a sketch, the points as
+    numpy slices rather than Python floats (200 a row)."""
+    with_sketch = table.filter(pc.greater(table["latency_count"], 0))
+    points = with_sketch["latency_points"].combine_chunks()
+    values, offsets = points.values.to_numpy(zero_copy_only=False), points.offsets.to_numpy()
+    out = defaultdict(list)
+    columns = zip(
+        with_sketch["queue"].to_pylist(),
+        with_sketch["event"].to_pylist(),
+        with_sketch["hour"].to_pylist(),
+        with_sketch["latency_count"].to_pylist(),
+        strict=True,
+    )
+    for i, (queue, event, hour, count) in enumerate(columns):
+        if offsets[i + 1] > offsets[i]:
+            out[(queue, event, hour)].append((values[offsets[i] : offsets[i + 1]], count))
+    return out
+
+
+def _latency_of(sketches):
+    merged = Merged()
+    for points, count in sketches:
+        merged.add(points, count)
+    return dict(zip(("p50", "p95", "p99"), merged.quantiles(PERCENTILES), strict=True))
+
+
+def _trend(queue, event, period, start, t, latency):
+    return {
+        "queue": queue,
+        "event": event,
+        "period": period,
+        "period_start": start,
+        "messages": t.messages,
+        "deliveries": t.deliveries,
+        "acked": t.acked,
+        "dead": t.dead,
+        "dead_letter_rate": t.dead / t.deliveries if t.deliveries else None,
+        **{f"latency_{k}_ms": v for k, v in latency.items()},
+    }
 
 
 def _event_stats(queue, event, t):
@@ -283,16 +343,15 @@ def subscriber_figures(table, *, now, since=None, until=None):
 
 def subscriber_latency(table):
     """{subscriber: Totals whose latency is the merge of its hours' sketches} of subscriber hour
-    rows (the other sums are left at 0: only latency_ms() is read)."""
+    rows (the other sums are left at 0: only latency_ms() is read). The points as numpy slices,
+    as _hour_sketches takes them: a Python float each was most of a rerun's figures."""
     merged = defaultdict(Totals)
     with_sketch = table.filter(pc.greater(table["latency_count"], 0))
-    for name, points, count in zip(
-        with_sketch["subscriber"].to_pylist(),
-        with_sketch["latency_points"].to_pylist(),
-        with_sketch["latency_count"].to_pylist(),
-        strict=True,
-    ):
-        merged[name].latency.add(points, count)
+    points = with_sketch["latency_points"].combine_chunks()
+    values, offsets = points.values.to_numpy(zero_copy_only=False), points.offsets.to_numpy()
+    names, counts = with_sketch["subscriber"].to_pylist(), with_sketch["latency_count"].to_pylist()
+    for i, (name, count) in enumerate(zip(names, counts, strict=True)):
+        merged[name].latency.add(values[offsets[i] : offsets[i + 1]], count)
     return merged
 
 

@@ -75,11 +75,12 @@ DELIVERY_COLUMNS = ("queue", "day", "event", "subscriber", "status", "attempts",
 _KINDS = {"messages": (MESSAGE_SCHEMA, MESSAGE_COLUMNS), "deliveries": (DELIVERY_SCHEMA, DELIVERY_COLUMNS)}
 STATUSES = ("pending", "inflight", "acked", "dead")
 
-# The latency sketch of a group: its exact latencies at ranks 1/K, 2/K, ..., 1 (K =
-# SKETCH_POINTS), each point standing for 1/K of the group's acked deliveries. Merged
-# (analytics.sketch), the points of any set of groups give any quantile within 1/K of rank:
-# 0.5 %, inside the contract's 1 %. p50, p95 and p99 are points of the grid, so an hour's own
-# are exact.
+# The latency sketch of a group of n values: its exact latencies at ranks 1/m, 2/m, ..., 1,
+# m = min(n, K) (K = SKETCH_POINTS), each point standing for n/m of the group's acked
+# deliveries: all of its values when it has at most K (an hour of a quiet queue), so no sketch
+# is bigger than its hour. Merged (analytics.sketch), the points of any set of groups give any
+# quantile within 1/K of rank: 0.5 %, inside the contract's 1 %. p50, p95 and p99 are points of
+# the grid, so an hour's own are exact.
 SKETCH_POINTS = 200
 
 MESSAGE_HOUR_COLUMNS = ("queue", "day", "event", "hour", "messages", "minute_counts", "first_at", "last_at")
@@ -359,7 +360,8 @@ def transform_latency_sketches(deliveries: DataFrame) -> DataFrame:
     """One row per queue, day, event and hour with acked deliveries (SKETCH_COLUMNS): the
     latency sketch of its acked deliveries, from each one's making (created_at: the publish,
     or the replay that made it; docs/analytics.md) to its ack, in ms: the exact latencies at the
-    ranks 1/K, 2/K, ..., 1, from the hour's latencies sorted.
+    ranks 1/m, 2/m, ..., 1 (m = min(n, K): all of them up to K), from the hour's latencies
+    sorted.
 
     An aggregate of its own (collect_list, an object aggregate), kept apart from the counts so
     that it does not take them out of generated code. Exact rather than percentile_approx:
@@ -391,11 +393,12 @@ def _latency_sketches(deliveries, key):
         .groupBy("queue", "day", key, "h")
         .agg(F.sort_array(F.collect_list("latency_ms")).alias("latencies"))
     )
-    # The point of rank i/K is the ceil(i * n / K)-th smallest value (integer arithmetic, as
-    # analytics.sketch.points computes it).
-    k = SKETCH_POINTS
-    rank = f"greatest(1, cast((i * size(latencies) + {k - 1}) div {k} as int))"
-    points = F.expr(f"transform(sequence(1, {k}), i -> element_at(latencies, {rank}))")
+    # m = min(n, K) points: the point of rank i/m is the ceil(i * n / m)-th smallest value
+    # (integer arithmetic, as analytics.sketch.points computes it); an hour of at most K
+    # values keeps them all, exact, rather than K points repeating them.
+    m = f"greatest(1, least(size(latencies), {SKETCH_POINTS}))"
+    rank = f"greatest(1, cast((cast(i as long) * size(latencies) + {m} - 1) div {m} as int))"
+    points = F.expr(f"transform(sequence(1, {m}), i -> element_at(latencies, {rank}))")
     return hours.select(
         "queue",
         "day",

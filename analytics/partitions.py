@@ -10,8 +10,8 @@ walk of the archive's folders (no file is opened), in proportion to its files.
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from . import layout
@@ -70,23 +70,29 @@ def _partition(key, entries, base, root):
     return Partition(key[0], key[1], files, digest.hexdigest()[:32], sum(info.size for _, info in entries))
 
 
-def read_rows(root, chosen, kind):
-    """The rows of these partitions' files of one kind, in the columns of the hot tables'
-    snapshot (layout.HOT_MESSAGE_SCHEMA or HOT_DELIVERY_SCHEMA, the queue from the folder) and
-    the partition's day (layout.DAY_FIELD, from the folder too), for analytics.hours to reduce
-    in this process as it does the snapshot."""
-    hot = layout.HOT_MESSAGE_SCHEMA if kind == layout.MESSAGES else layout.HOT_DELIVERY_SCHEMA
-    schema = hot.append(layout.DAY_FIELD)
-    columns = [name for name in hot.names if name != "queue"]
+def read_rows(root, partition, kind):
+    """The rows of one partition's files of one kind, in the columns analytics.hours reduces
+    (those of the hot tables' snapshot, layout.HOT_MESSAGE_SCHEMA or HOT_DELIVERY_SCHEMA, less
+    the ids; the queue from the folder) and the partition's day (layout.DAY_FIELD, from the
+    folder too: a delivery a replay made days later still has its message's). The strings come
+    dictionary-encoded, as Parquet keeps them: a few distinct names over millions of rows, which
+    hours.parts groups by their codes. Each file's schema version is checked as it is read."""
+    schema = layout.HOT_MESSAGE_SCHEMA if kind == layout.MESSAGES else layout.HOT_DELIVERY_SCHEMA
+    columns = [name for name in schema.names if name not in ("id", "message_id", "queue")]
+    strings = [name for name in columns if schema.field(name).type == pa.string()]
     fs, base = layout.filesystem(root)
     prefix = str(root).rstrip("/")
     tables = []
-    for partition in chosen:
-        for path in partition.paths(kind):
-            table = pq.read_table(base + path[len(prefix) :], columns=columns, filesystem=fs)
-            layout.check_version(table.schema.metadata, path)
-            queue = pa.array([partition.queue] * table.num_rows, pa.string())
-            day = pa.array([partition.day] * table.num_rows, pa.string())
-            table = table.append_column("queue", queue).append_column(layout.DAY_FIELD, day)
-            tables.append(table.select(schema.names).cast(schema))
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    for path in partition.paths(kind):
+        table = layout.read_file(fs, base + path[len(prefix) :], columns=columns, read_dictionary=strings)
+        layout.check_version(table.schema.metadata, path)
+        tables.append(table)
+    if tables:
+        table = pa.concat_tables(tables)  # the strings' dictionaries are unified where grouped
+    else:
+        table = pa.table({name: pa.array([], schema.field(name).type) for name in columns})
+    # The folder's queue and day, one value each: a dictionary of one over codes all 0.
+    zeros = pa.array(np.zeros(table.num_rows, dtype=np.int32))
+    for field, value in ((layout.QUEUE_FIELD, partition.queue), (layout.DAY_FIELD, partition.day)):
+        table = table.append_column(field.name, pa.DictionaryArray.from_arrays(zeros, pa.array([value])))
+    return table

@@ -3,6 +3,7 @@ archive's own layout, and whether its figures agree with DuckDB's.
 
     .venv/bin/python bench/analytics_run.py [--deliveries 5000000] [--layouts hourly,daily]
                                             [--sizes 1000000,2500000] [--master local[2]]
+                                            [--local-bytes N] [--connect]
 
 Everything goes through the command line, as an operator would use it (no internal API): for
 each layout (`hourly`: one file per queue and hour, as the hourly archive task leaves them;
@@ -14,6 +15,12 @@ DATABASE_URL in its environment), timed wall clock:
     first   a fresh --out folder: everything computed, the JVM's start included
     rerun   the same folder again with nothing new
     hour    the same folder again after one new hourly file (a new hour of one queue)
+
+The archive is reduced as the settings say: in the analysing process with Arrow up to
+MQ_ANALYTICS_LOCAL_BYTES (its default, or --local-bytes; 0 sends everything to Spark), else by
+Spark. --connect starts a long-lived Spark Connect server on the same master before the runs
+(its start not timed: it stands for one an operator keeps running) and gives the runs
+SPARK_REMOTE, so that no run starts a JVM of its own; its CPU is not counted in the runs'.
 
 Then the first run alone on smaller histories in the hourly layout (--sizes), to fit
 wall = fixed + rows / (rate * cores): the fixed cost in seconds and the input rows (messages
@@ -146,6 +153,55 @@ def history_script(env, *args):
     if done.returncode:
         raise RuntimeError(f"analytics_history.py {args[0]} failed:\n{done.stderr[-3000:]}")
     return done.stdout
+
+
+# --- a long-lived Spark Connect server (--connect) ----------------------------------------------
+
+CONNECT_SERVER = """
+import sys
+from pyspark.sql import SparkSession
+spark = (
+    SparkSession.builder.master(sys.argv[2])
+    .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+    .config("spark.connect.grpc.binding.port", sys.argv[1])
+    .config("spark.ui.enabled", "false")
+    .config("spark.sql.shuffle.partitions", sys.argv[3])
+    .getOrCreate()
+)
+print("ready", flush=True)
+sys.stdin.read()  # until the benchmark closes it
+spark.stop()
+"""
+
+
+def start_connect_server(master, cores):
+    """A Spark Connect server on `master` (the pyspark package's own plugin); returns (process,
+    its sc:// URL) once it listens. Cold: the first run is its first query (the JVM compiles
+    Spark's code paths then); the later runs meet it warm, as an operator's server is. Its CPU
+    is not in a run's (it is not the run's child)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONNECT_SERVER, str(port), master, str(2 * (cores or 1))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError("the Spark Connect server did not start")
+    return proc, f"sc://127.0.0.1:{port}"
+
+
+def stop_connect_server(proc):
+    proc.stdin.close()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 # --- DuckDB, the independent engine ---------------------------------------------------------------
@@ -306,7 +362,7 @@ def check(record, printed, want):
             print(f"    {p}", file=sys.stderr)
 
 
-def one_archive(workdir, size, layout, master, runs):
+def one_archive(workdir, size, layout, master, runs, extra_env=None):
     """Generate an archive and its hot set, run analyze `runs` ("first", "rerun", "hour")."""
     base = Path(workdir) / f"{layout}-{size}"
     archive, hot = base / "archive", base / "hot"
@@ -320,7 +376,7 @@ def one_archive(workdir, size, layout, master, runs):
     env = {**os.environ, "DATABASE_URL": url}
     info["hot"] = json.loads(history_script(env, "hot", "--archive", str(archive)))
     history_script(env, "dump-hot", str(hot))
-    env |= {"SPARK_MASTER": master, "MQ_ARCHIVE_DIR": str(archive)}
+    env |= {"SPARK_MASTER": master, "MQ_ARCHIVE_DIR": str(archive), **(extra_env or {})}
     out = base / "out"
     records = []
     for label in runs:
@@ -387,6 +443,12 @@ def main():
     )
     parser.add_argument("--runs", default="first,rerun,hour", help="which runs per layout")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--local-bytes", type=int, default=None, help="MQ_ANALYTICS_LOCAL_BYTES for the runs (0: Spark only)"
+    )
+    parser.add_argument(
+        "--connect", action="store_true", help="run Spark on a long-lived Spark Connect server (SPARK_REMOTE)"
+    )
     parser.add_argument("--workdir", default=str(ROOT / "var" / "bench-analytics"))
     parser.add_argument("--keep", action="store_true", help="keep the archives and outputs in --workdir")
     args = parser.parse_args()
@@ -401,18 +463,24 @@ def main():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     archives, records = [], []
+    extra_env = {} if args.local_bytes is None else {"MQ_ANALYTICS_LOCAL_BYTES": str(args.local_bytes)}
+    server = None
+    if args.connect:
+        server, extra_env["SPARK_REMOTE"] = start_connect_server(args.master, cores)
     try:
         for layout in [x for x in args.layouts.split(",") if x]:
-            info, recs = one_archive(workdir, args.deliveries, layout, args.master, runs)
+            info, recs = one_archive(workdir, args.deliveries, layout, args.master, runs, extra_env)
             archives.append(info)
             records += recs
             _remove(workdir / f"{layout}-{args.deliveries}", args.keep)
         for size in [int(s) for s in args.sizes.split(",") if s]:
-            info, recs = one_archive(workdir, size, "hourly", args.master, ["first"])
+            info, recs = one_archive(workdir, size, "hourly", args.master, ["first"], extra_env)
             archives.append(info)
             records += recs
             _remove(workdir / f"hourly-{size}", args.keep)
     finally:
+        if server is not None:
+            stop_connect_server(server)
         if not args.keep:
             _remove(workdir, False)
     points = [
@@ -431,6 +499,7 @@ def main():
         "machine": machine,
         "master": args.master,
         "cores": cores,
+        "settings": dict(extra_env),
         "command": "manage.py analyze --json --out DIR (a new process per run)",
         "archives": archives,
         "runs": records,

@@ -461,11 +461,12 @@ MQ_ANALYZE_LOCK_WAIT_SECS = _positive_float("MQ_ANALYZE_LOCK_WAIT_SECS", 60.0)
 # Past this many deliveries in the hot tables, their hour rows are computed by Spark rather
 # than in the analyzing process with Arrow (which holds the snapshot in memory).
 MQ_ANALYTICS_HOT_SPARK_ROWS = _positive_int("MQ_ANALYTICS_HOT_SPARK_ROWS", 2_000_000)
-# After a folder's first run (always Spark's), up to this many bytes of the archive's Parquet to
-# recompute (changed partitions), a run reduces them in its own process with Arrow rather than
-# start Spark (a JVM and its first query cost about 5 s; this process does 16 MiB, about 450,000
-# deliveries, in about 1.5 s). 0: always Spark.
-MQ_ANALYTICS_LOCAL_BYTES = _whole_number("MQ_ANALYTICS_LOCAL_BYTES", 16 << 20)
+# Up to this many bytes of the archive's Parquet to recompute (changed partitions; a whole
+# first run included), a run reduces them in its own process with Arrow, a partition at a time
+# on every core, rather than start Spark: a JVM's start and first query cost 5-15 s, and Arrow
+# reduces the 5 M-delivery archive (183 MB) in about 3 CPU s. Past it, Spark, which splits the
+# work by file and scales out to a cluster. 0: always Spark.
+MQ_ANALYTICS_LOCAL_BYTES = _whole_number("MQ_ANALYTICS_LOCAL_BYTES", 1 << 30)
 # The archive's partitions to recompute go to Spark this many bytes of Parquet at a time (about
 # 30 million deliveries a GiB): bounds a first run's memory over a long history.
 MQ_ANALYTICS_CHUNK_BYTES = _positive_int("MQ_ANALYTICS_CHUNK_BYTES", 1 << 30)

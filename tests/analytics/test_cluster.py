@@ -283,6 +283,8 @@ def test_manage_py_analyze_runs_on_a_standalone_cluster(
         MQ_SPARK_CONF=json.dumps(conf),
         MQ_SPARK_DRIVER_MEMORY="512m",
         MQ_SPARK_EVENT_LOG_DIR=f"file://{archive_dir.parent}/events",
+        # Every partition to the cluster: an archive this small is otherwise reduced in process.
+        MQ_ANALYTICS_LOCAL_BYTES="0",
     )
     done = manage("analyze", "--json", env=env)
     assert done.returncode == 0, done.stderr[-4000:]

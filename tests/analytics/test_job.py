@@ -99,6 +99,19 @@ def test_it_reads_the_layout_as_the_archive_writes_it():
     assert job.DELIVERY_SCHEMA.names == [*layout.DELIVERY_SCHEMA.names, "queue", "day"]
 
 
+def test_a_sketch_is_never_bigger_than_its_hour():
+    """An hour of at most K acked deliveries keeps its latencies, exact; a busier one K points,
+    the ceil(i * n / K)-th smallest: both engines (test_the_arrow_parts_are_sparks) by this rule."""
+    assert sketch.points([30.0, 10.0, 20.0]) == [10.0, 20.0, 30.0]
+    busy = [float(v) for v in range(1000, 0, -1)]
+    points = sketch.points(busy)
+    assert len(points) == job.SKETCH_POINTS == 200
+    assert points[:3] == [5.0, 10.0, 15.0] and points[-1] == 1000.0
+    merged = sketch.Merged()
+    merged.add(sketch.points([1.0, 2.0, 3.0, 4.0]), 4)
+    assert merged.quantiles([0.5, 0.75, 1.0]) == [2.0, 3.0, 4.0]
+
+
 def test_merged_sketches_stay_within_one_percent_of_rank():
     """Hours of very different spreads, merged: every percentile within 1 % of rank."""
     values = [[(h + 1) * (i % 97) + h * 1000 for i in range(50 + 40 * h)] for h in range(24)]
@@ -356,14 +369,12 @@ def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures
 
 
 def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_path, settings):
-    """Up to MQ_ANALYTICS_LOCAL_BYTES to recompute after a folder's first run, the archive's
-    partitions are reduced with Arrow in this process, rule for rule like Spark: no Spark job,
-    and every figure the same."""
+    """Up to MQ_ANALYTICS_LOCAL_BYTES to recompute, a folder's first run included, the
+    archive's partitions are reduced with Arrow in this process, rule for rule like Spark: no
+    Spark job, the same hour rows kept for the next run, and every figure the same."""
     _, base, snapshot, run = generated
     settings.MQ_ANALYTICS_LOCAL_BYTES = 1 << 30
-    # After a folder's first run (Spark's when it has partitions to reduce; here, over nothing)
     out = str(tmp_path / "out")
-    runs.switch(out, analysis.compute(str(tmp_path / "empty"), out, snapshot, now=history.NOW).run_id)
     local = analysis.compute(str(base / "archive"), out, snapshot, now=history.NOW)
     assert not local.manifest["spark"] and run.manifest["spark"]
     assert local.manifest["partitions"]["recomputed_in_process"] == local.manifest["partitions"]["total"] > 1
@@ -374,6 +385,18 @@ def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_
         run.event_trends,
         run.subscriber_trends,
     )
+    for name in (analysis.EVENT_HOURS, analysis.SUBSCRIBER_HOURS):
+        kept = [pq.read_table(f"{o}/runs/{r.run_id}/{name}") for o, r in ((out, local), (base / "out", run))]
+        assert _sorted_rows(kept[0]) == _sorted_rows(kept[1]), name
+
+
+def _sorted_rows(table):
+    out = []
+    for r in table.to_pylist():
+        if r.get("minute_counts") is not None:
+            r["minute_counts"] = sorted((m["minute"], m["n"]) for m in r["minute_counts"])
+        out.append(r)
+    return sorted(out, key=lambda r: tuple(str(v) for v in r.values()))
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["spark", "in-process"])

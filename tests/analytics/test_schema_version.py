@@ -46,16 +46,27 @@ def test_a_newer_file_is_refused_by_the_in_process_reader(archive_root):
     newer = data_files(root / layout.DELIVERIES)[0]
     rewrite_as_version(newer, layout.SCHEMA_VERSION + 1)
     listing = partitions.list_archive(root)
-    chosen = [p for p in listing.values() if any(path.endswith(newer.name) for _, path in p.files)]
+    (chosen,) = [p for p in listing.values() if any(path.endswith(newer.name) for _, path in p.files)]
     with pytest.raises(layout.UnknownSchemaVersion, match="newer than this release's"):
         partitions.read_rows(root, chosen, layout.DELIVERIES)
 
 
-def test_an_analysis_refuses_a_newer_file_before_spark_reads_it(archive_root, tmp_path):
-    # A first run goes to Spark, which would read the file by its own schema: refused before
-    # any JVM starts (the test has no Spark fixture; a start would take seconds, not fail).
+def test_an_analysis_refuses_a_newer_file_before_spark_reads_it(archive_root, tmp_path, settings):
+    # A run that sends the partitions to Spark (here all of them: nothing is reduced in process)
+    # would have it read the file by its own schema: refused before any JVM starts (the test has
+    # no Spark fixture; a start would take seconds, not fail).
+    settings.MQ_ANALYTICS_LOCAL_BYTES = 0
     root, snapshot = archive_root
     rewrite_as_version(data_files(root / layout.MESSAGES)[-1], layout.SCHEMA_VERSION + 1)
+    with pytest.raises(layout.UnknownSchemaVersion, match=r"archive schema version 2, newer"):
+        analysis.compute(str(root), str(tmp_path / "out"), snapshot, now=history.NOW)
+
+
+def test_an_analysis_in_process_refuses_a_newer_file(archive_root, tmp_path):
+    # A small archive's first run is reduced in this process (MQ_ANALYTICS_LOCAL_BYTES), whose
+    # reader checks each file it opens.
+    root, snapshot = archive_root
+    rewrite_as_version(data_files(root / layout.DELIVERIES)[-1], layout.SCHEMA_VERSION + 1)
     with pytest.raises(layout.UnknownSchemaVersion, match=r"archive schema version 2, newer"):
         analysis.compute(str(root), str(tmp_path / "out"), snapshot, now=history.NOW)
 

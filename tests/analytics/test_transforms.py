@@ -102,15 +102,15 @@ def test_delivery_cells_count_deliveries_by_subscriber_hour_ack_hour_and_state(s
     assertDataFrameEqual(job.transform_delivery_cells(deliveries), expected)
 
 
-def test_latency_sketches_hold_each_hours_acked_latencies_at_200_ranks(spark):
+def test_latency_sketches_hold_each_hours_acked_latencies_at_min_n_200_ranks(spark):
     deliveries = frame(spark, "deliveries", (*DELIVERY_FIELDS, "day"), DELIVERIES)
-    # 12:00 has two acked, 250 ms and 3,600,000 ms: the point of rank i/200 is the
-    # ceil(2i/200)-th smallest, the first for i <= 100. The replayed delivery's latency runs
+    # 12:00 has two acked, 250 ms and 3,600,000 ms: m = min(2, 200) = 2 points, the values
+    # themselves (rank i/m is the ceil(2i/2)-th smallest). The replayed delivery's latency runs
     # from its replay (its own created_at), not from its message's publish two days before.
     expected = spark.createDataFrame(
         [
-            ("db", DAY, "create", HOUR, 2, [250.0] * 100 + [3_600_000.0] * 100),
-            ("db", DAY, "create", REPLAY_HOUR, 1, [500.0] * 200),
+            ("db", DAY, "create", HOUR, 2, [250.0, 3_600_000.0]),
+            ("db", DAY, "create", REPLAY_HOUR, 1, [500.0]),
         ],
         schema(
             *KEY,

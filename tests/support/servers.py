@@ -72,6 +72,9 @@ class Server:
                 self.proc.wait()
 
 
+SERVER_APPLICATION_NAME = "mq-test-server"
+
+
 def start_daphne(extra_env=None, port=None, daphne_args=()):
     """A Daphne on loopback; `daphne_args` are more of its command line options."""
     port = port or free_port()
@@ -81,6 +84,9 @@ def start_daphne(extra_env=None, port=None, daphne_args=()):
         "MQ_THROTTLE_RATE": "1000000/s",
         # A web process alone: its /healthz needs no worker (a test that starts one says so).
         "MQ_HEALTH_WORKERS": "false",
+        # Its PostgreSQL sessions are named, so that a test can end them and not its own
+        # (tests/support/outage.py); libpq reads it from the environment.
+        "PGAPPNAME": SERVER_APPLICATION_NAME,
         **(extra_env or {}),
     }
     env.pop("PYTEST_CURRENT_TEST", None)

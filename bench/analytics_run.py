@@ -3,7 +3,7 @@ archive's own layout, and whether its figures agree with DuckDB's.
 
     .venv/bin/python bench/analytics_run.py [--deliveries 5000000] [--layouts hourly,daily]
                                             [--sizes 1000000,2500000] [--master local[2]]
-                                            [--local-bytes N] [--connect]
+                                            [--local-bytes N] [--connect] [--days 10]
 
 Everything goes through the command line, as an operator would use it (no internal API): for
 each layout (`hourly`: one file per queue and hour, as the hourly archive task leaves them;
@@ -362,11 +362,11 @@ def check(record, printed, want):
             print(f"    {p}", file=sys.stderr)
 
 
-def one_archive(workdir, size, layout, master, runs, extra_env=None):
+def one_archive(workdir, size, layout, master, runs, extra_env=None, days=history.DAYS):
     """Generate an archive and its hot set, run analyze `runs` ("first", "rerun", "hour")."""
     base = Path(workdir) / f"{layout}-{size}"
     archive, hot = base / "archive", base / "hot"
-    info = history.generate_archive(archive, size, files=layout)
+    info = history.generate_archive(archive, size, files=layout, days=days)
     print(
         f"{layout} {size:,}: {info['files_per_kind']} files per kind, {info['parquet_bytes'] / 1e6:.0f} MB, "
         f"generated in {info['generate_s']} s",
@@ -442,6 +442,9 @@ def main():
         "--sizes", default="1000000,2500000", help="more hourly sizes for the fit ('' for none)"
     )
     parser.add_argument("--runs", default="first,rerun,hour", help="which runs per layout")
+    parser.add_argument(
+        "--days", type=int, default=history.DAYS, help="the layout runs' history spans this many days"
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument(
         "--local-bytes", type=int, default=None, help="MQ_ANALYTICS_LOCAL_BYTES for the runs (0: Spark only)"
@@ -469,7 +472,9 @@ def main():
         server, extra_env["SPARK_REMOTE"] = start_connect_server(args.master, cores)
     try:
         for layout in [x for x in args.layouts.split(",") if x]:
-            info, recs = one_archive(workdir, args.deliveries, layout, args.master, runs, extra_env)
+            info, recs = one_archive(
+                workdir, args.deliveries, layout, args.master, runs, extra_env, days=args.days
+            )
             archives.append(info)
             records += recs
             _remove(workdir / f"{layout}-{args.deliveries}", args.keep)

@@ -69,5 +69,7 @@ class AckedIds:
             if isinstance(subscription.get("queue"), str):
                 return subscription["queue"], subscription.get("event")
             subscription = subscription.get("id")  # type: ignore[assignment]
+        if isinstance(subscription, str) and subscription.isdigit():
+            subscription = int(subscription)  # as _protocol.seek takes it: "7" is 7
         with self._lock:
             return self._subscriptions.get(subscription)  # type: ignore[arg-type]

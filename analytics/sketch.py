@@ -184,9 +184,8 @@ class Sketches:
             groups = np.flatnonzero(width == w)  # one after another, as their points
             start, n = first[groups], size[groups]
             grid = np.full((len(groups), w), np.inf)
-            at = np.repeat(np.arange(len(groups)) * w - (start - start[0]), n)
-            at += np.arange(len(at))
-            grid.flat[at] = weights[start[0] : start[0] + len(at)]
+            # A group's points fill its row from the left (a boolean mask fills in row order).
+            grid[np.arange(w) < n[:, None]] = weights[start[0] : start[0] + n.sum()]
             np.cumsum(grid, axis=1, out=grid)
             for i in range(targets.shape[1]):
                 below = (grid < targets[in_order[groups], i][:, None]).sum(axis=1)
@@ -227,7 +226,8 @@ class Sketches:
             distinct_weights, weight_rank = np.unique(self._weights, return_inverse=True)
             value_bits = (len(order) - 1).bit_length()
             weight_bits = (len(distinct_weights) - 1).bit_length()
-            keys = value_rank[encoded.indices.to_numpy()] << weight_bits
+            keys = value_rank[encoded.indices.to_numpy()]
+            keys <<= weight_bits
             keys |= np.repeat(weight_rank.reshape(-1), self._lengths)
             self._ordered = keys, value_bits, weight_bits, distinct_values[order], distinct_weights
         return self._ordered

@@ -180,7 +180,7 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
     listing = partitions.list_archive(root)
     chosen = {key: p for key, p in listing.items() if figures.in_window(p.day, since, until)}
     current = runs.current(out)
-    kept = _kept_hours(out, current, {p.fingerprint for p in listing.values()})
+    kept, whole = _kept_hours(out, current, {p.fingerprint for p in listing.values()})
     have = set(kept["events"]["fingerprint"].to_pylist()) | set(
         kept["subscribers"]["fingerprint"].to_pylist()
     )
@@ -243,8 +243,13 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
         hot = _derived(hours.parts(snapshot.messages, snapshot.deliveries))
 
     archived = {name: pa.concat_tables([kept[name], *new[name]]) for name in kept}
-    _write_parquet(folder, EVENT_HOURS, archived["events"])
-    _write_parquet(folder, SUBSCRIBER_HOURS, archived["subscribers"])
+    if whole and not any(new.values()):
+        # Nothing archived since: the last run's hour rows are this run's, file for file.
+        for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
+            layout.share_file(f"{runs.run_path(out, current)}/{file}", folder, file)
+    else:
+        _write_parquet(folder, EVENT_HOURS, archived["events"])
+        _write_parquet(folder, SUBSCRIBER_HOURS, archived["subscribers"])
 
     wanted = pa.array(sorted(p.fingerprint for p in chosen.values()), pa.string())
     rows = {
@@ -341,14 +346,15 @@ def _chunks(missing, most_bytes):
 
 
 def _kept_hours(out, current, live):
-    """The archive's hour rows of the current run whose partition is unchanged (fingerprint
-    still live); empty tables when there is no current run or its rows cannot be read."""
+    """(the archive's hour rows of the current run whose partition is unchanged (fingerprint
+    still live), whether that is all of them); empty tables when there is no current run or its
+    rows cannot be read."""
     schemas = {"events": hours.EVENT_HOUR_SCHEMA, "subscribers": hours.SUBSCRIBER_HOUR_SCHEMA}
     empty = {name: _with_fingerprint(schema).empty_table() for name, schema in schemas.items()}
     if current is None:
-        return empty
+        return empty, False
     fs, base = layout.filesystem(runs.run_path(out, current))
-    kept = {}
+    kept, whole = {}, True
     for name, file in (("events", EVENT_HOURS), ("subscribers", SUBSCRIBER_HOURS)):
         try:
             table = layout.read_file(fs, f"{base}/{file}").cast(_with_fingerprint(schemas[name]))
@@ -356,11 +362,12 @@ def _kept_hours(out, current, live):
             # ValueError (ArrowInvalid's base) too: the hour rows of a release with other
             # columns (before the subscribers' latency sketch) do not cast; they are made anew.
             log.warning("analyze: the last run's hour rows are unreadable (%s); recomputing every day", exc)
-            return empty
+            return empty, False
         kept[name] = table.filter(
             pc.is_in(table["fingerprint"], value_set=pa.array(sorted(live), pa.string()))
         )
-    return kept
+        whole = whole and kept[name].num_rows == table.num_rows
+    return kept, whole
 
 
 def _with_fingerprint(schema):

@@ -26,6 +26,7 @@ under a temporary name and then moved.
 """
 
 import os
+import shutil
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -282,6 +283,27 @@ def write_whole(fs, folder, name, write, durable):
     with fs.open_output_stream(tmp) as out:
         write(out)
     fs.move(tmp, final)
+
+
+def share_file(src, folder, name):
+    """Put the file `src` (local or URI) into `folder` as `name`, whole and durable, without
+    rewriting it: a hard link on a local disk (a run's unchanged hour rows are tens of MB that
+    the next run would otherwise write and fsync again), a server-side copy on an object store,
+    a plain copy where links are refused (another file system)."""
+    fs, base = filesystem(folder)
+    _, source = filesystem(src)
+    if isinstance(fs, pafs.LocalFileSystem):
+        make_dirs_durable(base)
+        final = f"{base}/{name}"
+        try:
+            os.link(source, final)
+        except OSError:
+            with open(source, "rb") as f:
+                write_whole(fs, base, name, lambda out: shutil.copyfileobj(f, out), durable=True)
+            return
+        fsync_dir(base)
+        return
+    fs.copy_file(source, f"{base}/{name}")
 
 
 def make_dirs_durable(folder):

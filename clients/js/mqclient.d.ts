@@ -151,8 +151,9 @@ export interface Client {
   publish(queue: string, event: string, payload: Json, options?: PublishOptions): Promise<Published>;
   /** Move the ack deadline of deliveries this socket holds to now + seconds (1 to 43200). */
   extend(ids: number | number[], seconds: number): void;
-  /** Make a subscription owe again every message from `point` the server still keeps. */
-  seek(subscription: number, point: SeekPoint): Promise<Seeked>;
+  /** Make a subscription (its id, or subscribe()'s answer) owe again every message from
+   * `point` the server still keeps; the handler gets them again (same delivery ids). */
+  seek(subscription: number | Subscribed, point: SeekPoint): Promise<Seeked>;
   close(): Promise<void>;
 }
 

@@ -20,7 +20,10 @@
  *   text and the server redelivers it after its backoff.
  * - Effectively once on top of at-least-once: a delivery id it acked is never handed to a
  *   handler again (the last `dedupe` ids are remembered; a repeat is acked again, silently),
- *   and an id being handled is not handed out twice at once.
+ *   and an id being handled is not handed out twice at once. A seek through this client
+ *   forgets those of its subscription first: the server hands them out again, same ids. (One
+ *   made elsewhere, by another process or an operator, is not known here: what it reopens of
+ *   the ids still remembered is acked without a handler call.)
  * - When the socket or the server goes away it reconnects with jittered exponential backoff
  *   (capped), sends again the acks and nacks it could not send, its subscribe frames and the
  *   publishes that have a `key` (one without a key, unanswered when the socket dropped, is
@@ -79,11 +82,14 @@ export class MQError extends Error {
 }
 
 /** The last `max` ids added, in insertion order (a Map iterates in that order), each with the
- * queue and event of its delivery (so that a seek can forget those of its subscription). */
+ * queue and event of its delivery (so that a seek can forget those of its subscription), and
+ * the queue and event of each subscription seen (a seek by id must know them before its
+ * answer is back). */
 class RecentIds {
   constructor(max) {
     this.max = max;
     this.ids = new Map();
+    this.subscriptions = new Map(); // subscription id (as text: 7 or "7") -> {queue, event}
   }
   has(id) {
     return this.ids.has(id);
@@ -98,6 +104,19 @@ class RecentIds {
     for (const [id, of] of this.ids) {
       if (of.queue === queue && (event == null || of.event === event)) this.ids.delete(id);
     }
+  }
+  subscribed(subscription, queue, event) {
+    if (subscription == null || queue == null) return;
+    this.subscriptions.set(String(subscription), { queue, event: event ?? null });
+  }
+  /** {queue, event} of a subscription: its id, as a subscribed frame named it, or subscribe()'s
+   * answer (which carries them); null when unknown here. */
+  subscriptionOf(subscription) {
+    if (subscription !== null && typeof subscription === "object") {
+      if (subscription.queue != null) return { queue: subscription.queue, event: subscription.event ?? null };
+      subscription = subscription.subscription ?? subscription.id;
+    }
+    return this.subscriptions.get(String(subscription)) ?? null;
   }
 }
 
@@ -249,13 +268,21 @@ class Client {
     this._flush();
   }
 
-  /** Make the subscription (its id, as subscribe() answered) owe again every message from
+  /** Make the subscription (its id, or subscribe()'s answer) owe again every message from
    * `point` ({seq: N}, {time: ISO 8601 text} or a Date) that the server still keeps; resolves to
-   * the server's answer. Over HTTPS (REST), the socket has no seek frame. */
+   * the server's answer. Over HTTPS (REST), the socket has no seek frame. The handler gets
+   * the reopened deliveries again (same ids). */
   async seek(subscription, point) {
     if (point instanceof Date) point = { time: point.toISOString() };
+    // The deliveries it reopens keep their ids, acked here, and the server pushes them down the
+    // socket as it commits, before the HTTP answer can be back: forgotten first, so that the
+    // handler gets them (not the silent ack of a lost-ack repeat).
+    const known = this._acked.subscriptionOf(subscription);
+    if (known) this._acked.forget(known.queue, known.event);
+    const given = subscription !== null && typeof subscription === "object";
+    const id = given ? (subscription.subscription ?? subscription.id) : subscription;
     const base = this.url.replace(/^ws/, "http").replace(/\/ws\/?$/, "");
-    const response = await fetch(`${base}/api/subscriptions/${encodeURIComponent(subscription)}/seek`, {
+    const response = await fetch(`${base}/api/subscriptions/${encodeURIComponent(id)}/seek`, {
       method: "POST",
       headers: { Authorization: `Bearer ${this.token}`, "Content-Type": "application/json" },
       body: JSON.stringify(point),
@@ -263,8 +290,11 @@ class Client {
     });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) throw new MQError(body.code ?? `http_${response.status}`, body.detail, { status: response.status });
-    // The deliveries it makes owed again keep their ids: the handler must see them again.
-    this._acked.forget(body.queue, body.event);
+    // A subscription not known before (or named wrongly): forgotten now, by the answer. Not
+    // twice: what a handler acked since the first forget is remembered, as any ack.
+    const event = body.event ?? null;
+    if (known?.queue !== body.queue || known?.event !== event) this._acked.forget(body.queue, event);
+    this._acked.subscribed(body.id, body.queue, body.event);
     return body;
   }
 
@@ -526,6 +556,7 @@ class Client {
   }
 
   _onSubscribed(frame) {
+    this._acked.subscribed(frame.subscription, frame.queue, frame.event); // for a seek by id
     const key = keyOf(frame.queue, frame.event);
     this._forgetSubscribe(key);
     const sub = this._subs.get(key);

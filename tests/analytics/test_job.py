@@ -4,6 +4,7 @@ generated archive and hot snapshot, every figure checked against plain Python an
 reading the same Parquet."""
 
 from datetime import timedelta
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -366,6 +367,16 @@ def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures
         first.subscriber_stats,
         first.event_trends,
     )
+    # Its hour rows are the first run's files, linked rather than written again, and stay
+    # whole when the first run's folder is pruned.
+    for name in (analysis.EVENT_HOURS, analysis.SUBSCRIBER_HOURS):
+        mine, theirs = (Path(runs.run_path(out, r.run_id)) / name for r in (again, first))
+        assert mine.samefile(theirs), name
+    runs.switch(out, again.run_id)
+    layout.remove_tree(runs.run_path(out, first.run_id))
+    third = analysis.compute(archive, out, snapshot, now=history.NOW)
+    assert third.manifest["partitions"]["recomputed"] == 0
+    assert (third.event_stats, third.subscriber_trends) == (first.event_stats, first.subscriber_trends)
 
 
 def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_path, settings):

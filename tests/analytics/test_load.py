@@ -4,6 +4,7 @@ run's row, in one go; results_json() keeps the shape `analyze --json` always had
 from datetime import UTC, date, datetime
 
 import pytest
+from django.db import IntegrityError
 
 from analytics import figures, load, runs
 from analytics.models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
@@ -156,3 +157,194 @@ def test_the_admin_shows_trends_and_runs_read_only(operator_client, tmp_path):
             operator_client.post(reverse(f"admin:analytics_{name}_delete", args=[obj.pk])).status_code == 403
         )
         assert model.objects.filter(pk=obj.pk).exists()
+
+
+DAY = HOUR.replace(hour=0)
+NAN = float("nan")
+
+
+def _trend_rows():
+    """The trend tables' rows, each (id, its fields), by key."""
+    return {
+        name: {
+            tuple(getattr(row, f) for f in load._key(model)): (row.id, tuple(getattr(row, f) for f in fields))
+            for row in model.objects.all()
+        }
+        for name, (model, fields) in load.TRENDS.items()
+    }
+
+
+def _values(rows):
+    return {name: {key: values for key, (_, values) in by_key.items()} for name, by_key in rows.items()}
+
+
+# Hours before HOUR that two runs share.
+EARLIER = [HOUR.replace(hour=h) for h in range(4)]
+
+
+def _two_runs(out):
+    """A run's trends and the next's: some rows the same (one with a NaN), some changed, gone
+    and new, by hour and by day, for events and subscribers. Fewer change than stay: past half,
+    a load replaces them all (load._store_trends)."""
+    same = {
+        "event_trends": [
+            {"queue": "db", "event": "create", "period_start": h, "messages": 1} for h in EARLIER
+        ],
+        "subscriber_trends": [{"subscriber": "logger", "period_start": h, "published": 1} for h in EARLIER],
+    }
+    first = {
+        "event_trends": [
+            {"queue": "db", "event": "create", "period_start": HOUR, "messages": 3, "latency_p50_ms": 1.5},
+            {
+                "queue": "db",
+                "event": "create",
+                "period_start": HOUR.replace(hour=11),
+                "dead_letter_rate": NAN,
+            },
+            {"queue": "db", "event": "delete", "period_start": HOUR, "messages": 1, "latency_p99_ms": 7.0},
+            {"queue": "db", "event": "create", "period": "day", "period_start": DAY, "messages": 3},
+            {"queue": "network", "event": "error", "period_start": HOUR, "messages": 2},
+        ],
+        "subscriber_trends": [
+            {"subscriber": "logger", "period_start": HOUR, "published": 3, "acked": 3},
+            {"subscriber": "logger", "period_start": HOUR.replace(hour=11), "published": 1, "backlog": 1},
+            {"subscriber": "logger", "period": "day", "period_start": DAY, "published": 4, "backlog": 1},
+            {"subscriber": "gone", "period_start": HOUR, "published": 1},
+        ],
+    }
+    second = {
+        "event_trends": [
+            first["event_trends"][0],
+            first["event_trends"][1],
+            # changed: a value, a value to null (NaN), a value from null
+            {**first["event_trends"][2], "messages": 2, "latency_p99_ms": NAN, "latency_p50_ms": 3.0},
+            {**first["event_trends"][3], "messages": 5},
+            # the network row is gone; new ones:
+            {"queue": "db", "event": "create", "period_start": HOUR.replace(hour=12), "messages": 2},
+            {"queue": "db", "event": "delete", "period": "day", "period_start": DAY, "messages": 2},
+        ],
+        "subscriber_trends": [
+            first["subscriber_trends"][0],
+            {**first["subscriber_trends"][1], "acked": 1, "backlog": 0},
+            {**first["subscriber_trends"][2], "acked": 4},
+            {"subscriber": "logger", "period_start": HOUR.replace(hour=12), "published": 2, "backlog": 2},
+        ],
+    }
+    return tuple(
+        write_run(out, **{name: same[name] + rows[name] for name in rows}) for rows in (first, second)
+    )
+
+
+def test_a_run_after_another_rewrites_only_the_trend_rows_that_changed(tmp_path):
+    out = str(tmp_path)
+    # Given a loaded run, and a newer one whose trends differ by a few rows
+    first, second = _two_runs(out)
+    load.load_run(out, first)
+    before = _trend_rows()
+    # When the newer run is loaded
+    counts = load.load_run(out, second)
+
+    # Then the rows that are the same in both runs stay as they were, row for row (NaN and NaN
+    # are the same: null); the others are new rows
+    after = _trend_rows()
+    assert (counts["event_trends"], counts["subscriber_trends"]) == (10, 8)
+    kept = {
+        "event_trends": {("db", "create", "hour", h) for h in [*EARLIER, HOUR, HOUR.replace(hour=11)]},
+        "subscriber_trends": {("logger", "hour", h) for h in [*EARLIER, HOUR]},
+    }
+    for name in load.TRENDS:
+        assert {key for key, row in after[name].items() if before[name].get(key) == row} == kept[name]
+    assert ("network", "error", "hour", HOUR) not in after["event_trends"]
+    assert load.last_run().run_id == second and AnalyticsRun.objects.count() == 2
+    # ... and the tables hold exactly what a full load of the newer run gives (the same load
+    # when no run was loaded before)
+    AnalyticsRun.objects.all().delete()
+    load.load_run(out, second)
+    full = _trend_rows()
+    assert not set(full["event_trends"].values()) & set(after["event_trends"].values())
+    assert _values(after) == _values(full)
+    assert full["event_trends"][("db", "delete", "hour", HOUR)][1][-4:] == (None, 3.0, None, None)
+
+    # When the same run is loaded again, nothing of the trends is rewritten
+    load.load_run(out, second)
+    assert _trend_rows() == full
+
+
+@pytest.mark.parametrize("how", ["pruned", "unreadable"])
+def test_without_the_previous_runs_trends_the_trends_are_replaced_whole(tmp_path, how):
+    out = str(tmp_path)
+    first, second = _two_runs(out)
+    load.load_run(out, first)
+    before = _trend_rows()
+    # Given the loaded run's folder is gone (analytics.runs.prune), or its event trends unreadable
+    if how == "pruned":
+        assert runs.prune(out, keep=1) == [first]
+    else:
+        with open(f"{runs.run_path(out, first)}/event_trends.parquet", "wb") as f:
+            f.write(b"not parquet")
+    # When the newer run is loaded
+    load.load_run(out, second)
+    # Then every row of those trends is a new one (the subscriber trends of a run whose event
+    # trends are unreadable are still compared)
+    after = _trend_rows()
+    for name in load.TRENDS:
+        replaced = not set(before[name].values()) & set(after[name].values())
+        assert replaced == (how == "pruned" or name == "event_trends"), name
+    # ... and they are the newer run's
+    assert len(after["event_trends"]) == 10 and len(after["subscriber_trends"]) == 8
+    assert after["subscriber_trends"][("logger", "hour", HOUR.replace(hour=11))][1] == (
+        "logger",
+        "hour",
+        HOUR.replace(hour=11),
+        1,
+        1,
+        0,
+    )
+
+
+def test_trends_changed_behind_the_loads_back_are_replaced_whole(tmp_path):
+    out = str(tmp_path)
+    first, second = _two_runs(out)
+    load.load_run(out, first)
+    # Given a row of the tables that the last loaded run does not have
+    SubscriberTrend.objects.create(
+        subscriber="stray", period="hour", period_start=HOUR, published=1, acked=0, backlog=0
+    )
+    # When the newer run is loaded, the tables hold its rows, and only those
+    load.load_run(out, second)
+    assert set(_trend_rows()["subscriber_trends"]) == {
+        *(("logger", "hour", h) for h in EARLIER),
+        ("logger", "hour", HOUR),
+        ("logger", "hour", HOUR.replace(hour=11)),
+        ("logger", "day", DAY),
+        ("logger", "hour", HOUR.replace(hour=12)),
+    }
+
+
+def test_a_load_that_fails_midway_leaves_the_previous_figures(tmp_path):
+    out = str(tmp_path)
+    first = write_run(
+        out, events=[EVENT], event_trends=[{"queue": "db", "event": "create", "period_start": HOUR}]
+    )
+    load.load_run(out, first)
+    before = (_trend_rows(), list(EventStats.objects.values_list("id", flat=True)))
+    # Given a run whose new trend row the table refuses (no count of messages), after the
+    # statistics were replaced and the trend rows it changes deleted
+    broken = write_run(
+        out,
+        events=[{**EVENT, "event": "delete"}],
+        event_trends=[
+            {"queue": "db", "event": "create", "period_start": HOUR, "messages": 5},
+            {"queue": "db", "event": "create", "period_start": HOUR.replace(hour=11), "messages": None},
+        ],
+    )
+    with pytest.raises(IntegrityError):
+        load.load_run(out, broken)
+    # Then the previous run's figures are all there, as they were
+    assert (_trend_rows(), list(EventStats.objects.values_list("id", flat=True))) == before
+    assert load.last_run().run_id == first
+    # ... and a run with a key twice is refused before anything is written
+    twice = write_run(out, event_trends=[{"queue": "db", "event": "create", "period_start": HOUR}] * 2)
+    with pytest.raises(runs.BadRun, match="two rows for one queue, event, period, period_start"):
+        load.load_run(out, twice)
+    assert load.last_run().run_id == first

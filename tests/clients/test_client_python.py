@@ -39,6 +39,7 @@ from delivery.models import Delivery, Status
 from queues import schemas
 from queues.models import Queue
 from subscribers.models import Subscription
+from tests.support.listening import AsyncListening, Listening
 from tests.support.redirects import Redirector
 from tests.support.servers import ROOT, eventually, start_daphne
 
@@ -59,53 +60,6 @@ def logger_beside_secret(logger, make_queue):
     """The logger may publish to and subscribe to db; `secret` is a queue it may not use."""
     make_queue("secret")
     return logger
-
-
-class Listening:
-    """client.listen(...) in a thread of its own, as a service's main loop would run it."""
-
-    def __init__(self, client, handler, subscriptions=(("db", "create"),), **kw):
-        self.client, self.error = client, None
-
-        def run():
-            try:
-                client.listen(handler, list(subscriptions), **kw)
-            except BaseException as exc:  # the test asserts on it
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def stop(self, timeout=20):
-        self.client.stop()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "listen() did not return after stop()"
-        if self.error is not None:
-            raise self.error
-
-
-class AsyncListening:
-    """AsyncClient.listen(...) in an event loop of its own, in a thread of its own."""
-
-    def __init__(self, url, token, handler, subscriptions=(("db", "create"),)):
-        self.client, self.error = None, None
-
-        async def main():
-            async with AsyncClient(url, token) as mq:
-                self.client = mq
-                await mq.listen(handler, list(subscriptions))
-
-        def run():
-            try:
-                asyncio.run(main())
-            except BaseException as exc:
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert eventually(lambda: self.client is not None)
-
-    stop = Listening.stop
 
 
 def statuses(**filters):

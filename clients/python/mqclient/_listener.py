@@ -7,8 +7,10 @@ pings while a handler works).
 
 The rules a user relies on:
 - at least once from the server, effectively once to the handler: an id whose handler returned
-  is remembered (the last REMEMBERED_IDS of them) and, if the server hands it out again (its
-  ack was lost with the connection), acked again without calling the handler;
+  is remembered (_acked: the last REMEMBERED_IDS of them) and, if the server hands it out again
+  (its ack was lost with the connection), acked again without calling the handler; a seek
+  through the same client forgets those of its subscription first (the server hands them out
+  again, same ids, and the handler must see them);
 - a connection that goes away (the server restarting, a network cut) is opened again after a
   jittered exponential backoff, capped; the server resumes the subscriber's subscriptions by
   itself, and the subscribe frames are sent again (the same subscriptions are reused);
@@ -41,6 +43,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from . import _protocol
+from ._acked import AckedIds
 from .delivery import Delivery
 from .errors import (
     MQAuthError,
@@ -56,8 +59,6 @@ from .errors import (
 
 log = logging.getLogger("mqclient")
 
-# Ids whose handler returned, remembered so that a redelivery of one is acked, not handled again.
-REMEMBERED_IDS = 100_000
 # Acks go out in one frame for what finished within ACK_DELAY_SECS, at once when nothing else
 # waits or ACK_BATCH have gathered (each ack frees room in the server's prefetch window).
 ACK_DELAY_SECS = 0.01
@@ -215,7 +216,7 @@ class Listener:
         make_delivery: Callable[[dict[str, Any], Listener], Delivery],
         rest_ack: Callable[[list[int]], Awaitable[Any]],
         handler_in_thread: bool,
-        done: collections.OrderedDict[int, None] | None = None,
+        done: AckedIds | None = None,
         extend_secs: int = DEFAULT_EXTEND_SECS,
         max_extension_secs: float = DEFAULT_MAX_EXTENSION_SECS,
     ) -> None:
@@ -240,7 +241,7 @@ class Listener:
         self.connect_failures = Streak(CONNECT_WARN_AFTER)
         self.handler_failures = Streak(HANDLER_WARN_AFTER)
         # Ids handled and acked: the client's, so that they outlive one listen() call.
-        self.done = done if done is not None else collections.OrderedDict()
+        self.done = done if done is not None else AckedIds()
         self.active: set[int] = set()  # ids waiting in the inbox or being handled
         self.acks: list[int] = []  # handled, not yet sent
         self.nacks: list[tuple[int, float | None, str | None]] = []
@@ -264,7 +265,7 @@ class Listener:
                 loop.call_soon_threadsafe(self.stopping.set)
 
     def settle_ack(self, delivery: Delivery) -> None:
-        self._in_loop(self._ack, delivery.id)
+        self._in_loop(self._ack, delivery)
 
     def settle_nack(self, delivery: Delivery, retry_in: float | None, error: str | None) -> None:
         self._in_loop(self._nack, delivery.id, retry_in, error)
@@ -500,6 +501,8 @@ class Listener:
                     self._take(item)
             elif kind == "subscribed":
                 self.healthy = True
+                # its queue and event, for a seek of it by id (_acked)
+                self.done.subscribed(frame.get("subscription"), frame.get("queue"), frame.get("event"))
             elif kind == "error":
                 self._on_error(ws, frame)
             elif kind == "unsubscribed" and frame.get("reason"):
@@ -616,7 +619,7 @@ class Listener:
         self.handler_failures.ended()
         if delivery.settled is None:
             delivery.settled = "acked"
-            self._ack(delivery.id)
+            self._ack(delivery)
 
     async def _keep_leased(self, delivery_id: int) -> None:
         """Extend the lease of the delivery under way until cancelled (its handler ended) or
@@ -644,12 +647,11 @@ class Listener:
 
     # --- settling (on the loop's thread) ---------------------------------------------------
 
-    def _ack(self, delivery_id: int) -> None:
-        self.done[delivery_id] = None
-        self.done.move_to_end(delivery_id)
-        while len(self.done) > REMEMBERED_IDS:
-            self.done.popitem(last=False)
-        self._queue_ack(delivery_id)
+    def _ack(self, delivery: Delivery) -> None:
+        # Remembered before the ack goes: a seek that reopens it comes after the ack, so it
+        # finds it here to forget.
+        self.done.add(delivery.id, delivery.queue, delivery.event)
+        self._queue_ack(delivery.id)
 
     def _queue_ack(self, delivery_id: int) -> None:
         self.acks.append(delivery_id)

@@ -5,7 +5,6 @@ read lives once in _protocol; these classes only carry it."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 
 from . import _protocol, _retry
+from ._acked import AckedIds, QueueEvent
 from ._listener import DEFAULT_EXTEND_SECS, DEFAULT_MAX_EXTENSION_SECS, Listener
 from .answers import Acked, Extended, Published, Receipt, Subscription
 from .delivery import AsyncDelivery, Delivery
@@ -36,7 +36,8 @@ class _Base:
         self.publish_attempts = _retry.check_attempts(publish_attempts)
         self._rest_url, self._socket_url = _protocol.base_urls(url)
         self._listeners: set[Listener] = set()
-        self._acked_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # What its listen() handlers acked, kept across listen() calls (_acked).
+        self._acked_ids = AckedIds()
         if _protocol.sends_token_in_clear(self._rest_url):
             warnings.warn(
                 f"mqclient: {url} is not https and not loopback: the token and every payload cross "
@@ -62,6 +63,28 @@ class _Base:
             args["content"] = _protocol.encode(call.body)
             args["headers"] = {"Content-Type": "application/json"}
         return args
+
+    def _subscribed(self, answer: Subscription) -> Subscription:
+        self._acked_ids.subscribed(answer.id, answer.queue, answer.event)
+        return answer
+
+    def _forget_before_seek(self, subscription: int | dict[str, Any]) -> QueueEvent | None:
+        """A seek hands acked deliveries out again with the same ids, and the server may push
+        them down a listen() socket before the HTTP answer is back: the ids this client
+        acked of the subscription's queue and event are forgotten before the request goes, so
+        that the handler is called for them (not the silent ack of a lost-ack repeat)."""
+        known = self._acked_ids.of_subscription(subscription)
+        if known is not None:
+            self._acked_ids.forget(*known)
+        return known
+
+    def _sought(self, answer: Subscription, forgotten: QueueEvent | None) -> Subscription:
+        """After the seek: forget by the answer's queue and event if that was not done before
+        (a subscription this client had not seen). Not twice: what a handler acked since the
+        first forget is remembered, as any ack."""
+        if (answer.queue, answer.event) != forgotten:
+            self._acked_ids.forget(answer.queue, answer.event)
+        return self._subscribed(answer)
 
     def _listener(
         self, handler: Handler, subscriptions: Iterable[Any] | None, prefetch: int | None, **kw: Any
@@ -154,14 +177,17 @@ class Client(_Base):
         only the messages that match are owed (an existing subscription's filter is changed).
         Without one, an existing subscription keeps its own. `from_`: a new subscription also
         owes what its queue still holds from "all", a seq (int) or a time (datetime)."""
-        return self._do(_protocol.subscribe(queue, event, filter, from_))
+        return self._subscribed(self._do(_protocol.subscribe(queue, event, filter, from_)))
 
     def seek(
         self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
     ) -> Subscription:
         """Owe again what the queue holds from `to` (a seq or a time): the acked and dead
-        handed out again. The subscription, with its `replay`."""
-        return self._do(_protocol.seek(subscription_id, to))
+        handed out again, with the same delivery ids, to this client's listen() handler too
+        (see _forget_before_seek). The subscription, with its `replay`."""
+        call = _protocol.seek(subscription_id, to)
+        forgotten = self._forget_before_seek(subscription_id)
+        return self._sought(self._do(call), forgotten)
 
     def receipt(self, message_id: int | dict[str, Any]) -> Receipt:
         """Did everyone get it: the message (an id, or publish()'s answer) with its
@@ -338,12 +364,14 @@ class AsyncClient(_Base):
         filter: dict[str, list[Any]] | None = None,  # noqa: A002
         from_: str | int | datetime | dict[str, Any] | None = None,
     ) -> Subscription:
-        return await self._do(_protocol.subscribe(queue, event, filter, from_))
+        return self._subscribed(await self._do(_protocol.subscribe(queue, event, filter, from_)))
 
     async def seek(
         self, subscription_id: int | dict[str, Any], to: int | datetime | str | dict[str, Any]
     ) -> Subscription:
-        return await self._do(_protocol.seek(subscription_id, to))
+        call = _protocol.seek(subscription_id, to)
+        forgotten = self._forget_before_seek(subscription_id)
+        return self._sought(await self._do(call), forgotten)
 
     async def receipt(self, message_id: int | dict[str, Any]) -> Receipt:
         return await self._do(_protocol.receipt(message_id))

@@ -158,15 +158,15 @@ class Sketches:
         The running sums are np.cumsum's along the rows of a grid (a group a row, padded with
         infinities), the very additions of Merged's np.cumsum on the group alone, so the very
         floats it compares (a cumsum across groups would carry the sums before into each
-        group's roundings); a grid per power of two of the groups' sizes, the groups sorted
-        by it, so that padding at most doubles the points."""
+        group's roundings); a grid per width (_width) of the groups' sizes, the groups sorted
+        by it."""
         if not len(rows):
             return
         lengths = self._lengths[rows]
         size = np.zeros(len(values), np.int64)
         np.add.at(size, row_group[rows], lengths)
         present = np.flatnonzero(size)
-        width = 1 << np.ceil(np.log2(size[present])).astype(np.int64)
+        width = _width(size[present])
         in_order = present[np.lexsort((present, width))]
         renumbered = np.empty(len(values), np.int64)
         renumbered[in_order] = np.arange(len(in_order))
@@ -231,6 +231,14 @@ class Sketches:
             keys |= np.repeat(weight_rank.reshape(-1), self._lengths)
             self._ordered = keys, value_bits, weight_bits, distinct_values[order], distinct_weights
         return self._ordered
+
+
+def _width(size):
+    """The width of the grid rows of groups of these sizes: each size rounded up to a multiple
+    of an eighth of the power of two below it, so that padding adds at most an eighth to the
+    points, and there are at most eight widths per power of two."""
+    step = 1 << np.maximum(np.floor(np.log2(size)).astype(np.int64) - 3, 0)
+    return -(-size // step) * step
 
 
 def _combined(column):

@@ -21,6 +21,10 @@ import pyarrow.compute as pc
 
 from .job import SKETCH_POINTS
 
+# Sketches sorts points by one signed 64-bit key while their group, value rank and weight rank
+# fit in it; past that (never met: a million groups of a million distinct values), by lexsort.
+KEY_BITS = 63
+
 
 def points(values):
     """The sketch of these values (exact), or None for none: m = min(n, K) points, for each
@@ -197,10 +201,10 @@ class Sketches:
         group's points: their weights in that order, and value_at(positions) their values at
         positions in it. One np.sort of a 64-bit key per point packing the group, the value's
         rank among the distinct values and the weight's (several times quicker than an argsort
-        of as many floats); np.lexsort when those do not fit 63 bits."""
+        of as many floats); np.lexsort when those do not fit KEY_BITS."""
         keys, value_bits, weight_bits, distinct_values, distinct_weights = self._ranked()
         group_bits = int(group.max()).bit_length()
-        if group_bits + value_bits + weight_bits > 63:
+        if group_bits + value_bits + weight_bits > KEY_BITS:
             order = np.lexsort((keys[points], group))
             values = self._values[points][order]
             return distinct_weights[keys[points][order] & ((1 << weight_bits) - 1)], lambda at: values[at]

@@ -46,7 +46,11 @@ def random_sketches(rng, n_rows, n_groups):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_grouped_quantiles_are_merged_s_to_the_bit(seed):
+@pytest.mark.parametrize("key_bits", [sketch.KEY_BITS, 0], ids=["one key", "lexsort"])
+def test_grouped_quantiles_are_merged_s_to_the_bit(seed, key_bits, monkeypatch):
+    """Either way of sorting the points (one packed key, or lexsort when the ranks would not
+    fit it) gives Merged's values."""
+    monkeypatch.setattr(sketch, "KEY_BITS", key_bits)
     rng = random.Random(seed)
     # Few groups of many sketches, many of one or two; some groups with none at all.
     n_groups = rng.choice((3, 40, 400))

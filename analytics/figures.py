@@ -25,7 +25,6 @@ from .job import HOUR_US, MINUTE_US, STATUSES
 from .sketch import Sketches
 
 PERCENTILES = (0.5, 0.95, 0.99)
-PERIODS = ("hour", "day")
 
 _TS = pa.timestamp("us", tz="UTC")
 _LATENCIES = [(f"latency_p{p}_ms", pa.float64()) for p in ("50", "95", "99")]

@@ -105,8 +105,8 @@ class Run:
     manifest: dict
     event_stats: list
     subscriber_stats: list
-    event_trends: list
-    subscriber_trends: list
+    event_trends: pa.Table
+    subscriber_trends: pa.Table
     event_windows: list
     subscriber_windows: list
 
@@ -137,9 +137,10 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
         ("event_windows", event_windows),
         ("subscriber_windows", subscriber_windows),
     ):
-        _write_parquet(
-            folder, f"{name}.parquet", pa.Table.from_pylist(rows, schema=figures.RESULT_SCHEMAS[name])
-        )
+        # The trends come as tables (millions of rows on a long history), the rest as dicts.
+        if not isinstance(rows, pa.Table):
+            rows = pa.Table.from_pylist(rows, schema=figures.RESULT_SCHEMAS[name])
+        _write_parquet(folder, f"{name}.parquet", rows)
     manifest = {
         "run_id": run_id,
         "started_at": started_at.isoformat(),

@@ -6,21 +6,25 @@ Every figure is a sum, a minimum, a maximum or a sketch merge of hour rows, so t
 serves the whole history, a window of days (--since/--until), an hour and a day. The archive
 and the hot tables can each hold part of an hour (a message kept back by a dead letter): their
 rows of that hour are merged first, then read.
+
+All of it over whole columns (analytics.groups, analytics.sketch.Sketches), no Python loop per
+row: a few months of history are tens of thousands of event hours and millions of subscriber
+hour rows, which Python objects for each took most of a rerun's minute (issue 32). The stats are
+returned as dicts (a row per queue and event, per subscriber), the trends as Arrow tables.
 """
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import windows
-from .job import STATUSES
-from .sketch import Merged
+from .groups import Groups, number
+from .job import HOUR_US, MINUTE_US, STATUSES
+from .sketch import Sketches
 
 PERCENTILES = (0.5, 0.95, 0.99)
-PERIODS = ("hour", "day")
 
 _TS = pa.timestamp("us", tz="UTC")
 _LATENCIES = [(f"latency_p{p}_ms", pa.float64()) for p in ("50", "95", "99")]
@@ -98,57 +102,9 @@ RESULT_SCHEMAS = {
 
 
 COUNTED = ("messages", "deliveries", *STATUSES, "attempts_sum")
-
-
-@dataclass
-class Sums:
-    """Counts added up, and the span from the first message to the last."""
-
-    messages: int = 0
-    deliveries: int = 0
-    pending: int = 0
-    inflight: int = 0
-    acked: int = 0
-    dead: int = 0
-    attempts_sum: int = 0
-    first_at: datetime | None = None
-    last_at: datetime | None = None
-
-    def add_sums(self, value_of, first_at, last_at):
-        for name in COUNTED:
-            setattr(self, name, getattr(self, name) + value_of(name))
-        self.first_at = _least(self.first_at, first_at)
-        self.last_at = _greatest(self.last_at, last_at)
-
-
-@dataclass
-class Hour(Sums):
-    """One queue, event and hour, its rows (the archive's and the hot tables') added up."""
-
-    peak_minute: int = 0
-    sketches: list = field(default_factory=list)
-
-
-@dataclass
-class Totals(Sums):
-    """Hours added together: a day, or a queue and event's whole window."""
-
-    peak_per_minute: int = 0
-    peak_per_hour: int = 0
-    latency: Merged = field(default_factory=Merged)
-
-    def add_hour(self, hour):
-        self.add_sums(lambda name: getattr(hour, name), hour.first_at, hour.last_at)
-        self.peak_per_minute = max(self.peak_per_minute, hour.peak_minute)
-        self.peak_per_hour = max(self.peak_per_hour, hour.messages)
-        for points, count in hour.sketches:
-            self.latency.add(points, count)
-
-    def latency_ms(self):
-        return dict(zip(("p50", "p95", "p99"), self.latency.quantiles(PERCENTILES), strict=True))
-
-    def dead_letter_rate(self):
-        return self.dead / self.deliveries if self.deliveries else None
+DAY_US = 24 * HOUR_US
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def in_window(day, since=None, until=None):
@@ -158,201 +114,182 @@ def in_window(day, since=None, until=None):
 
 def event_figures(table, *, since=None, until=None):
     """(event stats, event trends) from event hour rows (an Arrow table in
-    analytics.hours.EVENT_HOUR_SCHEMA; several rows of one hour are added up).
+    analytics.hours.EVENT_HOUR_SCHEMA; several rows of one hour are added up): the stats as
+    dicts in RESULT_SCHEMAS["event_stats"], by queue and event; the trends a table in
+    RESULT_SCHEMAS["event_trends"], its hours then its days, each by queue, event and start."""
+    events = _EventHours(_in_window(table, since, until))
+    return events.stats(), events.trends()
 
-    The sums, spans and peaks by Arrow's group_by, the sketches merged in Python: a history
-    of many queues has hundreds of thousands of hour rows, which Python objects for every row
-    took seconds to add up."""
-    table = _in_window(table, since, until)
-    keys = ["queue", "event", "hour"]
-    hours = _hour_sums(table, keys)
-    sketches = _hour_sketches(table)
 
-    totals = defaultdict(Totals)
-    days = defaultdict(Totals)
-    hour_rows = []
-    for row in hours.to_pylist():
-        key = (row["queue"], row["event"])
-        hour = Hour(
-            **{name: row[name] or 0 for name in COUNTED}, first_at=row["first_at"], last_at=row["last_at"]
+class _EventHours:
+    """Event hour rows added up per queue, event and hour, what every event figure reads."""
+
+    def __init__(self, table):
+        self.hours = Groups.by(table, ["queue", "event", "hour"])
+        self.sums = {c: self.hours.sum(table[c]) for c in COUNTED}
+        self.first_at = self.hours.earliest(table["first_at"])
+        self.last_at = self.hours.latest(table["last_at"])
+        self.peak_minute = _peak_minutes(table, self.hours)
+        self.sketches = Sketches(table["latency_count"], table["latency_points"])
+
+    def stats(self):
+        keys = self.hours.keys
+        events = Groups.by(keys, ["queue", "event"])
+        sums = {c: events.sum(self.sums[c]) for c in COUNTED}
+        first, last = events.earliest(self.first_at), events.latest(self.last_at)
+        return pa.table(
+            {
+                "queue": events.keys["queue"],
+                "event": events.keys["event"],
+                **{c: sums[c] for c in ("messages", "deliveries", *STATUSES)},
+                "fanout": _ratio(sums["deliveries"], sums["messages"]),
+                **self._latency(events),
+                "attempts_mean": _ratio(sums["attempts_sum"], sums["acked"] + sums["dead"]),
+                "dead_letter_rate": _ratio(sums["dead"], sums["deliveries"]),
+                # Means over the minutes (hours) from the first message's to the last's, both included.
+                "messages_per_minute": _per(sums["messages"], first, last, MINUTE_US),
+                "messages_per_hour": _per(sums["messages"], first, last, HOUR_US),
+                "peak_per_minute": events.largest(self.peak_minute),
+                "peak_per_hour": events.largest(self.sums["messages"]),
+                "first_published_at": first,
+                "last_published_at": last,
+            },
+            schema=RESULT_SCHEMAS["event_stats"],
+        ).to_pylist()
+
+    def trends(self):
+        keys = self.hours.keys
+        days = Groups.by(
+            pa.table({"queue": keys["queue"], "event": keys["event"], "day": _day_starts(keys["hour"])}),
+            ["queue", "event", "day"],
         )
-        hour.peak_minute = row["peak_minute"] or 0
-        hour.sketches = sketches.get((*key, row["hour"]), ())
-        totals[key].add_hour(hour)
-        days[(*key, _day_start(row["hour"]))].add_hour(hour)
-        hour_rows.append(_trend(*key, "hour", row["hour"], hour, _latency_of(hour.sketches)))
+        by_hour = self._trend("hour", keys, Groups(np.arange(self.hours.size), self.hours.size), "hour")
+        return pa.concat_tables([by_hour, self._trend("day", days.keys, days, "day")])
 
-    stats = [_event_stats(queue, event, t) for (queue, event), t in sorted(totals.items())]
-    day_rows = [_trend(q, e, "day", start, t, t.latency_ms()) for (q, e, start), t in sorted(days.items())]
-    hour_rows.sort(key=lambda r: (r["queue"], r["event"], r["period_start"]))
-    return stats, hour_rows + day_rows
+    def _trend(self, period, keys, groups, start):
+        """The trend rows of `groups` of the hours (`keys` their keys, the column `start` their
+        period's start)."""
+        sums = {c: groups.sum(self.sums[c]) for c in ("messages", "deliveries", "acked", "dead")}
+        return pa.table(
+            {
+                "queue": keys["queue"],
+                "event": keys["event"],
+                "period": pa.repeat(period, groups.size),
+                "period_start": keys[start],
+                **sums,
+                "dead_letter_rate": _ratio(sums["dead"], sums["deliveries"]),
+                **self._latency(groups),
+            },
+            schema=RESULT_SCHEMAS["event_trends"],
+        )
+
+    def _latency(self, groups):
+        """The latency percentiles of `groups` of the hours: the merge of their rows' sketches."""
+        return _latency_columns(
+            *self.sketches.quantiles(groups.of_rows(self.hours).of, groups.size, PERCENTILES)
+        )
 
 
-def _hour_sums(table, keys):
-    """One row per queue, event and hour: its rows' counts added up, the span of its messages
-    and its busiest minute (`peak_minute`: the minutes' counts of its rows added up first)."""
-    sums = table.group_by(keys, use_threads=False).aggregate(
-        [(c, "sum") for c in COUNTED] + [("first_at", "min"), ("last_at", "max")]
-    )
-    sums = sums.rename_columns(
-        {f"{c}_sum": c for c in COUNTED}
-        | {"first_at_min": "first_at", "last_at_max": "last_at"}
-        | {k: k for k in keys}
-    )
+def _peak_minutes(table, hours):
+    """Each hour's busiest minute: the counts of each minute of its rows added up first (the
+    archive and the hot tables can each hold part of a minute), then the largest; 0 for none."""
     minute_counts = table["minute_counts"].combine_chunks()
-    parents = pc.list_parent_indices(minute_counts)
+    parents = pc.list_parent_indices(minute_counts).to_numpy()
     flat = pc.list_flatten(minute_counts)
-    minutes = pa.table(
-        {
-            **{k: pc.take(table[k], parents) for k in keys},
-            "minute": pc.struct_field(flat, "minute"),
-            "n": pc.struct_field(flat, "n"),
-        }
-    )
-    per_minute = minutes.group_by([*keys, "minute"], use_threads=False).aggregate([("n", "sum")])
-    peaks = per_minute.group_by(keys, use_threads=False).aggregate([("n_sum", "max")])
-    peaks = peaks.rename_columns({"n_sum_max": "peak_minute"} | {k: k for k in keys})
-    return sums.join(peaks, keys, join_type="left outer")
-
-
-def _hour_sketches(table):
-    """{(queue, event, hour): [(points, count), ...]} of the rows with a sketch, the points as
-    numpy slices rather than Python floats (200 a row)."""
-    with_sketch = table.filter(pc.greater(table["latency_count"], 0))
-    points = with_sketch["latency_points"].combine_chunks()
-    values, offsets = points.values.to_numpy(zero_copy_only=False), points.offsets.to_numpy()
-    out = defaultdict(list)
-    columns = zip(
-        with_sketch["queue"].to_pylist(),
-        with_sketch["event"].to_pylist(),
-        with_sketch["hour"].to_pylist(),
-        with_sketch["latency_count"].to_pylist(),
-        strict=True,
-    )
-    for i, (queue, event, hour, count) in enumerate(columns):
-        if offsets[i + 1] > offsets[i]:
-            out[(queue, event, hour)].append((values[offsets[i] : offsets[i + 1]], count))
-    return out
-
-
-def _latency_of(sketches):
-    merged = Merged()
-    for points, count in sketches:
-        merged.add(points, count)
-    return dict(zip(("p50", "p95", "p99"), merged.quantiles(PERCENTILES), strict=True))
-
-
-def _trend(queue, event, period, start, t, latency):
-    return {
-        "queue": queue,
-        "event": event,
-        "period": period,
-        "period_start": start,
-        "messages": t.messages,
-        "deliveries": t.deliveries,
-        "acked": t.acked,
-        "dead": t.dead,
-        "dead_letter_rate": t.dead / t.deliveries if t.deliveries else None,
-        **{f"latency_{k}_ms": v for k, v in latency.items()},
-    }
-
-
-def _event_stats(queue, event, t):
-    settled = t.acked + t.dead
-    latency = t.latency_ms()
-    return {
-        "queue": queue,
-        "event": event,
-        "messages": t.messages,
-        "deliveries": t.deliveries,
-        **{s: getattr(t, s) for s in STATUSES},
-        "fanout": t.deliveries / t.messages if t.messages else None,
-        "latency_p50_ms": latency["p50"],
-        "latency_p95_ms": latency["p95"],
-        "latency_p99_ms": latency["p99"],
-        "attempts_mean": t.attempts_sum / settled if settled else None,
-        "dead_letter_rate": t.dead_letter_rate(),
-        # Means over the minutes (hours) from the first message's to the last's, both included.
-        "messages_per_minute": _per(t, timedelta(minutes=1)),
-        "messages_per_hour": _per(t, timedelta(hours=1)),
-        "peak_per_minute": t.peak_per_minute,
-        "peak_per_hour": t.peak_per_hour,
-        "first_published_at": t.first_at,
-        "last_published_at": t.last_at,
-    }
-
-
-def _per(t, unit):
-    if not t.messages or t.first_at is None:
-        return None
-    first = _truncate(t.first_at, unit)
-    last = _truncate(t.last_at, unit)
-    return t.messages / ((last - first) // unit + 1)
+    minute = pc.struct_field(flat, "minute").to_numpy(zero_copy_only=False).astype(np.int64)
+    if not len(minute):
+        return np.zeros(hours.size, np.int64)
+    minutes, (hour, _) = number([hours.of[parents], minute - minute.min()])
+    per_minute = Groups(minutes, len(hour)).sum(pc.struct_field(flat, "n"))
+    return Groups(hour, hours.size).largest(per_minute)
 
 
 def subscriber_figures(table, *, now, since=None, until=None):
     """(subscriber stats, subscriber trends) from subscriber hour rows (an Arrow table in
-    analytics.hours.SUBSCRIBER_HOUR_SCHEMA).
+    analytics.hours.SUBSCRIBER_HOUR_SCHEMA): the stats as dicts in
+    RESULT_SCHEMAS["subscriber_stats"], by subscriber; the trends a table in
+    RESULT_SCHEMAS["subscriber_trends"], its hours then its days, each by subscriber and start.
 
     The backlog of a period is what the subscriber was owed at its end: the deliveries made
     up to then, less those acked by then and those dead letters (counted from the hour their
     message was published: a dead letter keeps no time of its death).
     """
-    table = _in_window(table, since, until)
-    totals = _group(
-        table,
-        ["subscriber"],
-        [(c, "sum") for c in ("published", *STATUSES)] + [("oldest_pending_at", "min")],
-    )
-    latency = subscriber_latency(table)
-    stats = [
-        {
-            "subscriber": t["subscriber"],
-            "deliveries": t["published"],
-            **{s: t[s] for s in STATUSES},
-            "oldest_pending_age_s": (
-                (now - t["oldest_pending_at"]).total_seconds() if t["oldest_pending_at"] is not None else None
-            ),
-            **{f"latency_{k}_ms": v for k, v in latency[t["subscriber"]].latency_ms().items()},
-        }
-        for t in sorted(totals, key=lambda t: t["subscriber"])
-    ]
+    subscribers = _SubscriberHours(_in_window(table, since, until))
+    return subscribers.stats(now), subscribers.trends()
 
-    hours = sorted(
-        _group(table, ["subscriber", "hour"], [(c, "sum") for c in ("published", "acks", "dead")]),
-        key=lambda h: (h["subscriber"], h["hour"]),
-    )
-    trends = []
-    for period in PERIODS:
-        owed = defaultdict(int)
-        grouped = defaultdict(lambda: defaultdict(int))
-        for h in hours:
-            name = h["subscriber"]
-            start = h["hour"] if period == "hour" else _day_start(h["hour"])
-            owed[name] += h["published"] - h["acks"] - h["dead"]
-            g = grouped[(name, start)]
-            g["published"] += h["published"]
-            g["acked"] += h["acks"]
-            g["backlog"] = owed[name]  # the last hour's running total: the period's end
-        trends.extend(
-            {"subscriber": name, "period": period, "period_start": start, **g}
-            for (name, start), g in sorted(grouped.items())
+
+class _SubscriberHours:
+    """Subscriber hour rows, grouped per subscriber and hour."""
+
+    def __init__(self, table):
+        self.table = table
+        self.hours = Groups.by(table, ["subscriber", "hour"])
+        self.subscribers = Groups.by(self.hours.keys, ["subscriber"])
+
+    def stats(self, now):
+        table, subscribers = self.table, self.subscribers.of_rows(self.hours)
+        sums = {c: subscribers.sum(table[c]) for c in ("published", *STATUSES)}
+        oldest = subscribers.earliest(table["oldest_pending_at"])
+        now_us = (now - _EPOCH) // _MICROSECOND
+        sketches = Sketches(table["latency_count"], table["latency_points"])
+        return pa.table(
+            {
+                "subscriber": subscribers.keys["subscriber"],
+                "deliveries": sums["published"],
+                **{s: sums[s] for s in STATUSES},
+                "oldest_pending_age_s": _ratio(
+                    now_us - _micros(oldest), np.where(_numpy_valid(oldest), 1_000_000, 0)
+                ),
+                **_latency_columns(*sketches.quantiles(subscribers.of, subscribers.size, PERCENTILES)),
+            },
+            schema=RESULT_SCHEMAS["subscriber_stats"],
+        ).to_pylist()
+
+    def trends(self):
+        keys, hours = self.hours.keys, self.hours
+        published, acks = hours.sum(self.table["published"]), hours.sum(self.table["acks"])
+        # The hours are in order of subscriber then hour: a running sum per subscriber.
+        backlog = _running_sums(published - acks - hours.sum(self.table["dead"]), self.subscribers.of)
+        days = Groups.by(
+            pa.table({"subscriber": keys["subscriber"], "day": _day_starts(keys["hour"])}),
+            ["subscriber", "day"],
         )
-    return stats, trends
+        # A day's backlog is its last hour's.
+        last_hour = days.largest(np.arange(hours.size))
+        return pa.concat_tables(
+            [
+                _subscriber_trend("hour", keys["subscriber"], keys["hour"], published, acks, backlog),
+                _subscriber_trend(
+                    "day",
+                    days.keys["subscriber"],
+                    days.keys["day"],
+                    days.sum(published),
+                    days.sum(acks),
+                    backlog[last_hour],
+                ),
+            ]
+        )
 
 
-def subscriber_latency(table):
-    """{subscriber: Totals whose latency is the merge of its hours' sketches} of subscriber hour
-    rows (the other sums are left at 0: only latency_ms() is read). The points as numpy slices,
-    as _hour_sketches takes them: a Python float each was most of a rerun's figures."""
-    merged = defaultdict(Totals)
-    with_sketch = table.filter(pc.greater(table["latency_count"], 0))
-    points = with_sketch["latency_points"].combine_chunks()
-    values, offsets = points.values.to_numpy(zero_copy_only=False), points.offsets.to_numpy()
-    names, counts = with_sketch["subscriber"].to_pylist(), with_sketch["latency_count"].to_pylist()
-    for i, (name, count) in enumerate(zip(names, counts, strict=True)):
-        merged[name].latency.add(values[offsets[i] : offsets[i + 1]], count)
-    return merged
+def _subscriber_trend(period, subscriber, start, published, acked, backlog):
+    return pa.table(
+        {
+            "subscriber": subscriber,
+            "period": pa.repeat(period, len(subscriber)),
+            "period_start": start,
+            "published": published,
+            "acked": acked,
+            "backlog": backlog,
+        },
+        schema=RESULT_SCHEMAS["subscriber_trends"],
+    )
+
+
+def _running_sums(values, group):
+    """Each value's running sum within its group, the values of a group one after another."""
+    total = np.cumsum(values)
+    first = np.searchsorted(group, group)
+    return total - (total - values)[first]
 
 
 def window_figures(rows, now):
@@ -364,11 +301,11 @@ def window_figures(rows, now):
     events, subscribers = [], []
     for name, span in windows.WINDOWS.items():
         since = windows.start_of(now, span)
-        event_stats, _ = event_figures(_from_hour(rows["events"], since))
+        event_stats = _EventHours(_from_hour(rows["events"], since)).stats()
         events.extend(
             {"window": name, "since": since, **{f: s[f] for f in WINDOW_EVENT_FIELDS}} for s in event_stats
         )
-        subscriber_stats, _ = subscriber_figures(_from_hour(rows["subscribers"], since), now=now)
+        subscriber_stats = _SubscriberHours(_from_hour(rows["subscribers"], since)).stats(now)
         subscribers.extend(
             {"window": name, "since": since, **{f: s[f] for f in WINDOW_SUBSCRIBER_FIELDS}}
             for s in subscriber_stats
@@ -394,25 +331,32 @@ def _in_window(table, since, until):
     return table
 
 
-def _group(table, keys, aggregates):
-    """group_by(keys).aggregate(aggregates) as dicts, each aggregate under its column's name."""
-    out = table.group_by(keys, use_threads=False).aggregate(aggregates)
-    return out.rename_columns({f"{c}_{fn}": c for c, fn in aggregates}).to_pylist()
+def _latency_columns(values, found):
+    return {f"latency_p{p}_ms": pa.array(values[:, i], mask=~found) for i, p in enumerate(("50", "95", "99"))}
 
 
-def _least(a, b):
-    return b if a is None else a if b is None else min(a, b)
+def _ratio(numerator, denominator):
+    """numerator / denominator (integers, as Python divides them: each made a float exactly,
+    then divided), null where the denominator is 0."""
+    zero = denominator == 0
+    return pa.array(np.divide(numerator, np.where(zero, 1, denominator)), mask=zero)
 
 
-def _greatest(a, b):
-    return b if a is None else a if b is None else max(a, b)
+def _per(messages, first, last, unit):
+    """Messages per unit (a minute, an hour in microseconds) over the units from the first
+    message's to the last's, both included; null with no messages or no time."""
+    spanned = _micros(last) // unit - _micros(first) // unit + 1
+    return _ratio(messages, np.where((messages == 0) | ~_numpy_valid(first), 0, spanned))
 
 
-def _day_start(moment):
-    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+def _day_starts(hours):
+    """The start of each hour's day (UTC)."""
+    return pa.array(_micros(hours) // DAY_US * DAY_US).cast(hours.type)
 
 
-def _truncate(moment, unit):
-    if unit == timedelta(minutes=1):
-        return moment.replace(second=0, microsecond=0)
-    return moment.replace(minute=0, second=0, microsecond=0)
+def _micros(times):
+    return pc.fill_null(pc.cast(times, pa.int64()), 0).to_numpy(zero_copy_only=False)
+
+
+def _numpy_valid(column):
+    return pc.is_valid(column).to_numpy(zero_copy_only=False)

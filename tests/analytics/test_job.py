@@ -88,7 +88,7 @@ def test_it_measures_each_subscribers_backlog_and_lag(spark):
     assert logger["oldest_pending_age_s"] == 60.0
     assert (peer["pending"], peer["dead"], peer["oldest_pending_age_s"]) == (0, 1, None)
     # ... and its backlog at the end of each hour: 11:00 made 2 and acked 1, 12:00 made 2 more
-    hourly = {(t["subscriber"], t["period_start"]): t for t in trends if t["period"] == "hour"}
+    hourly = {(t["subscriber"], t["period_start"]): t for t in trends.to_pylist() if t["period"] == "hour"}
     assert hourly[("logger", ts(-3600))]["backlog"] == 1
     assert hourly[("logger", ts(0))]["backlog"] == 3
     assert hourly[("peer", ts(0))]["backlog"] == 0  # a dead letter is owed nothing more
@@ -204,12 +204,12 @@ def test_its_trends_per_hour_and_per_day_are_python_s(generated):
     h, _, _, run = generated
     expected = history.expected_events(h)
     hourly = {}
-    for t in run.event_trends:
+    for t in run.event_trends.to_pylist():
         if t["period"] == "hour":
             hourly.setdefault((t["queue"], t["event"]), {})[t["period_start"]] = t["messages"]
     assert hourly == {key: want["per_hour"] for key, want in expected.items()}
     # A day's latency percentiles are the day's, within 1 % of rank, from its hours' sketches
-    daily = [t for t in run.event_trends if t["period"] == "day"]
+    daily = [t for t in run.event_trends.to_pylist() if t["period"] == "day"]
     assert {t["period_start"].hour for t in daily} == {0}
     for t in daily:
         day = t["period_start"]
@@ -236,7 +236,7 @@ def test_it_measures_every_subscribers_backlog_as_python_does(generated):
             assert row[field] == want[field], (name, field)
         assert row["oldest_pending_age_s"] == pytest.approx(want["oldest_pending_age_s"], abs=1e-6)
     # ... and at the end of each day, what it was owed then
-    for t in run.subscriber_trends:
+    for t in run.subscriber_trends.to_pylist():
         if t["period"] != "day":
             continue
         end = t["period_start"] + timedelta(days=1)
@@ -457,6 +457,6 @@ def test_a_window_of_days_reads_only_its_partitions(spark, generated, tmp_path):
         duckdb_events(base / "archive", snapshot, where=f"day = '{day.isoformat()}'"), run.event_stats
     )
     # ... its trends: its messages' hours, and the later hours its replayed deliveries were made in
-    assert {t["period_start"].date() for t in run.event_trends if t["messages"]} == {day}
-    later = [t for t in run.event_trends if t["period_start"].date() != day]
+    assert {t["period_start"].date() for t in run.event_trends.to_pylist() if t["messages"]} == {day}
+    later = [t for t in run.event_trends.to_pylist() if t["period_start"].date() != day]
     assert later and all(t["period_start"].date() > day and t["deliveries"] for t in later)

@@ -28,7 +28,7 @@ class Groups:
     @classmethod
     def by(cls, table, names):
         """The rows of `table` grouped by the values of its columns `names` (no nulls)."""
-        ranked = [_ranked(table[name]) for name in names]
+        ranked = [ranked_values(table[name]) for name in names]
         of, codes = number([codes for codes, _ in ranked])
         keys = pa.table(
             {
@@ -64,7 +64,7 @@ class Groups:
         return self._extreme(times, np.maximum, np.iinfo(np.int64).min)
 
     def _extreme(self, times, ufunc, start):
-        valid = _numpy(pc.is_valid(times))
+        valid = as_numpy(pc.is_valid(times))
         micros = _integers(pc.cast(times, pa.int64()))
         out = np.full(self.size, start, np.int64)
         ufunc.at(out, self.of[valid], micros[valid])
@@ -103,28 +103,31 @@ def number(codes):
     return of, out[::-1]
 
 
-def _ranked(column):
+def ranked_values(column):
     """(codes, values): each row's rank among the column's distinct values, and those values in
     order. Hashed (Arrow's dictionary encoding), then only the distinct values sorted."""
-    column = _combined(column)
+    column = combined(column)
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     encoded = pc.dictionary_encode(column)
     order = pc.array_sort_indices(encoded.dictionary)
     rank = np.empty(len(order), np.int64)
-    rank[_numpy(order)] = np.arange(len(order))
-    return rank[_numpy(encoded.indices)], encoded.dictionary.take(order)
+    rank[as_numpy(order)] = np.arange(len(order))
+    return rank[as_numpy(encoded.indices)], encoded.dictionary.take(order)
 
 
 def _integers(values):
     if isinstance(values, np.ndarray):
         return values
-    return _numpy(pc.fill_null(values, 0)).astype(np.int64, copy=False)
+    return as_numpy(pc.fill_null(values, 0), np.int64)
 
 
-def _combined(column):
+def combined(column):
+    """An Arrow column as one array (a ChunkedArray's chunks joined)."""
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _numpy(column):
-    return _combined(column).to_numpy(zero_copy_only=False)
+def as_numpy(column, dtype=None):
+    """An Arrow column as a numpy array (of `dtype`, when given)."""
+    values = combined(column).to_numpy(zero_copy_only=False)
+    return values if dtype is None else values.astype(dtype, copy=False)

@@ -204,7 +204,7 @@ def delivery_cells(deliveries):
 def latency_sketches(deliveries, key="event"):
     """Per queue, day, `key` (event or subscriber) and hour made, the acked deliveries' latency
     sketch: one sort of all the rows by (group, latency), then the points of every group picked
-    at once by their ranks (analytics.sketch.points' rule, vectorised)."""
+    at once by their ranks (the rule of analytics.job's SKETCH_POINTS, vectorised)."""
     name = "latency_sketches" if key == "event" else "subscriber_latency_sketches"
     # (An ack with no time has no latency: Spark's collect_list leaves its null out too.) The
     # acked rows picked by the status's code and numpy masks of the few columns used, not by

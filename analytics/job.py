@@ -78,7 +78,7 @@ STATUSES = ("pending", "inflight", "acked", "dead")
 # The latency sketch of a group of n values: its exact latencies at ranks 1/m, 2/m, ..., 1,
 # m = min(n, K) (K = SKETCH_POINTS), each point standing for n/m of the group's acked
 # deliveries: all of its values when it has at most K (an hour of a quiet queue), so no sketch
-# is bigger than its hour. Merged (analytics.sketch), the points of any set of groups give any
+# is bigger than its hour. Merged (analytics.sketch.Sketches), the points of any set of groups give any
 # quantile within 1/K of rank: 0.5 %, inside the contract's 1 %. p50, p95 and p99 are points of
 # the grid, so an hour's own are exact.
 SKETCH_POINTS = 200
@@ -394,7 +394,7 @@ def _latency_sketches(deliveries, key):
         .agg(F.sort_array(F.collect_list("latency_ms")).alias("latencies"))
     )
     # m = min(n, K) points: the point of rank i/m is the ceil(i * n / m)-th smallest value
-    # (integer arithmetic, as analytics.sketch.points computes it); an hour of at most K
+    # (integer arithmetic, as hours.latency_sketches computes it); an hour of at most K
     # values keeps them all, exact, rather than K points repeating them.
     m = f"greatest(1, least(size(latencies), {SKETCH_POINTS}))"
     rank = f"greatest(1, cast((cast(i as long) * size(latencies) + {m} - 1) div {m} as int))"

@@ -6,92 +6,22 @@ of their union. A quantile read from the merged points is within 1/K of rank of 
 (each group's points misplace at most 1/K of its own rows, none when it kept them all); the
 points themselves are exact.
 
-Spark makes the points of the archive's hours (analytics.job); points() makes those of the hot
-tables' hours, by the same rule, so that both engines give the same points for the same values.
-
-Merged reads the quantiles of one group of sketches; Sketches those of many groups at once (every
-hour, day, queue and subscriber of a history), by the same rule with numpy over all the points.
+Spark makes the points of the archive's hours (analytics.job), analytics.hours those of the
+hot tables' hours by the same rule, so that both engines give the same points for the same
+values. Sketches reads the quantiles of many groups of sketches at once (every hour, day, queue
+and subscriber of a history) with numpy over all the points. The rule itself, written plainly
+for one group at a time, is the tests' reference (tests/analytics/sketch_rule.py).
 """
-
-import math
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .job import SKETCH_POINTS
+from .groups import as_numpy, combined, ranked_values
 
 # Sketches sorts points by one signed 64-bit key while their group, value rank and weight rank
 # fit in it; past that (never met: a million groups of a million distinct values), by lexsort.
 KEY_BITS = 63
-
-
-def points(values):
-    """The sketch of these values (exact), or None for none: m = min(n, K) points, for each
-    rank i/m the ceil(i * n / m)-th smallest value (integer arithmetic, as analytics.job's
-    Spark does): all the values when they are at most K."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    n = len(ordered)
-    m = min(n, SKETCH_POINTS)
-    return [ordered[max(-(-i * n // m), 1) - 1] for i in range(1, m + 1)]
-
-
-class Merged:
-    """Sketches added together; quantiles() reads the union's."""
-
-    def __init__(self):
-        self._points = []  # each sketch's points
-        self._weights = []  # and the weight of each of its points: its count / its points
-        self.count = 0
-
-    def add(self, sketch_points, count):
-        if sketch_points is None or not len(sketch_points) or not count:
-            return
-        self._points.append(sketch_points)
-        self._weights.append(count / len(sketch_points))
-        self.count += count
-
-    def quantiles(self, ps):
-        """The values at these ranks (each in [0, 1]), or Nones when nothing was added.
-
-        With numpy: a year of hours is millions of points, which Python's sort of pairs took
-        about a second per 500,000 (measured on issue 19's 5 M archive, 0.94 s of a 4.4 s rerun).
-        """
-        if not self.count:
-            return [None for _ in ps]
-        slack = 1e-9 * self.count
-        if len(self._points) == 1:
-            return self._one_sketch(ps, slack)
-        values = np.concatenate([np.asarray(p, dtype=np.float64) for p in self._points])
-        # In order of value, then of weight, as (value, weight) pairs sort.
-        weights = np.repeat(self._weights, [len(p) for p in self._points])
-        order = np.lexsort((weights, values))
-        values, cumulative = values[order], np.cumsum(weights[order])
-        # The first point whose cumulative weight reaches p of the total, with a little slack
-        # for the rounding of float sums.
-        targets = np.asarray(ps, dtype=np.float64) * self.count - slack
-        at = np.minimum(np.searchsorted(cumulative, targets, side="left"), len(values) - 1)
-        return [float(values[i]) for i in at]
-
-    def _one_sketch(self, ps, slack):
-        """quantiles() of one sketch (most hours of a trend; its points sorted, of equal
-        weights), in plain Python: the first point whose cumulative weight, weight * (i + 1),
-        reaches the target, as the numpy path finds it, without numpy's per-call cost, paid
-        tens of thousands of times a run."""
-        points, weight = self._points[0], self._weights[0]
-        last = len(points) - 1
-        out = []
-        for p in ps:
-            target = p * self.count - slack
-            i = max(0, min(last, math.ceil(target / weight) - 1))
-            while i > 0 and weight * i >= target:
-                i -= 1
-            while i < last and weight * (i + 1) < target:
-                i += 1
-            out.append(float(points[i]))
-        return out
 
 
 class Sketches:
@@ -106,9 +36,9 @@ class Sketches:
     def __init__(self, counts, points):
         """`counts` and `points`: Arrow columns of equal lengths (int64; lists of float64). The
         rows Merged.add skips (no points, or a count of 0 or null) count for nothing."""
-        counts = _numpy(pc.fill_null(counts, 0), np.int64)
-        points = _combined(points)
-        lengths = _numpy(pc.fill_null(pc.list_value_length(points), 0), np.int64)
+        counts = as_numpy(pc.fill_null(counts, 0), np.int64)
+        points = combined(points)
+        lengths = as_numpy(pc.fill_null(pc.list_value_length(points), 0), np.int64)
         kept = (counts > 0) & (lengths > 0)
         self.rows = np.flatnonzero(kept)  # the rows with a sketch, in order
         self._counts = counts[kept]
@@ -117,7 +47,8 @@ class Sketches:
         # divides them (two integers made floats exactly, so the same quotient).
         self._weights = self._counts / self._lengths
         # The kept rows' points one after another, and where each row's start.
-        self._values = _numpy(pc.list_flatten(points).filter(pa.array(np.repeat(kept, lengths))), np.float64)
+        kept_points = pa.array(np.repeat(kept, lengths))
+        self._values = as_numpy(pc.list_flatten(points).filter(kept_points), np.float64)
         self._starts = np.cumsum(self._lengths) - self._lengths
         self._ordered = None
 
@@ -222,18 +153,13 @@ class Sketches:
         integer that sorts as (value, weight) pairs do, made once for all the groupings. The
         values hashed (Arrow's dictionary encoding), then only the distinct ones sorted."""
         if self._ordered is None:
-            encoded = pc.dictionary_encode(pa.array(self._values))
-            distinct_values = encoded.dictionary.to_numpy()
-            order = np.argsort(distinct_values)
-            value_rank = np.empty(len(order), np.int64)
-            value_rank[order] = np.arange(len(order))
+            value_rank, distinct_values = ranked_values(pa.array(self._values))
             distinct_weights, weight_rank = np.unique(self._weights, return_inverse=True)
-            value_bits = (len(order) - 1).bit_length()
+            value_bits = (len(distinct_values) - 1).bit_length()
             weight_bits = (len(distinct_weights) - 1).bit_length()
-            keys = value_rank[encoded.indices.to_numpy()]
-            keys <<= weight_bits
+            keys = value_rank << weight_bits
             keys |= np.repeat(weight_rank.reshape(-1), self._lengths)
-            self._ordered = keys, value_bits, weight_bits, distinct_values[order], distinct_weights
+            self._ordered = keys, value_bits, weight_bits, as_numpy(distinct_values), distinct_weights
         return self._ordered
 
 
@@ -243,11 +169,3 @@ def _width(size):
     points, and there are at most eight widths per power of two."""
     step = 1 << np.maximum(np.floor(np.log2(size)).astype(np.int64) - 3, 0)
     return -(-size // step) * step
-
-
-def _combined(column):
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
-def _numpy(column, dtype):
-    return np.asarray(_combined(column).to_numpy(zero_copy_only=False), dtype=dtype)

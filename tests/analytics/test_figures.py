@@ -1,5 +1,5 @@
 """The figures of hour rows (analytics.figures), computed over whole columns, held to the plain
-rules they stand for: a group's latency percentiles are sketch.Merged's of its rows' sketches
+rules they stand for: a group's latency percentiles are sketch_rule.Merged's of its rows' sketches
 (every hour, day, queue and event, subscriber), and a subscriber's backlog at the end of a
 period is the running sum, hour after hour, of what it was owed."""
 
@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 
 from analytics import analysis, figures, hours, layout, sketch
-from tests.analytics import history
+from tests.analytics import history, sketch_rule
 
 PS = figures.PERCENTILES
 
 
 def merged_quantiles(sketches, ps=PS):
-    merged = sketch.Merged()
+    merged = sketch_rule.Merged()
     for points, count in sketches:
         merged.add(points, count)
     return merged.quantiles(ps)
@@ -34,7 +34,7 @@ def random_sketches(rng, n_rows, n_groups):
         kind = rng.random()
         values = [round(rng.lognormvariate(3, 1), 1) for _ in range(rng.choice((1, 3, 50, 200, 201, 900)))]
         count = len(values)
-        points = sketch.points(values)
+        points = sketch_rule.points(values)
         if kind < 0.1:
             count = rng.randrange(1, 10 * count + 1)
         elif kind < 0.15:
@@ -73,7 +73,7 @@ def test_a_group_of_one_sketch_and_equal_values_is_merged_s():
     ties of value and weight across sketches, and p = 0 or 1, at the ends."""
     counts = pa.array([4, 1000, 3, 3, 5], pa.int64())
     points = pa.array(
-        [[1.0, 2.0, 3.0, 4.0], sketch.points(list(range(1000))), [2.0, 2.0, 5.0], [2.0, 2.0, 5.0], None]
+        [[1.0, 2.0, 3.0, 4.0], sketch_rule.points(list(range(1000))), [2.0, 2.0, 5.0], [2.0, 2.0, 5.0], None]
     )
     group = np.array([0, 1, 2, 2, 3])
     values, found = sketch.Sketches(counts, points).quantiles(group, 4, (0.0, 0.5, 0.75, 1.0))

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from django.test import override_settings
 
-from analytics import analysis, figures, hours, job, layout, partitions, runs, sketch
-from tests.analytics import history
+from analytics import analysis, figures, hours, job, layout, partitions, runs
+from tests.analytics import history, sketch_rule
 from tests.analytics.frames import DELIVERY_FIELDS, MESSAGE_FIELDS, frame, ts
 from tests.analytics.reference import assert_agrees_with_duckdb, duckdb_events
 
@@ -103,22 +103,22 @@ def test_it_reads_the_layout_as_the_archive_writes_it():
 def test_a_sketch_is_never_bigger_than_its_hour():
     """An hour of at most K acked deliveries keeps its latencies, exact; a busier one K points,
     the ceil(i * n / K)-th smallest: both engines (test_the_arrow_parts_are_sparks) by this rule."""
-    assert sketch.points([30.0, 10.0, 20.0]) == [10.0, 20.0, 30.0]
+    assert sketch_rule.points([30.0, 10.0, 20.0]) == [10.0, 20.0, 30.0]
     busy = [float(v) for v in range(1000, 0, -1)]
-    points = sketch.points(busy)
+    points = sketch_rule.points(busy)
     assert len(points) == job.SKETCH_POINTS == 200
     assert points[:3] == [5.0, 10.0, 15.0] and points[-1] == 1000.0
-    merged = sketch.Merged()
-    merged.add(sketch.points([1.0, 2.0, 3.0, 4.0]), 4)
+    merged = sketch_rule.Merged()
+    merged.add(sketch_rule.points([1.0, 2.0, 3.0, 4.0]), 4)
     assert merged.quantiles([0.5, 0.75, 1.0]) == [2.0, 3.0, 4.0]
 
 
 def test_merged_sketches_stay_within_one_percent_of_rank():
     """Hours of very different spreads, merged: every percentile within 1 % of rank."""
     values = [[(h + 1) * (i % 97) + h * 1000 for i in range(50 + 40 * h)] for h in range(24)]
-    merged = sketch.Merged()
+    merged = sketch_rule.Merged()
     for hour in values:
-        merged.add(sketch.points(hour), len(hour))
+        merged.add(sketch_rule.points(hour), len(hour))
     everything = sorted(v for hour in values for v in hour)
     ps = [i / 100 for i in range(1, 100)]
     for p, got in zip(ps, merged.quantiles(ps), strict=True):

@@ -94,9 +94,10 @@ ctl:
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
-# The JavaScript client's tests run it in Node too, when node has a global WebSocket (Node 22,
-# or 20.10+ with a flag); Debian 12's own nodejs is 18, which has none: those tests then skip,
-# saying so (its browser test needs no node).
+# The JavaScript client's tests run it in Node too, which needs a global WebSocket (Node 22, or
+# 20.10+ with a flag: the machines' NodeSource nodejs 20). Debian 12's own nodejs, installed
+# here only where there is no node at all, is 18, which has none: those tests then fail, saying
+# so, rather than skip (its browser test needs no node).
 NODE := /usr/bin/node
 $(NODE):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs

@@ -64,9 +64,17 @@ def node_command():
 
 
 NODE = node_command()
-needs_node = pytest.mark.skipif(
-    NODE is None, reason="no node with a global WebSocket here (Node 22, or 20.10+ with a flag)"
-)
+
+
+@pytest.fixture
+def _node():
+    # Not a skip: `make test` installs Node, so a missing or too old one is a broken setup,
+    # which a skip would hide (as with Chromium above).
+    if NODE is None:
+        pytest.fail("no node with a global WebSocket here (Node 22, or 20.10+ with a flag)")
+
+
+needs_node = pytest.mark.usefixtures("_node")
 
 
 def publish_rest(server, token, n, start=0, event="create"):

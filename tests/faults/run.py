@@ -134,11 +134,14 @@ def run(config):
         workload.start()
         nemesis.start()
         # Publish for the window; the nemesis gets at least one round of every fault, even if
-        # that outlasts the publishing (it then hits the deliveries still under way).
-        # A publisher slowed by the faults goes on past publish_end, up to the end: the run is
-        # to publish every message it set out to, and the drain below still gets its time.
+        # that outlasts the publishing (it then hits the deliveries still under way) or, on a
+        # slow machine, the planned run (up to its length again): a fault never tried is a
+        # guarantee never tested. A publisher slowed by the faults goes on past publish_end,
+        # up to the end: the run is to publish every message it set out to, and the drain
+        # below still gets its time.
+        round_deadline = end + config.minutes * 60
         while (time.monotonic() < end and not workload.publishing_done()) or (
-            not nemesis.round_done.is_set() and time.monotonic() < end - config.min_drain_secs
+            not nemesis.round_done.is_set() and time.monotonic() < round_deadline
         ):
             time.sleep(0.5)
         nemesis.stop()

@@ -25,6 +25,7 @@ become the current run: the stored figures stay those of the whole history.
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -39,7 +40,20 @@ from django.utils import timezone
 
 from mqsite.workarounds import spark_jvm
 
-from . import archive, extract, figures, hours, job, layout, load, overlap, partitions, runs, spark_settings
+from . import (
+    archive,
+    extract,
+    figures,
+    hours,
+    job,
+    layout,
+    load,
+    overlap,
+    partitions,
+    reuse,
+    runs,
+    spark_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +119,35 @@ class Run:
     manifest: dict
     event_stats: list
     subscriber_stats: list
-    event_trends: pa.Table
-    subscriber_trends: pa.Table
     event_windows: list
     subscriber_windows: list
+    folder: str
+
+    # The trends are millions of rows on a long history: read from the folder when asked for
+    # (a run with nothing new shares the last run's files and never reads them).
+    @functools.cached_property
+    def event_trends(self):
+        return load.read_table(self.folder, "event_trends.parquet")
+
+    @functools.cached_property
+    def subscriber_trends(self):
+        return load.read_table(self.folder, "subscriber_trends.parquet")
 
 
 def _quiet(what):
     pass
+
+
+@dataclass
+class Hot:
+    """The hot tables' snapshot with what the archive holds removed and each row's day, and its
+    hour rows ({"events", "subscribers"}; None when it goes to Spark, past
+    MQ_ANALYTICS_HOT_SPARK_ROWS deliveries)."""
+
+    snapshot: extract.HotSnapshot
+    overlapping: int
+    in_spark: bool
+    rows: dict | None
 
 
 def compute(root, out, snapshot, *, now, master=None, since=None, until=None, progress=_quiet):
@@ -122,25 +157,37 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
     started_at, started = timezone.now(), time.monotonic()
     run_id = runs.new_run_id()
     folder = runs.run_path(out, run_id)
-    rows, facts = _hour_rows(root, out, folder, snapshot, master, since, until, progress)
-    event_stats, event_trends = figures.event_figures(rows["events"], since=since, until=until)
-    subscriber_stats, subscriber_trends = figures.subscriber_figures(
-        rows["subscribers"], now=now, since=since, until=until
-    )
-    event_windows, subscriber_windows = figures.window_figures(rows, now)
-    progress("computed the figures")
+    listing = partitions.list_archive(root)
+    hot = _hot(snapshot, listing)
+    # A run over the whole history whose inputs are the current run's takes its figures
+    # (analytics.reuse); the windows of days and big hot tables always compute theirs.
+    digest = reuse.inputs(listing, hot.rows) if since is None and until is None and hot.rows else None
+    previous = reuse.reusable(out, digest, now) if digest else None
+    if previous is not None:
+        results, kept = reuse.results(out, previous, folder, hot.rows, now)
+        for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
+            layout.share_file(f"{runs.run_path(out, previous['run_id'])}/{file}", folder, file)
+        facts = _facts(listing, {}, [], hot, spark=False) | {"figures_of": kept["figures_of"]}
+        progress(f"took the figures of run {previous['run_id']} (nothing new since)")
+    else:
+        rows, archived, facts = _hour_rows(root, out, folder, listing, hot, master, since, until, progress)
+        event_stats, event_trends = figures.event_figures(rows["events"], since=since, until=until)
+        subscriber_stats, subscriber_trends, oldest = figures.subscriber_results(
+            rows["subscribers"], now=now, since=since, until=until
+        )
+        results = (event_stats, subscriber_stats, *figures.window_figures(rows, now))
+        layout.write_run_file(folder, "event_stats.parquet", _result_table("event_stats", event_stats))
+        layout.write_run_file(folder, "event_trends.parquet", event_trends)
+        layout.write_run_file(folder, "subscriber_trends.parquet", subscriber_trends)
+        kept = reuse.keep(folder, archived, oldest, now, digest, run_id) if digest else None
+        progress("computed the figures")
+    event_stats, subscriber_stats, event_windows, subscriber_windows = results
     for name, rows in (
-        ("event_stats", event_stats),
         ("subscriber_stats", subscriber_stats),
-        ("event_trends", event_trends),
-        ("subscriber_trends", subscriber_trends),
         ("event_windows", event_windows),
         ("subscriber_windows", subscriber_windows),
     ):
-        # The trends come as tables (millions of rows on a long history), the rest as dicts.
-        if not isinstance(rows, pa.Table):
-            rows = pa.Table.from_pylist(rows, schema=figures.RESULT_SCHEMAS[name])
-        _write_parquet(folder, f"{name}.parquet", rows)
+        layout.write_run_file(folder, f"{name}.parquet", _result_table(name, rows))
     manifest = {
         "run_id": run_id,
         "started_at": started_at.isoformat(),
@@ -152,6 +199,7 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
             "until": until.isoformat() if until else None,
         },
         **facts,
+        "reuse": kept,
     }
     _write_bytes(folder, "manifest.json", json.dumps(manifest, indent=1).encode())
     log.info(
@@ -161,23 +209,29 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
         "used" if facts["spark"] else "not used",
         manifest["duration_s"],
     )
-    return Run(
-        run_id,
-        manifest,
-        event_stats,
-        subscriber_stats,
-        event_trends,
-        subscriber_trends,
-        event_windows,
-        subscriber_windows,
-    )
+    return Run(run_id, manifest, event_stats, subscriber_stats, event_windows, subscriber_windows, folder)
 
 
-def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quiet):
-    """The hour rows of the archive's partitions within the window and of the hot tables, and
-    what it took. Writes the archive's (all partitions known, in or out of the window) to the
-    run folder for the next run."""
-    listing = partitions.list_archive(root)
+def _result_table(name, rows):
+    return pa.Table.from_pylist(rows, schema=figures.RESULT_SCHEMAS[name])
+
+
+def _hot(snapshot, listing):
+    """The snapshot as a run reads it (Hot)."""
+    snapshot, overlapping = overlap.drop_archived(snapshot, listing)
+    # Each hot row with the day the archive will file it under: a window of days (since/until)
+    # then takes a replayed delivery with its message, whether it is archived yet or not.
+    messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
+    snapshot = dataclasses.replace(snapshot, messages=messages, deliveries=deliveries)
+    in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
+    rows = None if in_spark else _derived(hours.parts(snapshot.messages, snapshot.deliveries))
+    return Hot(snapshot, overlapping, in_spark, rows)
+
+
+def _hour_rows(root, out, folder, listing, hot, master, since, until, progress=_quiet):
+    """(the hour rows of the archive's partitions within the window and of the hot tables, the
+    archive's hour rows of every partition, what it took). Writes the latter (all partitions
+    known, in or out of the window) to the run folder for the next run."""
     chosen = {key: p for key, p in listing.items() if figures.in_window(p.day, since, until)}
     current = runs.current(out)
     kept, whole = _kept_hours(out, current, {p.fingerprint for p in listing.values()})
@@ -187,19 +241,12 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
     missing = sorted(
         (p for p in chosen.values() if p.fingerprint not in have), key=lambda p: (p.queue, p.day)
     )
-
-    snapshot, overlapping = overlap.drop_archived(snapshot, listing)
-    # Each hot row with the day the archive will file it under: a window of days (since/until)
-    # then takes a replayed delivery with its message, whether it is archived yet or not.
-    messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
-    snapshot = dataclasses.replace(snapshot, messages=messages, deliveries=deliveries)
-    hot_in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
     # What fits MQ_ANALYTICS_LOCAL_BYTES (a first run over a modest history, the last hour's
     # files, a batch archived late into an old day) is reduced in this process with Arrow,
     # partition by partition on every core, rule for rule like Spark: a JVM's start and first
     # query alone cost more than Arrow takes for a few million rows. Past it, Spark (the engine
     # of big histories and clusters); and always Spark when it starts anyway for big hot tables.
-    in_process = not hot_in_spark and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
+    in_process = not hot.in_spark and 0 < sum(p.bytes for p in missing) <= settings.MQ_ANALYTICS_LOCAL_BYTES
     to_spark = [] if in_process else missing
     # Spark reads whatever its schema says; a newer release's file is refused here instead
     # (partitions.read_rows checks the files it reads itself).
@@ -209,8 +256,8 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
     if in_process:
         new = _reduce_in_process(root, missing)
         progress(f"read {len(missing)} archived partitions in this process")
-    hot = None
-    if to_spark or hot_in_spark:
+    hot_rows = hot.rows
+    if to_spark or hot.in_spark:
         # A short run (little to read) gets a JVM that compiles sooner (job.build_session).
         quick = sum(p.bytes for p in to_spark) < QUICK_JIT_BYTES
         progress(f"starting Spark for {len(to_spark)} archived partitions")
@@ -228,9 +275,9 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
                 )
                 _add_tagged(new, derived, chunk)
                 progress(f"read chunk {number} of {len(chunks)} ({len(chunk)} partitions) in Spark")
-            if hot_in_spark:
-                extract.write_snapshot(f"{folder}/hot", snapshot)
-                hot = _derived(
+            if hot.in_spark:
+                extract.write_snapshot(f"{folder}/hot", hot.snapshot)
+                hot_rows = _derived(
                     job.compute_parts(
                         spark,
                         job.extract_snapshot(spark, f"{folder}/hot", layout.MESSAGES),
@@ -239,8 +286,6 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
                 )
                 layout.remove_tree(f"{folder}/hot")
                 progress("reduced the hot tables in Spark")
-    if hot is None:
-        hot = _derived(hours.parts(snapshot.messages, snapshot.deliveries))
 
     archived = {name: pa.concat_tables([kept[name], *new[name]]) for name in kept}
     if whole and not any(new.values()):
@@ -248,8 +293,8 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
         for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
             layout.share_file(f"{runs.run_path(out, current)}/{file}", folder, file)
     else:
-        _write_parquet(folder, EVENT_HOURS, archived["events"])
-        _write_parquet(folder, SUBSCRIBER_HOURS, archived["subscribers"])
+        layout.write_run_file(folder, EVENT_HOURS, archived["events"])
+        layout.write_run_file(folder, SUBSCRIBER_HOURS, archived["subscribers"])
 
     wanted = pa.array(sorted(p.fingerprint for p in chosen.values()), pa.string())
     rows = {
@@ -258,31 +303,39 @@ def _hour_rows(root, out, folder, snapshot, master, since, until, progress=_quie
                 archived[name]
                 .filter(pc.is_in(archived[name]["fingerprint"], value_set=wanted))
                 .drop_columns(["fingerprint"]),
-                hot[name],
+                hot_rows[name],
             ]
         )
         for name in archived
     }
-    facts = {
-        "spark": bool(to_spark or hot_in_spark),
+    facts = _facts(chosen, new, missing, hot, spark=bool(to_spark or hot.in_spark))
+    facts["partitions"]["recomputed_in_process"] = len(missing) if in_process else 0
+    return rows, {name: t.drop_columns(["fingerprint"]) for name, t in archived.items()}, facts
+
+
+def _facts(chosen, new, missing, hot, *, spark):
+    """What a run took: Spark or not, the partitions within its window recomputed or reused,
+    the rows read."""
+    events = new.get("events", [])
+    return {
+        "spark": spark,
         "partitions": {
             "total": len(chosen),
             "recomputed": len(missing),
-            "recomputed_in_process": len(missing) if in_process else 0,
+            "recomputed_in_process": 0,
             "reused": len(chosen) - len(missing),
         },
         "rows": {
             # What was read of the archive (the partitions recomputed), from what was counted.
-            "archive_messages": sum(pc.sum(t["messages"]).as_py() or 0 for t in new["events"]),
-            "archive_deliveries": sum(pc.sum(t["deliveries"]).as_py() or 0 for t in new["events"]),
+            "archive_messages": sum(pc.sum(t["messages"]).as_py() or 0 for t in events),
+            "archive_deliveries": sum(pc.sum(t["deliveries"]).as_py() or 0 for t in events),
             "archive_files": sum(len(p.files) for p in missing),
             "archive_bytes": sum(p.bytes for p in missing),
-            "hot_messages": snapshot.messages.num_rows,
-            "hot_deliveries": snapshot.deliveries.num_rows,
-            "hot_overlap_messages": overlapping,
+            "hot_messages": hot.snapshot.messages.num_rows,
+            "hot_deliveries": hot.snapshot.deliveries.num_rows,
+            "hot_overlap_messages": hot.overlapping,
         },
     }
-    return rows, facts
 
 
 def _reduce_in_process(root, missing):
@@ -391,12 +444,6 @@ def _add_tagged(new, derived, recomputed):
         keys = zip(table["queue"].to_pylist(), table["day"].to_pylist(), strict=True)
         tags = pa.array([fingerprints[k] for k in keys], pa.string())
         new[name].append(table.append_column("fingerprint", tags))
-
-
-def _write_parquet(folder, name, table):
-    # Durable: once CURRENT names the run (after a crash too), its files are whole on disk.
-    fs, base = layout.filesystem(folder)
-    layout.write_file(fs, base, name, table, durable=True)
 
 
 def _write_bytes(folder, name, data):

@@ -214,8 +214,16 @@ def subscriber_figures(table, *, now, since=None, until=None):
     up to then, less those acked by then and those dead letters (counted from the hour their
     message was published: a dead letter keeps no time of its death).
     """
+    stats, trends, _ = subscriber_results(table, now=now, since=since, until=until)
+    return stats, trends
+
+
+def subscriber_results(table, *, now, since=None, until=None):
+    """subscriber_figures' (stats, trends) and each subscriber's oldest pending delivery (a
+    table of subscriber and oldest_pending_at, in the order of the stats): what a later run
+    with nothing new makes the stats' ages again from (analytics.reuse)."""
     subscribers = _SubscriberHours(_in_window(table, since, until))
-    return subscribers.stats(now), subscribers.trends()
+    return subscribers.stats(now), subscribers.trends(), subscribers.oldest()
 
 
 class _SubscriberHours:
@@ -225,21 +233,30 @@ class _SubscriberHours:
         self.table = table
         self.hours = Groups.by(table, ["subscriber", "hour"])
         self.subscribers = Groups.by(self.hours.keys, ["subscriber"])
+        self._oldest = None
+
+    def oldest(self):
+        """Each subscriber's oldest pending delivery (null for none), in the stats' order."""
+        if self._oldest is None:
+            subscribers = self.subscribers.of_rows(self.hours)
+            self._oldest = pa.table(
+                {
+                    "subscriber": subscribers.keys["subscriber"],
+                    "oldest_pending_at": subscribers.earliest(self.table["oldest_pending_at"]),
+                }
+            )
+        return self._oldest
 
     def stats(self, now):
         table, subscribers = self.table, self.subscribers.of_rows(self.hours)
         sums = {c: subscribers.sum(table[c]) for c in ("published", *STATUSES)}
-        oldest = subscribers.earliest(table["oldest_pending_at"])
-        now_us = (now - _EPOCH) // _MICROSECOND
         sketches = Sketches(table["latency_count"], table["latency_points"])
         return pa.table(
             {
                 "subscriber": subscribers.keys["subscriber"],
                 "deliveries": sums["published"],
                 **{s: sums[s] for s in STATUSES},
-                "oldest_pending_age_s": _ratio(
-                    now_us - _micros(oldest), np.where(_numpy_valid(oldest), 1_000_000, 0)
-                ),
+                "oldest_pending_age_s": pending_ages(self.oldest()["oldest_pending_at"], now),
                 **_latency_columns(*sketches.quantiles(subscribers.of, subscribers.size, PERCENTILES)),
             },
             schema=RESULT_SCHEMAS["subscriber_stats"],
@@ -269,6 +286,13 @@ class _SubscriberHours:
                 ),
             ]
         )
+
+
+def pending_ages(oldest, now):
+    """The age in seconds at `now` of each oldest pending delivery (an Arrow timestamp column),
+    null for none."""
+    now_us = (now - _EPOCH) // _MICROSECOND
+    return _ratio(now_us - _micros(oldest), np.where(_numpy_valid(oldest), 1_000_000, 0))
 
 
 def _subscriber_trend(period, subscriber, start, published, acked, backlog):
@@ -301,11 +325,11 @@ def window_figures(rows, now):
     events, subscribers = [], []
     for name, span in windows.WINDOWS.items():
         since = windows.start_of(now, span)
-        event_stats = _EventHours(_from_hour(rows["events"], since)).stats()
+        event_stats = _EventHours(from_hour(rows["events"], since)).stats()
         events.extend(
             {"window": name, "since": since, **{f: s[f] for f in WINDOW_EVENT_FIELDS}} for s in event_stats
         )
-        subscriber_stats = _SubscriberHours(_from_hour(rows["subscribers"], since)).stats(now)
+        subscriber_stats = _SubscriberHours(from_hour(rows["subscribers"], since)).stats(now)
         subscribers.extend(
             {"window": name, "since": since, **{f: s[f] for f in WINDOW_SUBSCRIBER_FIELDS}}
             for s in subscriber_stats
@@ -317,7 +341,7 @@ WINDOW_EVENT_FIELDS = RESULT_SCHEMAS["event_windows"].names[2:]
 WINDOW_SUBSCRIBER_FIELDS = RESULT_SCHEMAS["subscriber_windows"].names[2:]
 
 
-def _from_hour(table, since):
+def from_hour(table, since):
     """The rows of the hours starting at or after `since`."""
     return table.filter(pc.greater_equal(table["hour"], pa.scalar(since, table.schema.field("hour").type)))
 

@@ -256,6 +256,13 @@ def write_file(fs, folder, name, table, durable):
     write_whole(fs, folder, name, lambda out: pq.write_table(table, out), durable)
 
 
+def write_run_file(folder, name, table):
+    """Write one Parquet file of a run's folder (local path or URI) whole and durable: once
+    CURRENT names the run (after a crash too), its files are whole on disk."""
+    fs, base = filesystem(folder)
+    write_file(fs, base, name, table, durable=True)
+
+
 def write_whole(fs, folder, name, write, durable):
     """Write the file `name` in `folder` with write(stream), whole: a reader or a crash sees all
     of it or none (the old file, if there was one). With `durable`, on disk when this returns."""

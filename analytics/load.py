@@ -9,6 +9,7 @@ changes few: they are compared in Arrow with the last loaded run's and only what
 written.
 """
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from datetime import date, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from django.db import connection, models, transaction
 from django.utils import timezone
 from pyarrow import fs as pafs
@@ -78,7 +80,8 @@ def load_run(out, run_id):
     The files are read and compared before the transaction (slow I/O holds no lock); the
     replacement is one transaction, so a reader sees the previous run's figures or this one's,
     never a mix. Loading the same run again gives the same rows."""
-    manifest = run_fields(runs.read_manifest(out, run_id))
+    raw = runs.read_manifest(out, run_id)
+    manifest = run_fields(raw)
     folder = runs.run_path(out, run_id)
     rows = {name: read_result(folder, f"{name}.parquet") for name in STATS}
     rows |= {name: _read_if_there(folder, f"{name}.parquet") for name in LATER_RESULTS}
@@ -90,15 +93,21 @@ def load_run(out, run_id):
     for window in event_windows + subscriber_windows:
         if window["window"] not in Window.values:
             raise runs.BadRun(f"run {run_id}: a window is {window['window']!r}, not 1h or 24h")
-    trends = {
-        name: _trend_table(folder, name, model, fields, run_id) for name, (model, fields) in TRENDS.items()
-    }
-    # Compared with the run whose trends the tables hold, if its folder still has them.
     previous = last_run()
-    changes = {
-        name: _changes(trends[name], _previous_trends(out, previous, name, trends[name].schema), _key(model))
-        for name, (model, _) in TRENDS.items()
-    }
+    trends = {name: _Trends(folder, name, run_id) for name in TRENDS}
+    if _same_trends(out, raw, previous):
+        # The very files of the run the tables hold (analytics.reuse): nothing to compare.
+        changes = {name: Changes(before=trends[name].rows, gone=None, added=None) for name in TRENDS}
+    else:
+        # Compared with the run whose trends the tables hold, if its folder still has them.
+        changes = {
+            name: _changes(
+                trends[name].table,
+                _previous_trends(out, previous, name, trends[name].table.schema),
+                _key(model),
+            )
+            for name, (model, _) in TRENDS.items()
+        }
     with transaction.atomic():
         _hold_loads()
         _replace_stats(events, subscribers, computed_at)
@@ -121,11 +130,45 @@ def load_run(out, run_id):
     return {
         "events": len(events),
         "subscribers": len(subscribers),
-        "event_trends": trends["event_trends"].num_rows,
-        "subscriber_trends": trends["subscriber_trends"].num_rows,
+        "event_trends": trends["event_trends"].rows,
+        "subscriber_trends": trends["subscriber_trends"].rows,
         "event_windows": len(event_windows),
         "subscriber_windows": len(subscriber_windows),
     }
+
+
+class _Trends:
+    """A run's trend result, read (_trend_table) only when its rows are needed."""
+
+    def __init__(self, folder, name, run_id):
+        self.folder, self.name, self.run_id = folder, name, run_id
+
+    @functools.cached_property
+    def table(self):
+        model, fields = TRENDS[self.name]
+        return _trend_table(self.folder, self.name, model, fields, self.run_id)
+
+    @functools.cached_property
+    def rows(self):
+        if "table" in self.__dict__:
+            return self.table.num_rows
+        fs, base = layout.filesystem(self.folder)
+        with fs.open_input_file(f"{base}/{self.name}.parquet") as source:
+            return pq.ParquetFile(source).metadata.num_rows
+
+
+def _same_trends(out, manifest, previous):
+    """Whether the run's trends are, file for file, those of the run the tables hold
+    (`previous`, an AnalyticsRun): a run with nothing new shares the trend files of the run
+    whose figures it takes (analytics.reuse), "figures_of" in both manifests."""
+    mine = (manifest.get("reuse") or {}).get("figures_of")
+    if previous is None or mine is None:
+        return False
+    try:
+        theirs = runs.read_manifest(out, previous.run_id)
+    except (OSError, ValueError, runs.BadRun):
+        return False
+    return (theirs.get("reuse") or {}).get("figures_of") == mine
 
 
 def _read_if_there(folder, name):
@@ -190,8 +233,8 @@ class Changes:
     """What turns the previous run's trend rows into the new run's."""
 
     before: int  # how many rows the previous run had
-    gone: pa.Table  # the keys of its rows that are gone or changed
-    added: pa.Table  # the new run's rows that are new or changed
+    gone: pa.Table | None  # the keys of its rows that are gone or changed (None: the same rows)
+    added: pa.Table | None  # the new run's rows that are new or changed
 
 
 def _changes(new, old, key):
@@ -215,16 +258,20 @@ def _changes(new, old, key):
     )
 
 
-def _store_trends(model, table, changes):
-    """Make the model's table hold the rows of `table`: by `changes` from the previous run's rows
-    when known and the table still holds those (as many rows, each row gone there to delete),
-    else by replacing them all. Deleting row by row costs more than replacing all past half."""
-    if changes is not None and changes.gone.num_rows <= changes.before // 2:
+def _store_trends(model, trends, changes):
+    """Make the model's table hold the rows of `trends` (a _Trends): by `changes` from the
+    previous run's rows when known and the table still holds those (as many rows, each row gone
+    there to delete; none when gone is None: the same rows), else by replacing them all.
+    Deleting row by row costs more than replacing all past half."""
+    if changes is not None and changes.gone is None:  # the same rows (_same_trends)
+        if model.objects.count() == changes.before:
+            return
+    elif changes is not None and changes.gone.num_rows <= changes.before // 2:
         if model.objects.count() == changes.before and _delete(model, changes.gone) == changes.gone.num_rows:
             _insert(model, changes.added)
             return
     model.objects.all().delete()
-    _insert(model, table)
+    _insert(model, trends.table)
 
 
 def _delete(model, keys):

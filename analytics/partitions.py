@@ -90,7 +90,16 @@ def read_rows(root, partition, kind):
     if tables:
         table = pa.concat_tables(tables)  # the strings' dictionaries are unified where grouped
     else:
-        table = pa.table({name: pa.array([], schema.field(name).type) for name in columns})
+        # None of this kind (a day whose messages had no subscriber): empty columns of the types
+        # a file's would have, so that it joins the other partitions of its batch.
+        table = pa.table(
+            {
+                name: pa.array(
+                    [], pa.dictionary(pa.int32(), pa.string()) if name in strings else schema.field(name).type
+                )
+                for name in columns
+            }
+        )
     # The folder's queue and day, one value each: a dictionary of one over codes all 0.
     zeros = pa.array(np.zeros(table.num_rows, dtype=np.int32))
     for field, value in ((layout.QUEUE_FIELD, partition.queue), (layout.DAY_FIELD, partition.day)):

@@ -13,7 +13,6 @@ import math
 import time
 
 from django.conf import settings
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, permissions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
@@ -203,13 +202,3 @@ def operator_with(*perms, subscribers_too=False):
     (`subscribers_too`: subscribers by token reach it as well, their rights checked by the view)."""
     base = IsSubscriberOrOperator if subscribers_too else IsOperator
     return type(f"{base.__name__}With", (base,), {"perms": tuple(perms)})
-
-
-class BearerTokenScheme(OpenApiAuthenticationExtension):
-    """The token in the OpenAPI schema (drf-spectacular finds it by the class it names)."""
-
-    target_class = "subscribers.auth.BearerTokenAuthentication"
-    name = "bearerAuth"
-
-    def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "A subscriber's API token."}

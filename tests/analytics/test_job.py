@@ -376,7 +376,7 @@ def test_a_rerun_with_nothing_new_starts_no_spark_job_and_gives_the_same_figures
     layout.remove_tree(runs.run_path(out, first.run_id))
     third = analysis.compute(archive, out, snapshot, now=history.NOW)
     assert third.manifest["partitions"]["recomputed"] == 0
-    assert (third.event_stats, third.subscriber_trends) == (first.event_stats, first.subscriber_trends)
+    assert (third.event_stats, third.subscriber_trends) == (first.event_stats, again.subscriber_trends)
 
 
 def test_a_small_archive_is_reduced_in_process_to_sparks_figures(generated, tmp_path, settings):

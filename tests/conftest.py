@@ -5,6 +5,7 @@ who must never see the logger's deliveries), `outsider` (may use no queue at all
 operator (a staff user).
 """
 
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -234,3 +235,38 @@ def var_dir(settings, tmp_path):
     settings.VAR_DIR = tmp_path
     settings.PORT = 8123
     return tmp_path
+
+
+# --- one pass for what no database changes --------------------------------------------------------
+
+# What a test asks for when it reads or writes the database (pytest-django's fixtures).
+DATABASE_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+}
+# The folders whose tests start servers and clients as processes, which open the database of
+# the pass themselves: each of their modules says which pass runs it.
+PROCESS_TESTS = ("e2e", "clients", "faults")
+
+
+def pytest_collection_modifyitems(config, items):
+    """On PostgreSQL, skip the tests that touch no database (no django_db mark, no database
+    fixture): the SQLite pass of `make test` runs them, and they would do the very same work
+    twice (the Spark and Arrow analytics, the figures, the docs, the clients' own logic)."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        return
+    tests = Path(__file__).resolve().parent
+    skip = pytest.mark.skip(reason="no database in it: the SQLite pass of make test runs it")
+    for item in items:
+        path = Path(item.path).resolve()
+        if not path.is_relative_to(tests) or path.relative_to(tests).parts[0] in PROCESS_TESTS:
+            continue
+        if item.get_closest_marker("django_db"):
+            continue
+        if DATABASE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+            item.add_marker(skip)

@@ -163,10 +163,9 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
     # (analytics.reuse); the windows of days and big hot tables always compute theirs.
     digest = reuse.inputs(listing, hot.rows) if since is None and until is None and hot.rows else None
     previous = reuse.reusable(out, digest, now) if digest else None
-    if previous is not None:
-        results, kept = reuse.results(out, previous, folder, hot.rows, now)
-        for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
-            layout.share_file(f"{runs.run_path(out, previous['run_id'])}/{file}", folder, file)
+    taken = _taken(out, previous, folder, hot, now) if previous is not None else None
+    if taken is not None:
+        results, kept = taken
         facts = _facts(listing, {}, [], hot, spark=False) | {"figures_of": kept["figures_of"]}
         progress(f"took the figures of run {previous['run_id']} (nothing new since)")
     else:
@@ -210,6 +209,20 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
         manifest["duration_s"],
     )
     return Run(run_id, manifest, event_stats, subscriber_stats, event_windows, subscriber_windows, folder)
+
+
+def _taken(out, previous, folder, hot, now):
+    """reuse.results of the current run (`previous`, its manifest), its hour rows shared into
+    `folder` too; None when its files cannot be read (removed by hand, half copied): then the
+    run computes its figures."""
+    try:
+        taken = reuse.results(out, previous, folder, hot.rows, now)
+        for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
+            layout.share_file(f"{runs.run_path(out, previous['run_id'])}/{file}", folder, file)
+    except (OSError, pa.ArrowException, runs.BadRun) as exc:
+        log.warning("analyze: cannot take run %s's figures (%s); computing them", previous["run_id"], exc)
+        return None
+    return taken
 
 
 def _result_table(name, rows):

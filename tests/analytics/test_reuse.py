@@ -153,3 +153,12 @@ def test_loading_a_run_that_took_the_figures_writes_no_trend_row_yet_mends_a_tab
     assert third.manifest["reuse"]["figures_of"] == run.run_id
     load.load_run(out, third.run_id)
     assert stored_trends() == trends
+
+
+def test_a_current_run_missing_a_file_it_would_be_taken_from_is_computed_again(first, tmp_path, caplog):
+    archive, out, snapshot, run = first
+    (Path(runs.run_path(out, run.run_id)) / reuse.SUBSCRIBER_OLDEST).unlink()
+    again = analysis.compute(archive, out, snapshot, now=LATER)
+    assert again.manifest["reuse"]["figures_of"] == again.run_id
+    assert "cannot take run" in caplog.text
+    same_figures(again, full_run(archive, snapshot, LATER, tmp_path))

@@ -38,4 +38,4 @@ __all__ = [
     "Receipt",
     "Subscription",
 ]
-__version__ = "1.2.1"
+__version__ = "1.2.2"

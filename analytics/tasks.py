@@ -8,8 +8,11 @@ import time
 from celery import shared_task
 from django.conf import settings
 
-from . import analysis, archive, compaction, retention
 from .models import AnalyticsFailure
+
+# The modules of the work itself (pyarrow, numpy, PySpark: half a CPU second and tens of MB)
+# are imported by the task that runs it, not by every Celery process that lists the tasks
+# (the worker of the sweeps and webhooks, beat) when it starts.
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,8 @@ def archive_history():
     """Archive what has passed its queue's retention, then compact the closed partitions with
     what is left of the budget (a backlog's archiving comes first; closed partitions wait).
     Harmless when run twice, or while another run holds the archive (it then does nothing)."""
+    from . import archive, compaction
+
     started = time.monotonic()
     try:
         moved = archive.archive_history(budget_secs=BUDGET_SECS - LOCK_WAIT_SECS, wait_secs=LOCK_WAIT_SECS)
@@ -56,6 +61,8 @@ def prune_archive(left):
     last, since a day past it is deleted whole whenever it comes."""
     if left <= 0 or not settings.MQ_ARCHIVE_RETENTION_DAYS:
         return
+    from . import archive, retention
+
     try:
         pruned = retention.prune_archive(budget_secs=left)
     except archive.ArchiveBusy as exc:
@@ -81,6 +88,8 @@ def analyze():
     twice: a run while another holds the analysis does nothing. A run that fails is logged
     and recorded (AnalyticsFailure), and the next interval's runs again: the stored figures
     stay the last good run's, which /metrics and the API show with their age and the failure."""
+    from . import analysis
+
     try:
         analysis.run_analysis()
     except analysis.AnalysisBusy as exc:

@@ -53,6 +53,7 @@ from . import (
     reuse,
     runs,
     spark_settings,
+    stored,
 )
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def run_analysis(*, now=None, out=None, master=None, since=None, until=None, pro
         load.load_run(out, run.run_id)
         runs.prune(out)
         progress("stored the results")
-    return load.as_json(run.event_stats, run.subscriber_stats)
+    return stored.as_json(run.event_stats, run.subscriber_stats)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What GET /api/analytics answers: the last loaded run and its age, the runs on beat that failed
 since (analytics.tasks), its statistics as `analyze --json` prints them
-(analytics.load.results_json), and, when asked, its hourly or daily trends.
+(analytics.stored.results_json), and, when asked, its hourly or daily trends.
 
 All from the tables analytics.load fills, never from the run's Parquet: an answer costs a few
 indexed queries, however large the history.
@@ -8,8 +8,8 @@ indexed queries, however large the history.
 
 from django.utils import timezone
 
-from .load import last_run, results_json, run_json, windows_json
 from .models import AnalyticsFailure, EventTrend, SubscriberTrend
+from .stored import last_run, results_json, run_json, windows_json
 from .summaries import failures
 
 # Rows of each trend list in one answer: a year of hours of one event is 8,760, so a narrower
@@ -21,7 +21,7 @@ TRENDS_LIMIT = 10_000
 def analytics_answer(trends=None, *, queue=None, event=None, subscriber=None, since=None, until=None):
     """{"run": manifest and its age | None, "failures": the runs on beat that failed,
     "events": [...], "subscribers": [...], "windows": the last hour's and 24 hours' figures
-    (load.windows_json)}, and "trends" when `trends` is "hour" or "day": its event and
+    (stored.windows_json)}, and "trends" when `trends` is "hour" or "day": its event and
     subscriber rows with period_start in [since, until), queue and event narrowing the event
     trends, subscriber the subscriber ones."""
     run = last_run()

@@ -12,7 +12,7 @@ files alone: not the hot tables, nor anything kept by earlier runs, and nothing 
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from . import analysis, figures, hours, layout, load
+from . import analysis, figures, hours, layout, stored
 
 
 class NoParts(ValueError):
@@ -37,4 +37,4 @@ def figures_of(parts_dir, *, now):
     rows = analysis._derived(read_parts(parts_dir))
     event_stats, _ = figures.event_figures(rows["events"])
     subscriber_stats, _ = figures.subscriber_figures(rows["subscribers"], now=now)
-    return load.as_json(event_stats, subscriber_stats)
+    return stored.as_json(event_stats, subscriber_stats)

@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from analytics import archive, extract, load, runs
+from analytics import archive, extract, runs, stored
 from analytics.models import EventStats, EventTrend, SubscriberStats
 from delivery import subscribing
 from delivery.models import Delivery, Status
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.django_db
 EVENT_KEYS = {"queue", "event", "messages", "deliveries", "acked", "dead", "latency_ms", "attempts_mean"}
 SUBSCRIBER_KEYS = {"subscriber", "pending", "oldest_pending_age_s", "acked", "dead"}
 # The job's other figures, added beside the contract's (API.md allows adding fields).
-EVENT_EXTRA_KEYS = set(load.EVENT_EXTRAS) | {"first_published_at", "last_published_at"}
-SUBSCRIBER_EXTRA_KEYS = set(load.SUBSCRIBER_EXTRAS)
+EVENT_EXTRA_KEYS = set(stored.EVENT_EXTRAS) | {"first_published_at", "last_published_at"}
+SUBSCRIBER_EXTRA_KEYS = set(stored.SUBSCRIBER_EXTRAS)
 
 
 def snapshot():
@@ -157,7 +157,7 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
     assert {s.computed_at for s in EventStats.objects.all()} == {SubscriberStats.objects.first().computed_at}
     out_dir = archive_dir / "_analytics"
     first = runs.current(str(out_dir))
-    assert first and load.last_run().run_id == first and load.last_run().spark is not in_process
+    assert first and stored.last_run().run_id == first and stored.last_run().spark is not in_process
     assert {"manifest.json", "event_stats.parquet", "event_trends.parquet"} <= set(
         os.listdir(runs.run_path(str(out_dir), first))
     )
@@ -173,7 +173,7 @@ def test_analyze_counts_the_archive_and_the_hot_tables_once(
         {k: v for k, v in s.items() if k not in ageless} for s in result["subscribers"]
     ]
     assert EventStats.objects.count() == len(events)
-    last = load.last_run()
+    last = stored.last_run()
     assert last.run_id == runs.current(str(out_dir)) != first
     assert not last.spark and last.partitions_recomputed == 0 and last.partitions_reused > 0
 
@@ -239,7 +239,7 @@ def test_analyze_with_nothing_anywhere_stores_nothing(spark, archive_dir):
         out = io.StringIO()
         call_command("analyze", "--json", stdout=out)
         assert json.loads(out.getvalue()) == {"events": [], "subscribers": []}
-        assert not EventStats.objects.exists() and not load.last_run().spark
+        assert not EventStats.objects.exists() and not stored.last_run().spark
 
 
 def test_analyze_over_a_window_prints_its_days_and_stores_nothing(
@@ -262,7 +262,7 @@ def test_analyze_over_a_window_prints_its_days_and_stores_nothing(
     assert sum(e["deliveries"] for e in result["events"]) == sum(
         d["message_id"] in in_day for d in h.deliveries
     )
-    assert not EventStats.objects.exists() and load.last_run() is None
+    assert not EventStats.objects.exists() and stored.last_run() is None
     assert runs.current(str(archive_dir / "_analytics")) is None
 
 
@@ -287,7 +287,7 @@ def test_analyze_waits_for_the_archive_then_gives_up_clearly(archive_dir, settin
     with archive_held_elsewhere(archive_dir):
         with pytest.raises(CommandError, match="try again"):
             call_command("analyze", stdout=io.StringIO())
-    assert load.last_run() is None and runs.current(str(archive_dir / "_analytics")) is None
+    assert stored.last_run() is None and runs.current(str(archive_dir / "_analytics")) is None
 
 
 def test_the_admin_shows_the_statistics_read_only(operator_client):

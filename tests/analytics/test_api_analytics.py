@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from analytics import load
+from analytics import load, stored
 from tests.conftest import client_for
 from tests.support.run_folders import write_run
 
@@ -54,7 +54,7 @@ def test_an_operator_sees_the_last_run_and_its_statistics(operator_client, loade
     # The run's manifest, and the statistics exactly as `analyze --json` prints them
     assert body["run"]["run_id"] == loaded
     assert body["run"]["partitions"] == {"total": 10, "recomputed": 2, "reused": 8}
-    assert {k: v for k, v in body.items() if k not in ("run", "failures", "windows")} == load.results_json()
+    assert {k: v for k, v in body.items() if k not in ("run", "failures", "windows")} == stored.results_json()
     # ... how old its figures are, and that no run failed since
     assert body["run"]["age_s"] > 0
     assert body["failures"] == {"since_run": 0, "last": None}

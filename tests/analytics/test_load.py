@@ -6,7 +6,7 @@ from datetime import UTC, date, datetime
 import pytest
 from django.db import IntegrityError
 
-from analytics import figures, load, runs
+from analytics import figures, load, runs, stored
 from analytics.models import AnalyticsRun, EventStats, EventTrend, SubscriberStats, SubscriberTrend
 from tests.support.run_folders import write_run
 
@@ -28,8 +28,8 @@ EVENT = {
 
 def test_a_runs_results_have_the_stored_tables_columns():
     """What the analysis writes (figures.RESULT_SCHEMAS) is what load stores, field for field."""
-    assert figures.RESULT_SCHEMAS["event_stats"].names == load.EVENT_FIELDS
-    assert figures.RESULT_SCHEMAS["subscriber_stats"].names == load.SUBSCRIBER_FIELDS
+    assert figures.RESULT_SCHEMAS["event_stats"].names == stored.EVENT_FIELDS
+    assert figures.RESULT_SCHEMAS["subscriber_stats"].names == stored.SUBSCRIBER_FIELDS
     assert figures.RESULT_SCHEMAS["event_trends"].names == load.EVENT_TREND_FIELDS
     assert figures.RESULT_SCHEMAS["subscriber_trends"].names == load.SUBSCRIBER_TREND_FIELDS
     assert figures.RESULT_SCHEMAS["event_windows"].names == load.EVENT_WINDOW_FIELDS
@@ -86,11 +86,11 @@ def test_it_loads_a_run_in_place_of_the_last(tmp_path):
     assert SubscriberTrend.objects.get().backlog == 1
     # ... and both runs are recorded, the second the last
     assert AnalyticsRun.objects.count() == 2
-    run = load.last_run()
+    run = stored.last_run()
     assert run.run_id == second and run.window_since == date(2026, 11, 1) and run.window_until is None
     assert (run.partitions_recomputed, run.partitions_reused, run.rows_hot_deliveries) == (2, 8, 9)
     # ... and results_json() is what `analyze --json` always printed
-    result = load.results_json()
+    result = stored.results_json()
     assert set(result) == {"events", "subscribers"}
     assert result["events"][0]["latency_ms"] == {"p50": 12.5, "p95": None, "p99": None}
     assert result["subscribers"][0]["backlog"] == 1 and result["subscribers"][0]["lag_s"] == 4.5
@@ -122,7 +122,7 @@ def test_run_json_gives_back_the_manifest(tmp_path):
     run_id = write_run(out)
     load.load_run(out, run_id)
     manifest = runs.read_manifest(out, run_id)
-    answer = load.run_json(load.last_run())
+    answer = stored.run_json(stored.last_run())
     assert {k: v for k, v in answer.items() if k != "loaded_at"} == manifest
 
 
@@ -255,7 +255,7 @@ def test_a_run_after_another_rewrites_only_the_trend_rows_that_changed(tmp_path)
     for name in load.TRENDS:
         assert {key for key, row in after[name].items() if before[name].get(key) == row} == kept[name]
     assert ("network", "error", "hour", HOUR) not in after["event_trends"]
-    assert load.last_run().run_id == second and AnalyticsRun.objects.count() == 2
+    assert stored.last_run().run_id == second and AnalyticsRun.objects.count() == 2
     # ... and the tables hold exactly what a full load of the newer run gives (the same load
     # when no run was loaded before)
     AnalyticsRun.objects.all().delete()
@@ -342,9 +342,9 @@ def test_a_load_that_fails_midway_leaves_the_previous_figures(tmp_path):
         load.load_run(out, broken)
     # Then the previous run's figures are all there, as they were
     assert (_trend_rows(), list(EventStats.objects.values_list("id", flat=True))) == before
-    assert load.last_run().run_id == first
+    assert stored.last_run().run_id == first
     # ... and a run with a key twice is refused before anything is written
     twice = write_run(out, event_trends=[{"queue": "db", "event": "create", "period_start": HOUR}] * 2)
     with pytest.raises(runs.BadRun, match="two rows for one queue, event, period, period_start"):
         load.load_run(out, twice)
-    assert load.last_run().run_id == first
+    assert stored.last_run().run_id == first

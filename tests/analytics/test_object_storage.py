@@ -17,7 +17,7 @@ import pytest
 from django.core.management import call_command
 from moto.server import ThreadedMotoServer
 
-from analytics import load
+from analytics import stored
 from queues.models import Message
 from tests.analytics import history
 from tests.support import history_rows
@@ -76,7 +76,7 @@ def test_the_archive_and_the_analytics_live_on_s3(s3, settings, make_queue, db_q
     )
     assert not [k for k in keys(s3, "mq/") if k.endswith(".tmp")]
     # ... the archived days were read back from it, and every figure is the rows' own
-    run = load.last_run()
+    run = stored.last_run()
     assert run.partitions_recomputed > 0 and not run.spark
     history.assert_figures(json.loads(out.getvalue()), expected)
     # ... and the run folders and the file naming the current one are in the bucket too

@@ -16,7 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from analytics import load
+from analytics import stored
 from analytics.models import EventStats, SubscriberStats
 from delivery.models import Delivery, Status
 from queues.models import Message
@@ -153,7 +153,7 @@ def test_replays_and_seeks_count_with_their_message_across_archives_and_runs(
     analyze()
 
     # Then the old day's rows are kept, the replayed ones with them, and still agree
-    run = load.last_run()
+    run = stored.last_run()
     assert (run.partitions_recomputed, run.partitions_reused, run.spark) == (1, 1, not in_process)
     assert_stored_figures_agree_with_duckdb(archive_dir)
 

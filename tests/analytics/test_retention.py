@@ -10,8 +10,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from analytics import archive, layout, tasks
-from analytics.load import last_run
 from analytics.models import EventStats
+from analytics.stored import last_run
 from delivery import subscribing
 from delivery.models import Status
 from mqsite.commands import EXIT_BUSY, EXIT_USAGE

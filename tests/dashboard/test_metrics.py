@@ -339,7 +339,8 @@ def test_two_servers_share_one_snapshot_per_window_through_redis(traffic):
         seen, ages = {0: set(), 1: set()}, []
         scrapes = 0
         started = time.time()
-        while time.time() - started < run_secs:
+        # At least a dozen scrapes, however slow the machine (a loaded one made 10 in 4 s).
+        while time.time() - started < run_secs or scrapes < 12:
             which = scrapes % 2
             asked = time.time()
             r = httpx.get(
@@ -352,7 +353,6 @@ def test_two_servers_share_one_snapshot_per_window_through_redis(traffic):
             scrapes += 1
         elapsed = time.time() - started
         computations = seen[0] | seen[1]
-        assert scrapes > 10
         assert len(computations) <= elapsed / max_age + 1, (scrapes, sorted(computations))
         assert seen[0] & seen[1]  # one process's snapshot served by the other
         assert max(ages) < max_age + 1, max(ages)

@@ -170,16 +170,23 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
         facts = _facts(listing, {}, [], hot, spark=False) | {"figures_of": kept["figures_of"]}
         progress(f"took the figures of run {previous['run_id']} (nothing new since)")
     else:
-        rows, archived, facts = _hour_rows(root, out, folder, listing, hot, master, since, until, progress)
-        event_stats, event_trends = figures.event_figures(rows["events"], since=since, until=until)
-        subscriber_stats, subscriber_trends, oldest = figures.subscriber_results(
-            rows["subscribers"], now=now, since=since, until=until
-        )
-        results = (event_stats, subscriber_stats, *figures.window_figures(rows, now))
-        layout.write_run_file(folder, "event_stats.parquet", _result_table("event_stats", event_stats))
-        layout.write_run_file(folder, "event_trends.parquet", event_trends)
-        layout.write_run_file(folder, "subscriber_trends.parquet", subscriber_trends)
-        kept = reuse.keep(folder, archived, oldest, now, digest, run_id) if digest else None
+        # The hour rows' files, the subscribers' figures and the events' are independent: on
+        # threads, as Arrow and numpy leave the GIL (a 120-day first run: 3.6 s one after
+        # another on 2 cores).
+        with _Beside() as pool:
+            rows, archived, facts = _hour_rows(
+                root, out, folder, listing, hot, master, since, until, progress, pool
+            )
+            subscribers = pool.submit(
+                figures.subscriber_results, rows["subscribers"], now=now, since=since, until=until
+            )
+            event_stats, event_trends = figures.event_figures(rows["events"], since=since, until=until)
+            pool.submit(layout.write_run_file, folder, "event_trends.parquet", event_trends)
+            subscriber_stats, subscriber_trends, oldest = subscribers.result()
+            pool.submit(layout.write_run_file, folder, "subscriber_trends.parquet", subscriber_trends)
+            results = (event_stats, subscriber_stats, *figures.window_figures(rows, now))
+            layout.write_run_file(folder, "event_stats.parquet", _result_table("event_stats", event_stats))
+            kept = reuse.keep(folder, archived, oldest, now, digest, run_id) if digest else None
         progress("computed the figures")
     event_stats, subscriber_stats, event_windows, subscriber_windows = results
     for name, rows in (
@@ -212,6 +219,27 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
     return Run(run_id, manifest, event_stats, subscriber_stats, event_windows, subscriber_windows, folder)
 
 
+class _Beside(ThreadPoolExecutor):
+    """Two threads for work beside the caller's; leaving it waits for every task and raises the
+    first one's error, as if done in line (a file that cannot be written fails the run)."""
+
+    def __init__(self):
+        super().__init__(max_workers=2)
+        self._futures = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = super().submit(fn, *args, **kwargs)
+        self._futures.append(future)
+        return future
+
+    def __exit__(self, *exc_info):
+        super().__exit__(*exc_info)
+        if exc_info[0] is None:
+            for future in self._futures:
+                future.result()
+        return False
+
+
 def _taken(out, previous, folder, hot, now):
     """reuse.results of the current run (`previous`, its manifest), its hour rows shared into
     `folder` too; None when its files cannot be read (removed by hand, half copied): then the
@@ -242,10 +270,11 @@ def _hot(snapshot, listing):
     return Hot(snapshot, overlapping, in_spark, rows)
 
 
-def _hour_rows(root, out, folder, listing, hot, master, since, until, progress=_quiet):
+def _hour_rows(root, out, folder, listing, hot, master, since, until, progress, pool):
     """(the hour rows of the archive's partitions within the window and of the hot tables, the
     archive's hour rows of every partition, what it took). Writes the latter (all partitions
-    known, in or out of the window) to the run folder for the next run."""
+    known, in or out of the window) to the run folder for the next run, on a thread of `pool`
+    (a ThreadPoolExecutor its caller waits for)."""
     chosen = {key: p for key, p in listing.items() if figures.in_window(p.day, since, until)}
     current = runs.current(out)
     kept, whole = _kept_hours(out, current, {p.fingerprint for p in listing.values()})
@@ -307,8 +336,8 @@ def _hour_rows(root, out, folder, listing, hot, master, since, until, progress=_
         for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
             layout.share_file(f"{runs.run_path(out, current)}/{file}", folder, file)
     else:
-        layout.write_run_file(folder, EVENT_HOURS, archived["events"])
-        layout.write_run_file(folder, SUBSCRIBER_HOURS, archived["subscribers"])
+        pool.submit(layout.write_run_file, folder, EVENT_HOURS, archived["events"])
+        pool.submit(layout.write_run_file, folder, SUBSCRIBER_HOURS, archived["subscribers"])
 
     untagged = {name: table.drop_columns(["fingerprint"]) for name, table in archived.items()}
     in_window = untagged

@@ -195,7 +195,9 @@ def standalone(tmp_path_factory):
     """A standalone Spark master and one worker (two cores, 1 GiB) from the pyspark package, on
     loopback; stopped with every JVM they started (the worker's executors too) at the end."""
     work = tmp_path_factory.mktemp("spark-standalone")
-    port, ui = free_port(), free_port()
+    # Each daemon's web UI on a port of its own: with "0" the worker's could take the port just
+    # freed for the master's before the master's JVM bound it, and answer its /json/ with a page.
+    port, ui, worker_ui = free_port(), free_port(), free_port()
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     master_url = f"spark://127.0.0.1:{port}"
     started = []
@@ -204,7 +206,7 @@ def standalone(tmp_path_factory):
             ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
              "--webui-port", str(ui)],
             ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
-             "--webui-port", "0", "--work-dir", str(work), master_url],
+             "--webui-port", str(worker_ui), "--work-dir", str(work), master_url],
         ):  # fmt: skip
             started.append(
                 subprocess.Popen(
@@ -232,7 +234,7 @@ def _wait_for_worker(url, procs, work, timeout=180):
             with urllib.request.urlopen(url, timeout=2) as answer:
                 if any(w["state"] == "ALIVE" for w in json.load(answer)["workers"]):
                     return
-        except OSError:
+        except (OSError, ValueError, KeyError):  # not up yet, or not the master's answer yet
             pass
         time.sleep(0.5)
     raise AssertionError("the standalone master has no live worker after 3 minutes")

@@ -125,6 +125,34 @@ def test_a_day_of_messages_no_one_subscribed_to_is_counted_beside_another_queues
     assert counts == {("db", "create"): (1, 0), ("network", "error"): (1, 1)}
 
 
+@pytest.mark.parametrize("file", [analysis.EVENT_HOURS, "subscriber_trends.parquet"])
+def test_a_run_whose_file_cannot_be_written_fails_and_the_current_run_stays(
+    first, tmp_path, monkeypatch, file
+):
+    """The hour rows and the trends are written on threads beside the figures: a disk error
+    there fails the run as one in line would, and the next run takes no half-written folder."""
+    archive, out, snapshot, run = first
+    real_write = layout.write_run_file
+
+    def write_run_file(folder, name, table):
+        if name == file:
+            raise OSError(28, "No space left on device")
+        real_write(folder, name, table)
+
+    monkeypatch.setattr(layout, "write_run_file", write_run_file)
+    # A partition gone from the archive: a run that recomputes and writes its hour rows.
+    for day in sorted(Path(archive).glob("deliveries/queue=*/day=*"))[:1]:
+        for part in day.glob("*.parquet"):
+            part.unlink()
+    with pytest.raises(OSError, match="No space left"):
+        analysis.compute(archive, out, snapshot, now=LATER)
+    assert runs.current(out) == run.run_id
+    monkeypatch.setattr(layout, "write_run_file", real_write)
+    again = analysis.compute(archive, out, snapshot, now=LATER)
+    assert again.manifest["partitions"]["recomputed"] > 0
+    same_figures(again, full_run(archive, snapshot, LATER, tmp_path / "fresh"))
+
+
 def stored_trends():
     return sorted(EventTrend.objects.values_list("queue", "event", "period", "period_start", "messages"))
 

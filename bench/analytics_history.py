@@ -16,6 +16,10 @@ hour (what the hourly archive task leaves: 1,440 per kind for 6 queues over 10 d
 `daily` one per queue and day (a compacted archive: 66 per kind, the 10 days from noon to
 noon touching 11 dates).
 
+A replayed subscription (issue 32): REPLAYER subscribed to REPLAY_QUEUE two days before END
+"from" three days before that, so its deliveries were made days after their messages, in the
+replay's hours, and archived in their messages' days (`replayed`).
+
 The workload of issue 19: 6 queues, 3 events, 50 subscribers, 10 days ending at END, a
 fan-out of 5 (each message goes to 5 distinct subscribers), payloads of about 100 bytes.
 Message ids rise with publish time, and each message's deliveries take the next 5 delivery ids,
@@ -64,6 +68,14 @@ OVERLAP_MESSAGES = 20  # per queue
 # The hot set's ids start here, above any archive's (and the hour added after it).
 HOT_ID_BASE = 100_000_000
 HOUR_US = 3_600_000_000
+# A subscriber that subscribed two days before END with "from" three days before that: its
+# deliveries are made at the replay, days after their messages, and archived with them.
+REPLAYER = "replayer"
+REPLAY_QUEUE = "db"
+REPLAY_AGO = timedelta(days=2)
+REPLAY_SPAN = timedelta(days=3)
+REPLAY_STEP_US = 2_000  # the replay's pace: 500 deliveries a second
+REPLAY_ID_BASE = 90_000_000  # above the fan-out's delivery ids, below the hot set's
 
 
 # --- vectorised helpers (pyarrow compute) ---------------------------------------------------------
@@ -284,16 +296,65 @@ def write_files(root, messages, deliveries, files="hourly"):
     return written
 
 
+def replayed(messages, *, at, since, first_id=REPLAY_ID_BASE, seed=7):
+    """The deliveries of a subscription made at `at` with "from" `since` (the API's replay) to
+    REPLAYER on REPLAY_QUEUE: one for each of the queue's messages published from `since` to
+    `at`, made from `at` on at REPLAY_STEP_US apart (as the server pages through them), acked a
+    latency later; filed under their message's day and hour (the archive moves a delivery with
+    its message), ids from `first_id`."""
+    start_us, at_us = int(since.timestamp() * 1_000_000), int(at.timestamp() * 1_000_000)
+    created = pc.cast(messages["created_at"], pa.int64())
+    owed = messages.filter(
+        pc.and_(
+            pc.equal(messages["queue"], REPLAY_QUEUE),
+            pc.and_(pc.greater_equal(created, start_us), pc.less(created, at_us)),
+        )
+    )
+    n = owed.num_rows
+    made = pc.add(pc.multiply(_seq(n), REPLAY_STEP_US), at_us)
+    lat, retried = latency_us(n, seed)
+    return pa.table(
+        {
+            "id": _seq(n, start=first_id),
+            "message_id": owed["id"],
+            "event": owed["event"],
+            "subscriber": pa.repeat(pa.scalar(REPLAYER), n),
+            "seq": owed["seq"],
+            "status": pa.repeat(pa.scalar("acked"), n),
+            "attempts": attempts_for(n, retried, seed + 1),
+            "created_at": pc.cast(made, TS),
+            "delivered_at": pc.cast(pc.add(made, pc.divide(lat, 2)), TS),
+            "acked_at": pc.cast(pc.add(made, lat), TS),
+            "last_error": pc.if_else(retried, pa.scalar("HTTP 503 from the webhook"), pa.scalar("")),
+            "queue": owed["queue"],
+            "day": owed["day"],
+            "hour": owed["hour"],
+        }
+    )
+
+
 def generate_archive(root, deliveries=5_000_000, *, files="hourly", days=DAYS, end=END, seed=1):
     """The issue's archive under root: `deliveries` acked deliveries of deliveries // FANOUT
-    messages over `days` days ending at `end`. Returns its description."""
+    messages over `days` days ending at `end`, and a replayed subscription's (replayed at
+    REPLAY_AGO before `end`, or halfway through a shorter history, from REPLAY_SPAN before
+    that or the history's start). Returns its description."""
     started = time.perf_counter()
     n_messages = deliveries // FANOUT
-    messages, dels = history_tables(n_messages, start=end - timedelta(days=days), end=end, seed=seed)
+    start = end - timedelta(days=days)
+    messages, dels = history_tables(n_messages, start=start, end=end, seed=seed)
+    at = end - min(REPLAY_AGO, (end - start) / 2)  # a short history: halfway through it
+    replay = replayed(messages, at=at, since=max(start, at - REPLAY_SPAN))
+    dels = pa.concat_tables([dels, replay.cast(dels.schema)])
     per_kind = write_files(root, messages, dels, files)
     return {
         "messages": n_messages,
         "deliveries": len(dels),
+        "replayed": {
+            "subscriber": REPLAYER,
+            "queue": REPLAY_QUEUE,
+            "at": at.isoformat(),
+            "deliveries": len(replay),
+        },
         "files": files,
         "files_per_kind": per_kind,
         "days": days,

@@ -47,14 +47,41 @@ def test_the_archive_is_in_the_layout_with_its_schemas(archive):
 def test_each_message_fans_out_to_five_subscribers_all_acked(archive):
     base, info = archive
     db = duckdb.connect()
+    fanned = f"""(SELECT * FROM read_parquet('{base}/archive/deliveries/**/*.parquet')
+        WHERE subscriber <> '{history.REPLAYER}')"""
     rows = db.execute(
         f"""SELECT count(*), count(DISTINCT id), count(DISTINCT message_id),
             min(n), max(n), count(*) FILTER (status <> 'acked')
-        FROM read_parquet('{base}/archive/deliveries/**/*.parquet')
-        JOIN (SELECT message_id, count(DISTINCT subscriber) AS n
-              FROM read_parquet('{base}/archive/deliveries/**/*.parquet') GROUP BY 1) USING (message_id)"""
+        FROM {fanned} JOIN (SELECT message_id, count(DISTINCT subscriber) AS n FROM {fanned} GROUP BY 1)
+            USING (message_id)"""
     ).fetchone()
     assert rows == (30_000, 30_000, 6_000, 5, 5, 0)
+
+
+def test_the_replayed_subscription_owes_each_earlier_message_of_its_queue_once_made_at_the_replay(archive):
+    """Its deliveries are made at the replay, a day after their messages here (halfway through
+    two days), and filed in their messages' queue and day, as the archive files them."""
+    base, info = archive
+    replay = info["replayed"]
+    db = duckdb.connect()
+    db.execute("SET TimeZone = 'UTC'")
+    glob = lambda kind: f"read_parquet('{base}/archive/{kind}/**/*.parquet', hive_partitioning = true)"  # noqa: E731
+    owed = db.execute(
+        f"SELECT count(*) FROM {glob('messages')} WHERE queue = '{history.REPLAY_QUEUE}' "
+        f"AND created_at < TIMESTAMPTZ '{replay['at']}'"
+    ).fetchone()[0]
+    rows = db.execute(
+        f"""SELECT count(*), count(DISTINCT d.message_id), count(DISTINCT d.id),
+            count(*) FILTER (d.created_at < TIMESTAMPTZ '{replay["at"]}'),
+            count(*) FILTER (d.queue::VARCHAR <> '{history.REPLAY_QUEUE}' OR d.day::VARCHAR <> m.day::VARCHAR
+                OR d.event <> m.event OR d.acked_at <= d.created_at),
+            min(d.created_at - m.created_at) >= INTERVAL 1 MINUTE
+        FROM {glob("deliveries")} d JOIN {glob("messages")} m ON m.id = d.message_id
+        WHERE d.subscriber = '{history.REPLAYER}'"""
+    ).fetchone()
+    assert owed > 100
+    assert rows == (owed, owed, owed, 0, 0, True)
+    assert replay["deliveries"] == owed and info["deliveries"] == 30_000 + owed
 
 
 def _hot(base, archive_root):
@@ -115,7 +142,7 @@ def test_the_check_passes_right_figures_and_catches_wrong_ones(archive):
     hot, overlapping = _hot(base, base / "archive")
     want = run.expected(base / "archive", hot)
     # The archive's copy wins: the overlapping deliveries count once, as acked.
-    assert want["deliveries"] == 30_000 + 500
+    assert want["deliveries"] == info["deliveries"] + 500  # the hot set adds 500
     assert sum(w["acked"] for w in want["events"].values()) > 30_000 - overlapping
     assert overlapping == 6 * 2 * 5
     right = _as_printed(want)

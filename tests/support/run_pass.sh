@@ -10,6 +10,11 @@ backend=$1 name=$2
 shift 2
 bin=${BIN:-.venv/bin}
 id="$name-$$"
+# MQ_TEST_REPORTS=DIR: each pass also writes a JUnit XML report there (every test's time).
+if [ -n "${MQ_TEST_REPORTS:-}" ]; then
+    mkdir -p "$MQ_TEST_REPORTS"
+    set -- --junitxml="$MQ_TEST_REPORTS/$name.xml" "$@"
+fi
 export MQ_CELERY_DIR="var/celery-test-$id"
 
 cleanup() {

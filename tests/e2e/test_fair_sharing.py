@@ -84,14 +84,15 @@ def test_a_burst_published_right_after_two_workers_connected_to_two_processes_is
                 batch = [{"event": "e", "payload": i} for i in range(40)]
                 publisher.send(json.dumps({"type": "publish", "queue": "db", "messages": batch}))
                 assert json.loads(publisher.recv(timeout=10))["type"] == "published"
-            got = {}
-            for name, ws in (("a", a), ("b", b)):
-                got[name] = []
-                while True:
-                    try:
-                        got[name].append(json.loads(ws.recv(timeout=1)))
-                    except TimeoutError:
-                        break
+            got = {"a": [], "b": []}
+            deadline = time.monotonic() + 15  # all 40, however slow the machine; then 1 s of quiet
+            while sum(map(len, got.values())) < 40 and time.monotonic() < deadline:
+                for name, ws in (("a", a), ("b", b)):
+                    while True:
+                        try:
+                            got[name].append(json.loads(ws.recv(timeout=1)))
+                        except TimeoutError:
+                            break
     finally:
         one.stop()
         two.stop()

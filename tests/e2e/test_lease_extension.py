@@ -54,7 +54,7 @@ def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(web_an
     web, token = web_and_worker
     with connect(f"{web.ws}?token={token}") as a:
         publish_job(web, token)
-        first = json.loads(a.recv(timeout=2))
+        first = json.loads(a.recv(timeout=10))
         assert first["type"] == "message" and first["attempt"] == 1
         if extending:
             a.send(json.dumps({"type": "extend", "ids": [first["id"]], "seconds": 30}))
@@ -64,7 +64,11 @@ def test_a_socket_that_extends_keeps_its_delivery_from_another_connection(web_an
         with connect(f"{web.ws}?token={token}") as b:
             seen = frames_within(b, 2.5) + frames_within(a, 0.1)
             if not extending:
-                assert ("message", first["id"], 2) in [(f["type"], f["id"], f["attempt"]) for f in seen]
+                again = ("message", first["id"], 2)
+                deadline = time.monotonic() + 10  # a loaded machine's sweeper and recheck run late
+                while again not in [(f["type"], f["id"], f["attempt"]) for f in seen]:
+                    assert time.monotonic() < deadline, seen
+                    seen += frames_within(b, 0.5) + frames_within(a, 0.1)
                 return
             assert seen == []  # nothing handed out again, and no error frame for the extend
             a.send(json.dumps({"type": "ack", "ids": [first["id"]]}))

@@ -175,12 +175,12 @@ def test_a_withdrawn_subscribe_right_ends_the_subscription_on_both(servers, owne
     # announcement returns once both processes have forgotten it.
     for ws in sockets:
         ws.send(json.dumps({"type": "publish", "queue": "db", "event": "e", "payload": 1, "ref": 6}))
-        answer = json.loads(ws.recv(timeout=2))
+        answer = json.loads(ws.recv(timeout=10))
         assert (answer["type"], answer["ref"]) == ("published", 6), answer
     owner.publish_queues.remove(queue)
     for ws in sockets:
         ws.send(json.dumps({"type": "publish", "queue": "db", "event": "e", "payload": 1, "ref": 7}))
-        answer = json.loads(ws.recv(timeout=2))
+        answer = json.loads(ws.recv(timeout=10))
         assert (answer["type"], answer["code"], answer["ref"]) == ("error", "forbidden", 7)
     for ws in sockets:
         ws.close()

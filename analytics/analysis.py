@@ -220,11 +220,12 @@ def compute(root, out, snapshot, *, now, master=None, since=None, until=None, pr
 
 
 class _Beside(ThreadPoolExecutor):
-    """Two threads for work beside the caller's; leaving it waits for every task and raises the
-    first one's error, as if done in line (a file that cannot be written fails the run)."""
+    """Threads for work beside the caller's; leaving it waits for every task and raises the
+    first one's error, as if done in line (a file that cannot be written fails the run). Three:
+    the hour rows' two files and the subscribers' figures start at once."""
 
     def __init__(self):
-        super().__init__(max_workers=2)
+        super().__init__(max_workers=3)
         self._futures = []
 
     def submit(self, fn, /, *args, **kwargs):

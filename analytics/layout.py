@@ -163,16 +163,28 @@ def day_of(ts):
     return ts.astimezone(UTC).strftime("%Y-%m-%d")
 
 
+def utc_days(timestamps):
+    """The UTC day ("YYYY-MM-DD", strings) of each of these timestamps (an Arrow column). The
+    few distinct days formatted, not every row: pc.strftime took 0.65 s for a million rows,
+    most of a rerun's time beside big hot tables."""
+    if isinstance(timestamps, pa.ChunkedArray):
+        timestamps = timestamps.combine_chunks()
+    naive = pc.cast(timestamps, pa.timestamp("us"))  # the UTC instant, whatever zone it names
+    days = pc.dictionary_encode(pc.cast(naive, pa.date32()))
+    named = pa.DictionaryArray.from_arrays(days.indices, pc.cast(days.dictionary, pa.string()))
+    return named.cast(pa.string())
+
+
 def partition_days(messages, deliveries):
     """(messages, deliveries), Arrow tables with `id`, `created_at` and `message_id`, each with
     a DAY_FIELD column: the day write_history() files the row under. A delivery whose message
     is not among `messages` keeps its own day (the snapshot holds every delivery's message:
     this is only a guard)."""
-    message_days = pc.strftime(messages["created_at"], format="%Y-%m-%d")
+    message_days = utc_days(messages["created_at"])
     found = pc.index_in(deliveries["message_id"], value_set=messages["id"])
-    delivery_days = pc.coalesce(
-        pc.take(message_days, found), pc.strftime(deliveries["created_at"], format="%Y-%m-%d")
-    )
+    delivery_days = pc.take(message_days, found)
+    if delivery_days.null_count:
+        delivery_days = pc.coalesce(delivery_days, utc_days(deliveries["created_at"]))
     return (
         messages.append_column(DAY_FIELD, message_days),
         deliveries.append_column(DAY_FIELD, delivery_days),

@@ -29,7 +29,7 @@ def drop_archived(snapshot, listing):
     messages = snapshot.messages
     if not messages.num_rows or not listing:
         return snapshot, 0
-    day = pc.strftime(messages["created_at"], format="%Y-%m-%d")
+    day = layout.utc_days(messages["created_at"])
     spans = (
         messages.append_column("day", day)
         .group_by(["queue", "day"], use_threads=False)

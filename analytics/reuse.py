@@ -16,12 +16,15 @@ only those two:
 A rerun over months of history then reads kilobytes instead of the archive's hour rows (tens
 of MB) and sorts no sketch: bench/README.md has the numbers. The figures are the same, to the
 bit, as a full run's at the same `now` (tests/analytics/test_reuse.py). Any difference in the
-inputs, a window of days (--since/--until), an earlier `now`, another release, or a current run
-without these files, and the run is a full one.
+inputs, a window of days (--since/--until), a `now` whose windows reach before the hours kept,
+another release or analytics code, or a current run without these files, and the run is a
+full one.
 """
 
+import functools
 import hashlib
 from datetime import datetime
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -37,12 +40,22 @@ SHARED = ("event_stats.parquet", "event_trends.parquet", "subscriber_trends.parq
 LONGEST = max(windows.WINDOWS.values())
 
 
+@functools.cache
+def _code():
+    """The digest of the analytics package's source: a deployment of unreleased code (the
+    same VERSION) that computes a figure otherwise, or adds one, must not take the last run's."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def inputs(listing, hot):
-    """The digest of what a run's figures are made of, but the time: this release, the archive's
-    partitions (analytics.partitions.list_archive) and the hot tables' hour rows ({"events": ...,
-    "subscribers": ...} Arrow tables). Tables of equal rows in another order digest apart (then a
-    full run: slower, never wrong)."""
-    digest = hashlib.sha256(VERSION.encode())
+    """The digest of what a run's figures are made of, but the time: this release and its
+    analytics code, the archive's partitions (analytics.partitions.list_archive) and the hot
+    tables' hour rows ({"events": ..., "subscribers": ...} Arrow tables). Tables of equal rows
+    in another order digest apart (then a full run: slower, never wrong)."""
+    digest = hashlib.sha256(f"{VERSION}\0{_code()}".encode())
     for key in sorted(listing):
         digest.update("\0".join((*key, listing[key].fingerprint, "\n")).encode())
     for name in ("events", "subscribers"):

@@ -108,6 +108,17 @@ def test_a_changed_hot_row_a_changed_archive_or_an_earlier_time_make_a_full_run(
     same_figures(gone, full_run(archive, snapshot, LATER, tmp_path / "c"))
 
 
+def test_other_analytics_code_of_the_same_release_makes_a_full_run(first, monkeypatch):
+    """A deployment of unreleased code (VERSION unchanged) that computes a figure otherwise
+    must not serve the last run's figures."""
+    archive, out, snapshot, run = first
+    same = analysis.compute(archive, out, snapshot, now=LATER)
+    assert same.manifest["reuse"]["figures_of"] == run.run_id
+    monkeypatch.setattr(reuse, "_code", lambda: "the analytics code of another commit")
+    other = analysis.compute(archive, out, snapshot, now=LATER)
+    assert other.manifest["reuse"]["figures_of"] == other.run_id
+
+
 def test_a_day_of_messages_no_one_subscribed_to_is_counted_beside_another_queues(tmp_path, in_process):
     """The archive writes no deliveries file for a day whose messages had no subscriber; the
     in-process reduction reads a day's partitions of every queue together, so the empty one

@@ -362,7 +362,9 @@ def check(record, printed, want):
             print(f"    {p}", file=sys.stderr)
 
 
-def one_archive(workdir, size, layout, master, runs, extra_env=None, days=history.DAYS):
+def one_archive(
+    workdir, size, layout, master, runs, extra_env=None, days=history.DAYS, hot_messages=history.HOT_MESSAGES
+):
     """Generate an archive and its hot set, run analyze `runs` ("first", "rerun", "hour")."""
     base = Path(workdir) / f"{layout}-{size}"
     archive, hot = base / "archive", base / "hot"
@@ -374,7 +376,9 @@ def one_archive(workdir, size, layout, master, runs, extra_env=None, days=histor
     )
     url = fresh_database(base.parent)
     env = {**os.environ, "DATABASE_URL": url}
-    info["hot"] = json.loads(history_script(env, "hot", "--archive", str(archive)))
+    info["hot"] = json.loads(
+        history_script(env, "hot", "--archive", str(archive), "--messages", str(hot_messages))
+    )
     history_script(env, "dump-hot", str(hot))
     env |= {"SPARK_MASTER": master, "MQ_ARCHIVE_DIR": str(archive), **(extra_env or {})}
     out = base / "out"
@@ -454,6 +458,12 @@ def main():
     )
     parser.add_argument("--workdir", default=str(ROOT / "var" / "bench-analytics"))
     parser.add_argument("--keep", action="store_true", help="keep the archives and outputs in --workdir")
+    parser.add_argument(
+        "--hot-messages",
+        type=int,
+        default=history.HOT_MESSAGES,
+        help="live messages in the hot tables beside the archive (5 deliveries each)",
+    )
     args = parser.parse_args()
     cores = int(args.master.removeprefix("local[").rstrip("]")) if args.master.startswith("local[") else None
     runs = [r for r in args.runs.split(",") if r]
@@ -473,7 +483,14 @@ def main():
     try:
         for layout in [x for x in args.layouts.split(",") if x]:
             info, recs = one_archive(
-                workdir, args.deliveries, layout, args.master, runs, extra_env, days=args.days
+                workdir,
+                args.deliveries,
+                layout,
+                args.master,
+                runs,
+                extra_env,
+                days=args.days,
+                hot_messages=args.hot_messages,
             )
             archives.append(info)
             records += recs

@@ -38,4 +38,4 @@ __all__ = [
     "Receipt",
     "Subscription",
 ]
-__version__ = "1.2.2"
+__version__ = "1.2.3"

@@ -184,10 +184,13 @@ test-postgres-e2e: install-dev $(TEST_TOOLS)
 test-postgres-rest: install-dev $(TEST_TOOLS)
 	REDIS=machine $(RUN_PASS) postgres postgres-rest $(NOT_E2E)
 
-# Lint and the manual first, and the Debian packages one apt-get at a time, then the parts.
+# Lint and the manual first, and the Debian packages one apt-get at a time, then the parts;
+# then no test may have been skipped by every part (each may leave a test to another).
 test: lint docs $(TEST_TOOLS)
-	$(MAKE) --no-print-directory --output-sync=target -j4 \
+	rm -rf var/test-reports
+	MQ_TEST_REPORTS=var/test-reports $(MAKE) --no-print-directory --output-sync=target -j4 \
 		test-sqlite-e2e test-postgres-e2e test-sqlite-rest test-postgres-rest
+	$(BIN)/python tests/support/never_run.py var/test-reports
 
 # The benchmark's own clients (RabbitMQ, NATS, py-spy) go into the same venv; reinstalled
 # whenever bench/requirements.txt changes.

@@ -283,11 +283,6 @@ print(app_id)
 """
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql",
-    reason="two JVMs for a minute, with no database in them: the PostgreSQL pass of make test runs it "
-    "(the SQLite pass runs the other JVM tests at the same time)",
-)
 def test_a_local_session_gets_its_driver_memory_writes_its_event_log_and_ends_its_jvm(tmp_path):
     # A process of its own: the driver's memory is read when the JVM starts, and the tests'
     # shared session has started one already.

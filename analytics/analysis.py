@@ -247,12 +247,17 @@ def _taken(out, previous, folder, hot, now):
     run computes its figures."""
     try:
         taken = reuse.results(out, previous, folder, hot.rows, now)
-        for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
-            layout.share_file(f"{runs.run_path(out, previous['run_id'])}/{file}", folder, file)
+        _share_hour_rows(out, previous["run_id"], folder)
     except (OSError, pa.ArrowException, runs.BadRun) as exc:
         log.warning("analyze: cannot take run %s's figures (%s); computing them", previous["run_id"], exc)
         return None
     return taken
+
+
+def _share_hour_rows(out, run_id, folder):
+    """The archive's hour rows of run `run_id` are those of the run in `folder` too (linked)."""
+    for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
+        layout.share_file(f"{runs.run_path(out, run_id)}/{file}", folder, file)
 
 
 def _result_table(name, rows):
@@ -334,8 +339,7 @@ def _hour_rows(root, out, folder, listing, hot, master, since, until, progress, 
     archived = {name: pa.concat_tables([kept[name], *new[name]]) for name in kept}
     if whole and not any(new.values()):
         # Nothing archived since: the last run's hour rows are this run's, file for file.
-        for file in (EVENT_HOURS, SUBSCRIBER_HOURS):
-            layout.share_file(f"{runs.run_path(out, current)}/{file}", folder, file)
+        _share_hour_rows(out, current, folder)
     else:
         pool.submit(layout.write_run_file, folder, EVENT_HOURS, archived["events"])
         pool.submit(layout.write_run_file, folder, SUBSCRIBER_HOURS, archived["subscribers"])

@@ -71,6 +71,8 @@ HOUR_US = 3_600_000_000
 # A subscriber that subscribed two days before END with "from" three days before that: its
 # deliveries are made at the replay, days after their messages, and archived with them.
 REPLAYER = "replayer"
+# What a retried delivery's last attempt left (the fan-out's and the replay's).
+RETRY_ERROR = "HTTP 503 from the webhook"
 REPLAY_QUEUE = "db"
 REPLAY_AGO = timedelta(days=2)
 REPLAY_SPAN = timedelta(days=3)
@@ -244,7 +246,7 @@ def history_tables(
             "delivered_at": delivered_at,
             "acked_at": acked_at,
             "last_error": pc.if_else(
-                pc.and_(retried, pc.or_(acked, dead)), pa.scalar("HTTP 503 from the webhook"), pa.scalar("")
+                pc.and_(retried, pc.or_(acked, dead)), pa.scalar(RETRY_ERROR), pa.scalar("")
             ),
             "queue": _repeat_each(queue, fanout),
             "day": _repeat_each(day, fanout),
@@ -325,7 +327,7 @@ def replayed(messages, *, at, since, first_id=REPLAY_ID_BASE, seed=7):
             "created_at": pc.cast(made, TS),
             "delivered_at": pc.cast(pc.add(made, pc.divide(lat, 2)), TS),
             "acked_at": pc.cast(pc.add(made, lat), TS),
-            "last_error": pc.if_else(retried, pa.scalar("HTTP 503 from the webhook"), pa.scalar("")),
+            "last_error": pc.if_else(retried, pa.scalar(RETRY_ERROR), pa.scalar("")),
             "queue": owed["queue"],
             "day": owed["day"],
             "hour": owed["hour"],

@@ -266,11 +266,12 @@ def _result_table(name, rows):
 
 def _hot(snapshot, listing):
     """The snapshot as a run reads it (Hot)."""
-    snapshot, overlapping = overlap.drop_archived(snapshot, listing)
     # Each hot row with the day the archive will file it under: a window of days (since/until)
-    # then takes a replayed delivery with its message, whether it is archived yet or not.
+    # then takes a replayed delivery with its message, whether it is archived yet or not; and
+    # the archive's partitions of those days are where an archived copy would be.
     messages, deliveries = layout.partition_days(snapshot.messages, snapshot.deliveries)
     snapshot = dataclasses.replace(snapshot, messages=messages, deliveries=deliveries)
+    snapshot, overlapping = overlap.drop_archived(snapshot, listing)
     in_spark = snapshot.deliveries.num_rows > settings.MQ_ANALYTICS_HOT_SPARK_ROWS
     rows = None if in_spark else _derived(hours.parts(snapshot.messages, snapshot.deliveries))
     return Hot(snapshot, overlapping, in_spark, rows)

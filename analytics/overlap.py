@@ -24,15 +24,14 @@ from . import layout
 def drop_archived(snapshot, listing):
     """(snapshot without the messages the archive holds, how many were dropped).
 
-    `listing` is analytics.partitions.list_archive() of the archive, taken under its lock.
+    `listing` is analytics.partitions.list_archive() of the archive, taken under its lock; the
+    snapshot's rows have their archive day (layout.partition_days).
     """
     messages = snapshot.messages
     if not messages.num_rows or not listing:
         return snapshot, 0
-    day = layout.utc_days(messages["created_at"])
     spans = (
-        messages.append_column("day", day)
-        .group_by(["queue", "day"], use_threads=False)
+        messages.group_by(["queue", layout.DAY_FIELD.name], use_threads=False)
         .aggregate([("id", "min"), ("id", "max")])
         .to_pylist()
     )
